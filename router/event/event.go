@@ -1,0 +1,155 @@
+// Package event is the router's model of the EventBridge events it receives, with one
+// parser per (source, detail-type). Parsing never panics: a body the router cannot act on
+// becomes a *RejectError that names the reason, and the intake dead-letters it.
+package event
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Kind is what happened, in the words of the NodePool annotations.
+type Kind string
+
+const (
+	KindScheduledChange     Kind = "scheduled-change"
+	KindSpotInterruption    Kind = "spot-interruption"
+	KindRebalance           Kind = "rebalance-recommendation"
+	KindStateChange         Kind = "state-change"
+	KindCapacityReservation Kind = "capacity-reservation-interruption"
+	KindAMIStateChange      Kind = "ami-state-change"
+	KindUnknown             Kind = "unknown"
+)
+
+// InstanceKinds are the kinds that name instances and that a NodePool policy decides on.
+var InstanceKinds = []Kind{KindScheduledChange, KindSpotInterruption, KindRebalance, KindStateChange, KindCapacityReservation}
+
+// ScheduledType is the EC2 scheduled-event type that an AWS Health event code maps to
+// (the codes EC2's DescribeInstanceStatus reports for the same maintenance).
+type ScheduledType string
+
+const (
+	ScheduledInstanceReboot     ScheduledType = "instance-reboot"
+	ScheduledSystemReboot       ScheduledType = "system-reboot"
+	ScheduledInstanceStop       ScheduledType = "instance-stop"
+	ScheduledInstanceRetirement ScheduledType = "instance-retirement"
+	ScheduledSystemMaintenance  ScheduledType = "system-maintenance"
+)
+
+// ScheduledTypes lists every scheduled type, for annotation validation and documentation.
+var ScheduledTypes = []ScheduledType{ScheduledInstanceReboot, ScheduledSystemReboot, ScheduledInstanceStop, ScheduledInstanceRetirement, ScheduledSystemMaintenance}
+
+// InstanceState is an EC2 instance state from a state-change notification.
+type InstanceState string
+
+const (
+	StatePending      InstanceState = "pending"
+	StateRunning      InstanceState = "running"
+	StateStopping     InstanceState = "stopping"
+	StateStopped      InstanceState = "stopped"
+	StateShuttingDown InstanceState = "shutting-down"
+	StateTerminated   InstanceState = "terminated"
+)
+
+var instanceStates = map[InstanceState]bool{
+	StatePending: true, StateRunning: true, StateStopping: true,
+	StateStopped: true, StateShuttingDown: true, StateTerminated: true,
+}
+
+// Health status codes of an AWS Health event; each update of one event (same eventArn)
+// arrives again with a new status or start time.
+const (
+	HealthUpcoming = "upcoming"
+	HealthOpen     = "open"
+	HealthClosed   = "closed"
+)
+
+// Event is one parsed EventBridge event.
+type Event struct {
+	ID         string    `json:"id"`
+	Kind       Kind      `json:"kind"`
+	Source     string    `json:"source"`
+	DetailType string    `json:"detailType"`
+	Account    string    `json:"account"`
+	Region     string    `json:"region"`
+	Time       time.Time `json:"time"`
+	// Instances are the EC2 instance IDs the event names, in order, without duplicates.
+	Instances []string `json:"instances,omitempty"`
+	// Deadline is when AWS acts on the instances; zero when it does not act (a rebalance
+	// recommendation, a state change that already happened, an AMI state change).
+	Deadline time.Time `json:"deadline,omitzero"`
+
+	Health *Health       `json:"health,omitempty"`
+	State  InstanceState `json:"state,omitempty"`
+	Image  *Image        `json:"image,omitempty"`
+	// CapacityReservationAction is the capacity-reservation interruption's instance-action.
+	InstanceAction string `json:"instanceAction,omitempty"`
+
+	// Body is the event exactly as received, for forwarding to Karpenter.
+	Body []byte `json:"-"`
+}
+
+// Health is the AWS Health part of a scheduled-change event.
+type Health struct {
+	EventARN  string        `json:"eventArn"`
+	TypeCode  string        `json:"eventTypeCode"`
+	Category  string        `json:"eventTypeCategory"`
+	Status    string        `json:"statusCode,omitempty"`
+	Scheduled ScheduledType `json:"scheduledType,omitempty"`
+	Start     time.Time     `json:"startTime,omitzero"`
+	End       time.Time     `json:"endTime,omitzero"`
+}
+
+// Image is the AMI of an EC2 AMI State Change event.
+type Image struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+}
+
+// Urgent reports whether AWS acts within minutes, so that the event cannot wait for a
+// window or for drain pacing: Spot and capacity-reservation interruptions (two-minute
+// notice) and an instance that is already shutting down or terminated.
+func (e Event) Urgent() bool {
+	switch e.Kind {
+	case KindSpotInterruption, KindCapacityReservation:
+		return true
+	case KindStateChange:
+		return e.State == StateShuttingDown || e.State == StateTerminated
+	}
+	return false
+}
+
+// Reason says why a message was rejected; it travels with the message to the dead-letter queue.
+type Reason string
+
+const (
+	ReasonMalformed   Reason = "malformed"    // not JSON, or not an EventBridge envelope
+	ReasonUnknownKind Reason = "unknown-kind" // a (source, detail-type) the router has no parser for
+	ReasonUnsupported Reason = "unsupported"  // a known source, but not something the router acts on
+	ReasonInvalid     Reason = "invalid"      // a known kind with missing or contradictory fields
+	ReasonForeign     Reason = "foreign"      // another account or region than the router's
+	ReasonOversized   Reason = "oversized"    // larger than any real event
+)
+
+// RejectError is the outcome of a message the router cannot act on.
+type RejectError struct {
+	Reason Reason
+	Detail string
+}
+
+func (e *RejectError) Error() string { return fmt.Sprintf("%s: %s", e.Reason, e.Detail) }
+
+func reject(r Reason, format string, args ...any) error {
+	return &RejectError{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}
+
+// RejectReason returns the reason of a rejection, or "" when err is not one.
+func RejectReason(err error) Reason {
+	var re *RejectError
+	if errors.As(err, &re) {
+		return re.Reason
+	}
+	return ""
+}

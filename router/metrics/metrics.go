@@ -1,0 +1,68 @@
+// Package metrics names the router's metrics: the Prometheus series it serves on /metrics
+// and the CloudWatch metrics it publishes for the dashboards and alarms. Names and label
+// (dimension) keys are constants so that the Terraform dashboard can be checked against them.
+package metrics
+
+// Prometheus metric names: health_router_<subsystem>_<name>_<unit|total>.
+const (
+	MessagesReceived     = "health_router_intake_messages_received_total"      // labels: kind
+	MessagesDeadLettered = "health_router_intake_messages_dead_lettered_total" // labels: reason
+	EventLatency         = "health_router_intake_event_latency_seconds"        // histogram: event time -> outcome done
+	Decisions            = "health_router_decision_decisions_total"            // labels: kind, action, nodepool
+	DeferredEvents       = "health_router_decision_deferred_events"            // gauge
+	SignalErrors         = "health_router_signal_errors_total"                 // labels: mode
+	AWSCalls             = "health_router_aws_calls_total"                     // labels: api, result
+	CheckResults         = "health_router_checks_results_total"                // labels: check, result
+	PolicyProblems       = "health_router_policy_invalid_annotations"          // gauge, labels: nodepool
+)
+
+// Prometheus label names.
+const (
+	LabelKind     = "kind"
+	LabelAction   = "action"
+	LabelNodePool = "nodepool"
+	LabelReason   = "reason"
+	LabelMode     = "mode"
+	LabelAPI      = "api"
+	LabelResult   = "result"
+	LabelCheck    = "check"
+)
+
+// CloudWatchNamespace is the namespace of every CloudWatch metric the router and the
+// dispatcher Lambda publish.
+const CloudWatchNamespace = "HealthRouter"
+
+// CloudWatch metric names. Every router metric carries the ClusterName dimension.
+const (
+	CWDecisions      = "Decisions"      // Count; dimensions: ClusterName, Kind, Action
+	CWDeferredEvents = "DeferredEvents" // Count (gauge, the latest value); dimensions: ClusterName
+	CWDeadLettered   = "DeadLettered"   // Count; dimensions: ClusterName
+	CWEventLatency   = "EventLatency"   // Milliseconds; dimensions: ClusterName
+	CWAWSCallErrors  = "AWSCallErrors"  // Count; dimensions: ClusterName, API
+	CWHeartbeat      = "Heartbeat"      // Count, 1 per publish interval; dimensions: ClusterName
+
+	// Published by the dispatcher Lambda.
+	CWDispatcherRouted  = "DispatcherRouted"  // Count; dimensions: ClusterName
+	CWDispatcherDropped = "DispatcherDropped" // Count; no dimension
+)
+
+// CloudWatch dimension names.
+const (
+	DimClusterName = "ClusterName"
+	DimKind        = "Kind"
+	DimAction      = "Action"
+	DimAPI         = "API"
+)
+
+// CloudWatchDimensions lists, for each CloudWatch metric, the dimension names it is
+// published with, in order. The dashboard and alarms must use exactly these.
+var CloudWatchDimensions = map[string][]string{
+	CWDecisions:         {DimClusterName, DimKind, DimAction},
+	CWDeferredEvents:    {DimClusterName},
+	CWDeadLettered:      {DimClusterName},
+	CWEventLatency:      {DimClusterName},
+	CWAWSCallErrors:     {DimClusterName, DimAPI},
+	CWHeartbeat:         {DimClusterName},
+	CWDispatcherRouted:  {DimClusterName},
+	CWDispatcherDropped: {},
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the envtest control plane (kube-apiserver and etcd) from the Go module proxy,
+# once per machine and version, and prints the directory that holds them
+# (use it as KUBEBUILDER_ASSETS). No prebuilt binaries are downloaded: this workplace
+# reaches only the module proxy, so the binaries are compiled from source.
+#
+# The build takes a few minutes the first time; afterwards the cached binaries are
+# reused. The cache lives outside the repository, keyed by the Kubernetes version.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-1.37.0}
+cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/envtest/v${K8S_VERSION}
+if [[ -x $cache/kube-apiserver && -x $cache/etcd ]]; then
+  echo "$cache"
+  exit 0
+fi
+
+export GOTOOLCHAIN=${GOTOOLCHAIN_ENVTEST:-auto}
+export GOFLAGS=-mod=mod
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$cache"
+
+staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
+  cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
+  cri-client cri-streaming csi-translation-lib dynamic-resource-allocation endpointslice externaljwt
+  kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
+  mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming)
+minor=${K8S_VERSION#1.}
+{
+  echo "module envtestbins"
+  echo "go 1.26"
+  echo "require k8s.io/kubernetes v${K8S_VERSION}"
+  for m in "${staging[@]}"; do echo "replace k8s.io/$m => k8s.io/$m v0.${minor}"; done
+} >"$work/go.mod"
+cat >"$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+)
+GO
+cd "$work"
+echo "building kube-apiserver and etcd v${K8S_VERSION} into $cache (first run only, a few minutes)" >&2
+go mod tidy -e >/dev/null 2>&1 || true
+go get k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION} go.etcd.io/etcd/server/v3 >&2
+go build -trimpath -ldflags=-s -o "$cache/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+go build -trimpath -ldflags=-s -o "$cache/etcd.tmp" go.etcd.io/etcd/server/v3
+mv "$cache/kube-apiserver.tmp" "$cache/kube-apiserver"
+mv "$cache/etcd.tmp" "$cache/etcd"
+echo "$cache"
