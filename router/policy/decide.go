@@ -1,0 +1,265 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+// Recheck intervals of decisions that wait on live state rather than on a time.
+const (
+	// PacingRecheck is how soon a drain held by max-concurrent-drains is decided again; the
+	// live router also releases it as soon as one of the pool's drains finishes.
+	PacingRecheck = time.Minute
+	// CheckRecheck is how soon a drain held by a failed pre-signal check is checked again.
+	CheckRecheck = 5 * time.Minute
+)
+
+// Target is the instance an event names, as the cluster model resolved it.
+type Target struct {
+	InstanceID string
+	// Found is false when no Node or NodeClaim of the cluster has this instance.
+	Found     bool
+	Node      string
+	NodeClaim string
+	NodePool  string
+	Policy    Policy
+	// PoolNodes is the number of NodeClaims in the pool; DrainsInFlight how many of them
+	// are being drained (deleted or signalled, not yet replaced).
+	PoolNodes      int
+	DrainsInFlight int
+}
+
+// Decision is what the router does with one event for one instance, and why.
+type Decision struct {
+	EventID    string     `json:"event_id"`
+	Kind       event.Kind `json:"kind"`
+	InstanceID string     `json:"instance_id,omitempty"`
+	Node       string     `json:"node,omitempty"`
+	NodeClaim  string     `json:"nodeclaim,omitempty"`
+	NodePool   string     `json:"nodepool,omitempty"`
+	Action     Action     `json:"action"`
+	// Until is when a deferred event is decided again.
+	Until    time.Time `json:"until,omitzero"`
+	Deadline time.Time `json:"deadline,omitzero"`
+	Reason   string    `json:"reason"`
+	Warnings []string  `json:"warnings,omitempty"`
+	Checks   []Check   `json:"checks,omitempty"`
+	// Cancel is set when the event ends an earlier deferral of the same instance: a
+	// closed AWS Health event, or a stopped instance that is running again.
+	Cancel bool `json:"cancel,omitempty"`
+}
+
+// Check is the outcome of one pre-signal check.
+type Check struct {
+	Name string `json:"name"`
+	// Passed is true when the replacement is sound as far as this check can tell.
+	Passed bool `json:"passed"`
+	// Unavailable is true when the check could not get an answer (AWS unreachable, throttled).
+	Unavailable bool              `json:"unavailable,omitempty"`
+	Reason      string            `json:"reason"`
+	Evidence    map[string]string `json:"evidence,omitempty"`
+}
+
+// Decide decides what to do with ev for one target at now. It is a pure function.
+func Decide(ev event.Event, tg Target, now time.Time) Decision {
+	d := Decision{
+		EventID: ev.ID, Kind: ev.Kind, InstanceID: tg.InstanceID,
+		Node: tg.Node, NodeClaim: tg.NodeClaim, NodePool: tg.NodePool, Deadline: ev.Deadline,
+	}
+	if !tg.Found {
+		return d.with(ActionSkip, "instance %s is not a node of this cluster", tg.InstanceID)
+	}
+	d.Warnings = append(d.Warnings, tg.Policy.Problems...)
+
+	if ev.Health != nil && ev.Health.Status == event.HealthClosed {
+		d.Cancel = true
+		return d.with(ActionIgnore, "AWS Health event %s is closed: nothing left to do, and any deferral it held is cancelled", ev.Health.TypeCode)
+	}
+	if ev.Kind == event.KindStateChange {
+		switch ev.State {
+		case event.StatePending:
+			return d.with(ActionIgnore, "instance is pending: nothing to act on")
+		case event.StateRunning:
+			d.Cancel = true
+			return d.with(ActionIgnore, "instance is running: a deferred stop of it is cancelled (a stop/start, not a loss)")
+		}
+	}
+
+	action, key := tg.Policy.ActionFor(ev)
+	chose := fmt.Sprintf("%s=%s", key, action)
+
+	if ev.Urgent() {
+		switch action {
+		case ActionIgnore:
+			d.Warnings = append(d.Warnings, fmt.Sprintf("%s is ignored as the pool asks, but AWS reclaims the instance within minutes and its pods are not drained first", ev.Kind))
+			return d.with(ActionIgnore, "%s: %s", chose, urgentWhat(ev))
+		case ActionDefer:
+			d.Warnings = append(d.Warnings, fmt.Sprintf("%s cannot be deferred: %s", ev.Kind, urgentWhat(ev)))
+			return d.with(ActionDrain, "%s overridden: %s, draining now", chose, urgentWhat(ev))
+		}
+		return d.with(ActionDrain, "%s: %s", chose, urgentWhat(ev))
+	}
+
+	switch action {
+	case ActionIgnore:
+		return d.with(ActionIgnore, "%s: %s", chose, ignoreWhat(ev))
+	case ActionDefer:
+		if ev.Kind == event.KindStateChange {
+			return deferStop(d, ev, tg.Policy, now, chose)
+		}
+		d = deferToWindow(d, ev, tg.Policy, now, chose)
+		if d.Action != ActionDrain {
+			return d
+		}
+	default:
+		d = d.with(ActionDrain, "%s", chose)
+	}
+	return pace(d, ev, tg, now)
+}
+
+// ApplyChecks folds pre-signal check outcomes into a drain decision. A non-urgent drain
+// whose replacement is not sound (or cannot be checked) waits, never past deadline minus
+// drain-lead; an urgent one drains anyway, with the failures as warnings.
+func ApplyChecks(d Decision, ev event.Event, p Policy, checks []Check, now time.Time) Decision {
+	d.Checks = append(d.Checks, checks...)
+	if d.Action != ActionDrain {
+		return d
+	}
+	var failed []Check
+	for _, c := range checks {
+		if !c.Passed {
+			failed = append(failed, c)
+		}
+	}
+	if len(failed) == 0 {
+		return d
+	}
+	what := ""
+	for i, c := range failed {
+		if i > 0 {
+			what += "; "
+		}
+		what += c.Name + ": " + c.Reason
+	}
+	if ev.Urgent() {
+		d.Warnings = append(d.Warnings, "draining although the replacement may not be sound: "+what)
+		return d
+	}
+	latest, ok := latestSafe(ev, p)
+	if ok && !now.Before(latest) {
+		d.Warnings = append(d.Warnings, "draining although the replacement may not be sound, as deadline minus drain-lead is reached: "+what)
+		return d
+	}
+	until := now.Add(CheckRecheck)
+	if ok && latest.Before(until) {
+		until = latest
+	}
+	d.Action, d.Until = ActionDefer, until
+	d.Reason = fmt.Sprintf("drain held until the replacement is sound (%s); re-checked at %s", what, stamp(until))
+	return d
+}
+
+// deferStop holds a stopping or stopped instance for restart-grace after the event, in case
+// it comes back (a stop/start); then it drains.
+func deferStop(d Decision, ev event.Event, p Policy, now time.Time, chose string) Decision {
+	until := ev.Time.Add(p.RestartGrace)
+	if !now.Before(until) {
+		return d.with(ActionDrain, "%s: instance %s and not running again within restart-grace %s", chose, ev.State, p.RestartGrace)
+	}
+	d.Until = until
+	return d.with(ActionDefer, "%s: instance %s; waiting until %s (restart-grace %s) for it to run again", chose, ev.State, stamp(until), p.RestartGrace)
+}
+
+// deferToWindow holds an event until the pool's maintenance window, and never later than
+// its deadline minus drain-lead. It returns a drain when there is nothing to wait for.
+func deferToWindow(d Decision, ev event.Event, p Policy, now time.Time, chose string) Decision {
+	latest, hasDeadline := latestSafe(ev, p)
+	if hasDeadline && !now.Before(latest) {
+		return d.with(ActionDrain, "%s: deadline %s minus drain-lead %s is reached", chose, stamp(ev.Deadline), p.DrainLead)
+	}
+	if p.Window != nil {
+		if p.Window.Open(now) {
+			return d.with(ActionDrain, "%s: maintenance window %q is open", chose, p.Window.Schedule)
+		}
+		next := p.Window.Next(now)
+		if hasDeadline && (next.IsZero() || !next.Before(latest)) {
+			d.Until = latest
+			return d.with(ActionDefer, "%s: the next maintenance window (%s) opens after deadline %s minus drain-lead %s; draining at %s", chose, stamp(next), stamp(ev.Deadline), p.DrainLead, stamp(latest))
+		}
+		if next.IsZero() {
+			return d.with(ActionDrain, "%s: maintenance window %q never opens and the event has no deadline", chose, p.Window.Schedule)
+		}
+		d.Until = next
+		return d.with(ActionDefer, "%s: waiting for the maintenance window at %s", chose, stamp(next))
+	}
+	if hasDeadline {
+		d.Until = latest
+		return d.with(ActionDefer, "%s: no maintenance window; draining at deadline %s minus drain-lead %s", chose, stamp(ev.Deadline), p.DrainLead)
+	}
+	return d.with(ActionDrain, "%s: nothing to wait for (no maintenance window, no deadline)", chose)
+}
+
+// pace holds a non-urgent drain while the pool has max-concurrent-drains in flight, until
+// one finishes or deadline minus drain-lead is reached.
+func pace(d Decision, ev event.Event, tg Target, now time.Time) Decision {
+	limit, limited := tg.Policy.DrainLimit(tg.PoolNodes)
+	if !limited || tg.DrainsInFlight < limit {
+		return d
+	}
+	latest, hasDeadline := latestSafe(ev, tg.Policy)
+	if hasDeadline && !now.Before(latest) {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("draining over max-concurrent-drains %d (%d in flight): deadline minus drain-lead is reached", limit, tg.DrainsInFlight))
+		return d
+	}
+	until := now.Add(PacingRecheck)
+	if hasDeadline && latest.Before(until) {
+		until = latest
+	}
+	d.Action, d.Until = ActionDefer, until
+	d.Reason = fmt.Sprintf("%s; held by max-concurrent-drains %s (%d of %d nodes, %d in flight) until a drain finishes", d.Reason, tg.Policy.MaxConcurrentDrains.String(), limit, tg.PoolNodes, tg.DrainsInFlight)
+	return d
+}
+
+// latestSafe is the deadline minus drain-lead: the last moment a deferred event may wait.
+func latestSafe(ev event.Event, p Policy) (time.Time, bool) {
+	if ev.Deadline.IsZero() {
+		return time.Time{}, false
+	}
+	return ev.Deadline.Add(-p.DrainLead), true
+}
+
+func (d Decision) with(a Action, format string, args ...any) Decision {
+	d.Action = a
+	d.Reason = fmt.Sprintf(format, args...)
+	return d
+}
+
+func urgentWhat(ev event.Event) string {
+	switch ev.Kind {
+	case event.KindStateChange:
+		return fmt.Sprintf("instance is %s", ev.State)
+	default:
+		return fmt.Sprintf("AWS acts at %s (two-minute notice)", stamp(ev.Deadline))
+	}
+}
+
+func ignoreWhat(ev event.Event) string {
+	switch {
+	case ev.Health != nil && ev.Health.Scheduled != "":
+		return fmt.Sprintf("AWS performs the %s at %s; the node is left in place", ev.Health.Scheduled, stamp(ev.Deadline))
+	case ev.Health != nil:
+		return fmt.Sprintf("AWS performs %s at %s; the node is left in place", ev.Health.TypeCode, stamp(ev.Deadline))
+	case ev.Kind == event.KindStateChange:
+		return fmt.Sprintf("instance is %s; the node is left in place", ev.State)
+	}
+	return "recorded only"
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return t.UTC().Format(time.RFC3339)
+}

@@ -1,0 +1,215 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+// now is Saturday 2026-11-21 12:00 UTC.
+var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func scheduled(typ event.ScheduledType, start time.Time) event.Event {
+	return event.Event{
+		ID: "ev-1", Kind: event.KindScheduledChange, Time: now.Add(-24 * time.Hour), Deadline: start,
+		Health: &event.Health{EventARN: "arn:aws:health:eu-west-1::event/EC2/X/1", TypeCode: "AWS_EC2_X", Status: event.HealthUpcoming, Scheduled: typ, Start: start},
+	}
+}
+
+func instanceEvent(kind event.Kind, state event.InstanceState) event.Event {
+	ev := event.Event{ID: "ev-2", Kind: kind, Time: now.Add(-time.Minute), State: state}
+	if kind == event.KindSpotInterruption || kind == event.KindCapacityReservation {
+		ev.Deadline = ev.Time.Add(event.InterruptionNotice)
+	}
+	return ev
+}
+
+func target(ann map[string]string) Target {
+	return Target{InstanceID: "i-0a1b2c3d4e5f60718", Found: true, Node: "ip-10-0-1-23.eu-west-1.compute.internal",
+		NodeClaim: "kafka-abc12", NodePool: "kafka", Policy: FromAnnotations(ann), PoolNodes: 6}
+}
+
+func TestDecide(t *testing.T) {
+	week := now.Add(7 * 24 * time.Hour)
+	saturdays := map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"}
+	with := func(base map[string]string, kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range base {
+			m[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	tests := []struct {
+		name    string
+		ev      event.Event
+		tg      Target
+		action  Action
+		until   time.Time
+		reason  string
+		warning string
+		cancel  bool
+	}{
+		// No annotations: Karpenter's behaviour.
+		{name: "default scheduled drains", ev: scheduled(event.ScheduledInstanceReboot, week), tg: target(nil), action: ActionDrain, reason: "default"},
+		{name: "default spot drains", ev: instanceEvent(event.KindSpotInterruption, ""), tg: target(nil), action: ActionDrain},
+		{name: "default capacity reservation drains", ev: instanceEvent(event.KindCapacityReservation, ""), tg: target(nil), action: ActionDrain},
+		{name: "default rebalance recorded", ev: instanceEvent(event.KindRebalance, ""), tg: target(nil), action: ActionIgnore, reason: "recorded only"},
+		{name: "default stopping drains", ev: instanceEvent(event.KindStateChange, event.StateStopping), tg: target(nil), action: ActionDrain},
+		{name: "default terminated drains", ev: instanceEvent(event.KindStateChange, event.StateTerminated), tg: target(nil), action: ActionDrain},
+		{name: "pending ignored", ev: instanceEvent(event.KindStateChange, event.StatePending), tg: target(nil), action: ActionIgnore},
+		{name: "running cancels", ev: instanceEvent(event.KindStateChange, event.StateRunning), tg: target(nil), action: ActionIgnore, cancel: true},
+		{name: "not in cluster", ev: instanceEvent(event.KindSpotInterruption, ""), tg: Target{InstanceID: "i-0fedcba9876543210"}, action: ActionSkip, reason: "not a node"},
+
+		// Ignore.
+		{name: "ignore reboot", ev: scheduled(event.ScheduledInstanceReboot, week), tg: target(map[string]string{ScheduledActionKey(event.ScheduledInstanceReboot): "ignore"}), action: ActionIgnore, reason: "instance-reboot"},
+		{name: "ignore spot warns", ev: instanceEvent(event.KindSpotInterruption, ""), tg: target(map[string]string{AnnotationAction: "ignore"}), action: ActionIgnore, warning: "not drained"},
+		{name: "ignore stopping", ev: instanceEvent(event.KindStateChange, event.StateStopping), tg: target(map[string]string{AnnotationAction: "ignore"}), action: ActionIgnore},
+
+		// Defer.
+		{name: "defer urgent spot drains", ev: instanceEvent(event.KindSpotInterruption, ""), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDrain, warning: "cannot be deferred"},
+		{name: "defer urgent capacity reservation drains", ev: instanceEvent(event.KindCapacityReservation, ""), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDrain, warning: "cannot be deferred"},
+		{name: "defer shutting-down drains", ev: instanceEvent(event.KindStateChange, event.StateShuttingDown), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDrain, warning: "cannot be deferred"},
+		{name: "defer no window waits for deadline-lead", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDefer, until: week.Add(-time.Hour), reason: "no maintenance window"},
+		{name: "defer custom lead", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "defer", AnnotationDrainLead: "6h"}), action: ActionDefer, until: week.Add(-6 * time.Hour)},
+		{name: "defer waits for next window", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(with(saturdays, AnnotationAction, "defer")), action: ActionDefer, until: time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC), reason: "waiting for the maintenance window"},
+		{name: "defer window opens after deadline", ev: scheduled(event.ScheduledInstanceRetirement, now.Add(48*time.Hour)), tg: target(with(saturdays, AnnotationAction, "defer")), action: ActionDefer, until: now.Add(47 * time.Hour), reason: "opens after deadline"},
+		{name: "defer window open now drains", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "0 10 * * *", AnnotationWindowDuration: "4h"}), action: ActionDrain, reason: "is open"},
+		{name: "defer deadline passed drains", ev: scheduled(event.ScheduledInstanceRetirement, now.Add(-time.Hour)), tg: target(with(saturdays, AnnotationAction, "defer")), action: ActionDrain, reason: "is reached"},
+		{name: "defer inside lead drains", ev: scheduled(event.ScheduledInstanceRetirement, now.Add(30*time.Minute)), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDrain, reason: "is reached"},
+		{name: "defer time zone window", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "CRON_TZ=America/New_York 0 1 * * *", AnnotationWindowDuration: "2h"}), action: ActionDefer, until: time.Date(2026, 11, 22, 6, 0, 0, 0, time.UTC)},
+		{name: "defer stopping waits restart grace", ev: instanceEvent(event.KindStateChange, event.StateStopped), tg: target(map[string]string{ActionKey(event.KindStateChange): "defer"}), action: ActionDefer, until: now.Add(-time.Minute + DefaultRestartGrace), reason: "restart-grace"},
+		{name: "defer stopping grace over drains", ev: func() event.Event {
+			e := instanceEvent(event.KindStateChange, event.StateStopped)
+			e.Time = now.Add(-time.Hour)
+			return e
+		}(), tg: target(map[string]string{ActionKey(event.KindStateChange): "defer"}), action: ActionDrain, reason: "not running again"},
+		{name: "defer rebalance waits for window", ev: instanceEvent(event.KindRebalance, ""), tg: target(with(saturdays, ActionKey(event.KindRebalance), "defer")), action: ActionDefer, until: time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)},
+		{name: "defer rebalance without window drains", ev: instanceEvent(event.KindRebalance, ""), tg: target(map[string]string{ActionKey(event.KindRebalance): "defer"}), action: ActionDrain, reason: "nothing to wait for"},
+
+		// Most specific key wins: a Kafka pool ignores reboots, drains retirements.
+		{name: "kafka reboot", ev: scheduled(event.ScheduledSystemReboot, week), tg: target(map[string]string{AnnotationAction: "drain", ScheduledActionKey(event.ScheduledSystemReboot): "ignore"}), action: ActionIgnore},
+		{name: "kafka retirement", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "drain", ScheduledActionKey(event.ScheduledSystemReboot): "ignore"}), action: ActionDrain},
+
+		// Closed Health events cancel.
+		{name: "closed cancels", ev: func() event.Event {
+			e := scheduled(event.ScheduledInstanceReboot, week)
+			e.Health.Status = event.HealthClosed
+			return e
+		}(), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionIgnore, cancel: true, reason: "closed"},
+
+		// Pacing.
+		{name: "pacing holds", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: func() Target {
+			t := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})
+			t.DrainsInFlight = 1
+			return t
+		}(), action: ActionDefer, until: now.Add(PacingRecheck), reason: "max-concurrent-drains"},
+		{name: "pacing percent under limit", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: func() Target {
+			t := target(map[string]string{AnnotationMaxConcurrentDrains: "34%"})
+			t.DrainsInFlight = 2
+			return t
+		}(), action: ActionDrain},
+		{name: "pacing percent at limit", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: func() Target {
+			t := target(map[string]string{AnnotationMaxConcurrentDrains: "33%"})
+			t.DrainsInFlight = 2
+			return t
+		}(), action: ActionDefer},
+		{name: "pacing never holds urgent", ev: instanceEvent(event.KindSpotInterruption, ""), tg: func() Target {
+			t := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})
+			t.DrainsInFlight = 3
+			return t
+		}(), action: ActionDrain},
+		{name: "pacing gives way at deadline-lead", ev: scheduled(event.ScheduledInstanceRetirement, now.Add(30*time.Minute)), tg: func() Target {
+			t := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})
+			t.DrainsInFlight = 1
+			return t
+		}(), action: ActionDrain, warning: "over max-concurrent-drains"},
+		{name: "pacing hold capped at deadline-lead", ev: scheduled(event.ScheduledInstanceRetirement, now.Add(time.Hour+30*time.Second)), tg: func() Target {
+			t := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})
+			t.DrainsInFlight = 1
+			return t
+		}(), action: ActionDefer, until: now.Add(30 * time.Second)},
+		{name: "pacing applies to window drain", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: func() Target {
+			t := target(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "0 10 * * *", AnnotationWindowDuration: "4h", AnnotationMaxConcurrentDrains: "1"})
+			t.DrainsInFlight = 1
+			return t
+		}(), action: ActionDefer, reason: "is open; held by max-concurrent-drains"},
+
+		// Invalid annotations fall back and say so.
+		{name: "invalid action falls back", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "later"}), action: ActionDrain, warning: "want drain, defer or ignore"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(tt.ev, tt.tg, now)
+			if d.Action != tt.action {
+				t.Fatalf("action = %s (%s), want %s", d.Action, d.Reason, tt.action)
+			}
+			if d.Action == ActionDefer && d.Until.IsZero() {
+				t.Error("a defer without until")
+			}
+			if !tt.until.IsZero() && !d.Until.Equal(tt.until) {
+				t.Errorf("until = %s, want %s (%s)", d.Until, tt.until, d.Reason)
+			}
+			if d.Action == ActionDefer && !d.Deadline.IsZero() && d.Until.After(d.Deadline.Add(-tt.tg.Policy.DrainLead)) {
+				t.Errorf("until %s is past deadline-lead", d.Until)
+			}
+			if !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("reason %q does not mention %q", d.Reason, tt.reason)
+			}
+			if d.Reason == "" {
+				t.Error("no reason")
+			}
+			if tt.warning != "" && !strings.Contains(strings.Join(d.Warnings, "|"), tt.warning) {
+				t.Errorf("warnings %q do not mention %q", d.Warnings, tt.warning)
+			}
+			if d.Cancel != tt.cancel {
+				t.Errorf("cancel = %v", d.Cancel)
+			}
+			if d.EventID != tt.ev.ID || d.InstanceID != tt.tg.InstanceID {
+				t.Errorf("identity: %+v", d)
+			}
+		})
+	}
+}
+
+func TestApplyChecks(t *testing.T) {
+	week := now.Add(7 * 24 * time.Hour)
+	pass := Check{Name: "ami", Passed: true, Reason: "ami-1 available"}
+	fail := Check{Name: "ami", Reason: "ami-2 is pending"}
+	down := Check{Name: "capacity-reservation", Unavailable: true, Reason: "check unavailable: throttled"}
+	p := FromAnnotations(nil)
+	drain := func(ev event.Event) Decision { return Decide(ev, target(nil), now) }
+
+	d := ApplyChecks(drain(scheduled(event.ScheduledInstanceRetirement, week)), scheduled(event.ScheduledInstanceRetirement, week), p, []Check{pass}, now)
+	if d.Action != ActionDrain || len(d.Checks) != 1 {
+		t.Errorf("passing checks: %+v", d)
+	}
+	ev := scheduled(event.ScheduledInstanceRetirement, week)
+	d = ApplyChecks(drain(ev), ev, p, []Check{pass, fail}, now)
+	if d.Action != ActionDefer || !d.Until.Equal(now.Add(CheckRecheck)) || !strings.Contains(d.Reason, "ami-2 is pending") {
+		t.Errorf("failed check on non-urgent: %+v", d)
+	}
+	ev = scheduled(event.ScheduledInstanceRetirement, now.Add(time.Hour+time.Minute))
+	d = ApplyChecks(drain(ev), ev, p, []Check{down}, now)
+	if d.Action != ActionDefer || !d.Until.Equal(now.Add(time.Minute)) || !strings.Contains(d.Reason, "check unavailable") {
+		t.Errorf("unavailable check capped at deadline-lead: %+v", d)
+	}
+	ev = scheduled(event.ScheduledInstanceRetirement, now.Add(time.Hour))
+	d = ApplyChecks(drain(ev), ev, p, []Check{fail}, now)
+	if d.Action != ActionDrain || len(d.Warnings) == 0 {
+		t.Errorf("deadline-lead reached drains with warning: %+v", d)
+	}
+	spot := instanceEvent(event.KindSpotInterruption, "")
+	d = ApplyChecks(drain(spot), spot, p, []Check{fail}, now)
+	if d.Action != ActionDrain || !strings.Contains(strings.Join(d.Warnings, "|"), "ami-2 is pending") {
+		t.Errorf("urgent drains with warning: %+v", d)
+	}
+	ign := Decide(instanceEvent(event.KindRebalance, ""), target(nil), now)
+	if d := ApplyChecks(ign, instanceEvent(event.KindRebalance, ""), p, []Check{fail}, now); d.Action != ActionIgnore {
+		t.Errorf("checks changed a non-drain: %+v", d)
+	}
+}

@@ -1,0 +1,274 @@
+// Package policy turns NodePool annotations into a Policy and decides, as a pure function
+// of (event, target, now), what the router does with an event for one instance.
+package policy
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+// Annotation keys on a Karpenter NodePool. They are the router's public API.
+const (
+	Prefix                        = "healthrouter.io/"
+	AnnotationAction              = Prefix + "action"
+	AnnotationMaxConcurrentDrains = Prefix + "max-concurrent-drains"
+	AnnotationWindowSchedule      = Prefix + "window-schedule"
+	AnnotationWindowDuration      = Prefix + "window-duration"
+	AnnotationDrainLead           = Prefix + "drain-lead"
+	AnnotationRestartGrace        = Prefix + "restart-grace"
+)
+
+// Defaults of the timing annotations.
+const (
+	DefaultDrainLead    = time.Hour
+	DefaultRestartGrace = 15 * time.Minute
+)
+
+// Action is what the router does with an event for one instance.
+type Action string
+
+const (
+	ActionDrain      Action = "drain"       // signal Karpenter now
+	ActionDefer      Action = "defer"       // hold the event until Decision.Until
+	ActionIgnore     Action = "ignore"      // let AWS act; record it
+	ActionSkip       Action = "skip"        // the instance is not a node of this cluster
+	ActionDeadLetter Action = "dead-letter" // the message cannot be acted on
+)
+
+// Policy is a NodePool's configuration, read from its annotations.
+type Policy struct {
+	// Default is healthrouter.io/action; empty means Karpenter's behaviour per kind.
+	Default   Action
+	Kinds     map[event.Kind]Action
+	Scheduled map[event.ScheduledType]Action
+	// MaxConcurrentDrains is nil for unlimited.
+	MaxConcurrentDrains *intstr.IntOrString
+	Window              *Window
+	DrainLead           time.Duration
+	RestartGrace        time.Duration
+	// Problems lists the annotations that were ignored, and why.
+	Problems []string
+}
+
+// Window is a recurring maintenance window: a cron schedule of start times and a duration.
+type Window struct {
+	Schedule string
+	Duration time.Duration
+	sched    cron.Schedule
+}
+
+// ActionKey returns the annotation key of a per-kind action.
+func ActionKey(k event.Kind) string { return AnnotationAction + "." + string(k) }
+
+// ScheduledActionKey returns the annotation key of a per-scheduled-type action.
+func ScheduledActionKey(t event.ScheduledType) string {
+	return ActionKey(event.KindScheduledChange) + "." + string(t)
+}
+
+// FromAnnotations reads a Policy. It never fails: an invalid value is ignored, as if the
+// annotation were absent, and recorded in Problems so that decisions and Events say why.
+func FromAnnotations(annotations map[string]string) Policy {
+	p := Policy{DrainLead: DefaultDrainLead, RestartGrace: DefaultRestartGrace}
+	kindKeys := map[string]event.Kind{}
+	for _, k := range event.InstanceKinds {
+		kindKeys[ActionKey(k)] = k
+	}
+	typeKeys := map[string]event.ScheduledType{}
+	for _, t := range event.ScheduledTypes {
+		typeKeys[ScheduledActionKey(t)] = t
+	}
+	keys := make([]string, 0, len(annotations))
+	for k := range annotations {
+		if strings.HasPrefix(k, Prefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys) // problems in a stable order
+	var schedule, duration string
+	for _, key := range keys {
+		v := strings.TrimSpace(annotations[key])
+		problem := func(format string, args ...any) {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s=%q ignored: %s", key, annotations[key], fmt.Sprintf(format, args...)))
+		}
+		switch {
+		case key == AnnotationAction:
+			if a, ok := parseAction(v); ok {
+				p.Default = a
+			} else {
+				problem("want drain, defer or ignore")
+			}
+		case kindKeys[key] != "":
+			if a, ok := parseAction(v); ok {
+				if p.Kinds == nil {
+					p.Kinds = map[event.Kind]Action{}
+				}
+				p.Kinds[kindKeys[key]] = a
+			} else {
+				problem("want drain, defer or ignore")
+			}
+		case typeKeys[key] != "":
+			if a, ok := parseAction(v); ok {
+				if p.Scheduled == nil {
+					p.Scheduled = map[event.ScheduledType]Action{}
+				}
+				p.Scheduled[typeKeys[key]] = a
+			} else {
+				problem("want drain, defer or ignore")
+			}
+		case key == AnnotationMaxConcurrentDrains:
+			if n, err := parseDrainLimit(v); err == nil {
+				p.MaxConcurrentDrains = &n
+			} else {
+				problem("%v", err)
+			}
+		case key == AnnotationWindowSchedule:
+			schedule = v
+		case key == AnnotationWindowDuration:
+			duration = v
+		case key == AnnotationDrainLead:
+			if d, err := parseNonNegative(v); err == nil {
+				p.DrainLead = d
+			} else {
+				problem("%v", err)
+			}
+		case key == AnnotationRestartGrace:
+			if d, err := parseNonNegative(v); err == nil {
+				p.RestartGrace = d
+			} else {
+				problem("%v", err)
+			}
+		default:
+			problem("unknown annotation")
+		}
+	}
+	if schedule != "" || duration != "" {
+		w, err := NewWindow(schedule, duration)
+		if err != nil {
+			p.Problems = append(p.Problems, fmt.Sprintf("maintenance window ignored: %v", err))
+		} else {
+			p.Window = w
+		}
+	}
+	return p
+}
+
+func parseAction(v string) (Action, bool) {
+	switch a := Action(v); a {
+	case ActionDrain, ActionDefer, ActionIgnore:
+		return a, true
+	}
+	return "", false
+}
+
+func parseNonNegative(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("not a duration such as 1h or 90m")
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("negative")
+	}
+	return d, nil
+}
+
+func parseDrainLimit(v string) (intstr.IntOrString, error) {
+	n := intstr.Parse(v)
+	if n.Type == intstr.Int {
+		if n.IntVal < 0 {
+			return n, fmt.Errorf("negative")
+		}
+		return n, nil
+	}
+	pct, ok := strings.CutSuffix(v, "%")
+	var f float64
+	if _, err := fmt.Sscanf(pct, "%g", &f); !ok || err != nil || f < 0 || f > 100 || math.IsNaN(f) {
+		return n, fmt.Errorf("want a non-negative integer or a percentage such as 20%%")
+	}
+	return n, nil
+}
+
+// NewWindow parses a window. The schedule is a standard five-field cron expression in UTC,
+// unless it starts with CRON_TZ= (or TZ=) and a zone name, as in Karpenter's budgets.
+func NewWindow(schedule, duration string) (*Window, error) {
+	if schedule == "" || duration == "" {
+		return nil, fmt.Errorf("%s and %s must be set together", AnnotationWindowSchedule, AnnotationWindowDuration)
+	}
+	spec := schedule
+	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") {
+		spec = "TZ=UTC " + spec
+	}
+	sched, err := cron.ParseStandard(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q: %v", AnnotationWindowSchedule, schedule, err)
+	}
+	d, err := time.ParseDuration(duration)
+	if err != nil || d <= 0 {
+		return nil, fmt.Errorf("%s %q: want a positive duration such as 4h", AnnotationWindowDuration, duration)
+	}
+	return &Window{Schedule: schedule, Duration: d, sched: sched}, nil
+}
+
+// Open reports whether now falls in a window: some start s with s <= now < s+duration.
+// This is Karpenter's budget test: the next start after now-duration is not after now.
+func (w *Window) Open(now time.Time) bool {
+	next := w.sched.Next(now.Add(-w.Duration))
+	return !next.IsZero() && !next.After(now) && now.Before(next.Add(w.Duration))
+}
+
+// Next returns the next window start after now; zero if the schedule never fires.
+func (w *Window) Next(now time.Time) time.Time { return w.sched.Next(now).UTC() }
+
+// ActionFor returns the configured action for an event and the annotation it came from;
+// the most specific key wins, and with none the router does what Karpenter does.
+func (p Policy) ActionFor(ev event.Event) (Action, string) {
+	if ev.Health != nil && ev.Health.Scheduled != "" {
+		if a, ok := p.Scheduled[ev.Health.Scheduled]; ok {
+			return a, ScheduledActionKey(ev.Health.Scheduled)
+		}
+	}
+	if a, ok := p.Kinds[ev.Kind]; ok {
+		return a, ActionKey(ev.Kind)
+	}
+	if p.Default != "" {
+		return p.Default, AnnotationAction
+	}
+	if ev.Kind == event.KindRebalance {
+		return ActionIgnore, "default (Karpenter records rebalance recommendations only)"
+	}
+	return ActionDrain, "default (Karpenter drains)"
+}
+
+// DrainLimit returns how many drains the pool may have in flight, and false if unlimited.
+// A percentage rounds up, as Karpenter's disruption budgets do.
+func (p Policy) DrainLimit(poolNodes int) (int, bool) {
+	if p.MaxConcurrentDrains == nil {
+		return 0, false
+	}
+	n, err := intstr.GetScaledValueFromIntOrPercent(p.MaxConcurrentDrains, poolNodes, true)
+	if err != nil {
+		return 0, false // unreachable: validated in FromAnnotations
+	}
+	return n, true
+}
+
+// Annotations returns every annotation key the router reads, for documentation and doctor.
+func Annotations() []string {
+	keys := []string{AnnotationAction, AnnotationMaxConcurrentDrains, AnnotationWindowSchedule,
+		AnnotationWindowDuration, AnnotationDrainLead, AnnotationRestartGrace}
+	for _, k := range event.InstanceKinds {
+		keys = append(keys, ActionKey(k))
+	}
+	for _, t := range event.ScheduledTypes {
+		keys = append(keys, ScheduledActionKey(t))
+	}
+	return slices.Clip(keys)
+}
