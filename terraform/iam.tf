@@ -1,0 +1,148 @@
+################################################################################
+# Router IAM role (IRSA or EKS Pod Identity)
+################################################################################
+
+locals {
+  iam_role_name = coalesce(var.iam_role_name, "${local.name}-router")
+
+  # terraform-aws-modules style: the issuer is the provider ARN without its "...:oidc-provider/" prefix.
+  oidc_issuer = replace(coalesce(var.oidc_provider_arn, "unset"), "/^(.*provider/)/", "")
+
+  # Both are built, one is used: the IRSA one with "unset" when identity_type is pod_identity.
+  trust_statements = {
+    pod_identity = [{
+      Sid       = "EKSPodIdentity"
+      Effect    = "Allow"
+      Principal = { Service = "pods.eks.amazonaws.com" }
+      Action    = ["sts:AssumeRole", "sts:TagSession"]
+    }]
+    irsa = [{
+      Sid       = "IRSA"
+      Effect    = "Allow"
+      Principal = { Federated = var.oidc_provider_arn }
+      Action    = "sts:AssumeRoleWithWebIdentity"
+      Condition = {
+        StringEquals = {
+          "${local.oidc_issuer}:sub" = "system:serviceaccount:${var.service_account_namespace}:${var.service_account_name}"
+          "${local.oidc_issuer}:aud" = "sts.amazonaws.com"
+        }
+      }
+    }]
+  }
+
+  # Least privilege for what the router does: read, defer (ChangeMessageVisibility), re-enqueue
+  # (SendMessage) on the intake queue; dead-letter (SendMessage) to the DLQ; forward to Karpenter.
+  router_statements = concat(
+    [
+      {
+        Sid    = "IntakeQueues"
+        Effect = "Allow"
+        Action = [
+          "sqs:ReceiveMessage",
+          "sqs:DeleteMessage",
+          "sqs:ChangeMessageVisibility",
+          "sqs:SendMessage",
+          "sqs:GetQueueAttributes",
+          "sqs:GetQueueUrl",
+        ]
+        Resource = [aws_sqs_queue.intake.arn, aws_sqs_queue.dlq.arn]
+      },
+      {
+        # These EC2 read calls support no resource-level scoping.
+        Sid      = "PreDrainChecks"
+        Effect   = "Allow"
+        Action   = ["ec2:DescribeImages", "ec2:DescribeCapacityReservations", "ec2:DescribeInstances"]
+        Resource = "*"
+      },
+      {
+        Sid       = "Metrics"
+        Effect    = "Allow"
+        Action    = "cloudwatch:PutMetricData"
+        Resource  = "*"
+        Condition = { StringEquals = { "cloudwatch:namespace" = "HealthRouter" } }
+      },
+      {
+        # Read-only, for `health-router doctor`: are our rules there, and are Karpenter's gone?
+        Sid      = "InspectRules"
+        Effect   = "Allow"
+        Action   = ["events:ListRules", "events:ListTargetsByRule", "events:DescribeRule"]
+        Resource = "*"
+      },
+    ],
+    var.karpenter_interruption_queue_arn == null ? [] : [{
+      Sid      = "ForwardToKarpenter"
+      Effect   = "Allow"
+      Action   = "sqs:SendMessage"
+      Resource = var.karpenter_interruption_queue_arn
+    }],
+    var.kms_key_arn == null ? [] : [{
+      Sid      = "QueueKey"
+      Effect   = "Allow"
+      Action   = ["kms:Decrypt", "kms:GenerateDataKey"]
+      Resource = var.kms_key_arn
+    }],
+  )
+}
+
+resource "aws_iam_role" "router" {
+  count = var.create_iam_role ? 1 : 0
+
+  name                 = local.iam_role_name
+  description          = "health-router in EKS cluster ${var.cluster_name}"
+  assume_role_policy   = jsonencode({ Version = "2012-10-17", Statement = local.trust_statements[var.identity_type] })
+  permissions_boundary = var.iam_role_permissions_boundary
+
+  tags = var.tags
+}
+
+resource "aws_iam_role_policy" "router" {
+  count = var.create_iam_role ? 1 : 0
+
+  name   = "health-router"
+  role   = aws_iam_role.router[0].id
+  policy = jsonencode({ Version = "2012-10-17", Statement = local.router_statements })
+}
+
+resource "aws_eks_pod_identity_association" "router" {
+  count = var.create_iam_role && var.create_pod_identity_association ? 1 : 0
+
+  cluster_name    = var.cluster_name
+  namespace       = var.service_account_namespace
+  service_account = var.service_account_name
+  role_arn        = aws_iam_role.router[0].arn
+
+  tags = var.tags
+}
+
+################################################################################
+# Karpenter side: stop Karpenter acting on scheduled events by itself
+################################################################################
+
+# Karpenter v1.12+ polls ec2:DescribeInstanceStatus every minute and drains instances with
+# scheduled events (instance-stop, instance-retirement, system/instance-reboot,
+# system-maintenance) on its own, which would undo every deferral the router makes. An explicit
+# Deny wins over any Allow in Karpenter's controller policy.
+resource "aws_iam_policy" "karpenter_deny_instance_status" {
+  count = var.create_karpenter_deny_policy ? 1 : 0
+
+  name        = "${local.name}-karpenter-deny-instance-status"
+  description = "Keeps Karpenter from acting on EC2 scheduled events that health-router decides on"
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Sid      = "HealthRouterDecidesScheduledEvents"
+      Effect   = "Deny"
+      Action   = "ec2:DescribeInstanceStatus"
+      Resource = "*"
+    }]
+  })
+
+  tags = var.tags
+}
+
+resource "aws_iam_role_policy_attachment" "karpenter_deny_instance_status" {
+  count = var.create_karpenter_deny_policy && var.karpenter_controller_role_name != null ? 1 : 0
+
+  role       = var.karpenter_controller_role_name
+  policy_arn = aws_iam_policy.karpenter_deny_instance_status[0].arn
+}

@@ -1,0 +1,185 @@
+data "aws_partition" "current" {}
+data "aws_region" "current" {}
+data "aws_caller_identity" "current" {}
+
+locals {
+  name       = coalesce(var.name, "hr-${var.cluster_name}")
+  partition  = data.aws_partition.current.partition
+  region     = data.aws_region.current.name
+  account_id = data.aws_caller_identity.current.account_id
+
+  # One EventBridge pattern per event kind the router handles, keyed by the router's kind names.
+  # The Health rule is narrowed to EC2 scheduled changes: an unfiltered aws.health rule also
+  # delivers RDS, account notifications and so on (which crash-looped NTH in its day).
+  event_patterns = {
+    "scheduled-change" = {
+      source        = ["aws.health"]
+      "detail-type" = ["AWS Health Event"]
+      detail        = { service = ["EC2"], eventTypeCategory = ["scheduledChange"] }
+    }
+    "spot-interruption" = {
+      source        = ["aws.ec2"]
+      "detail-type" = ["EC2 Spot Instance Interruption Warning"]
+    }
+    "rebalance-recommendation" = {
+      source        = ["aws.ec2"]
+      "detail-type" = ["EC2 Instance Rebalance Recommendation"]
+    }
+    "state-change" = {
+      source        = ["aws.ec2"]
+      "detail-type" = ["EC2 Instance State-change Notification"]
+    }
+    "capacity-reservation-interruption" = {
+      source        = ["aws.ec2"]
+      "detail-type" = ["EC2 Capacity Reservation Instance Interruption Warning"]
+    }
+    "ami-state-change" = {
+      source        = ["aws.ec2"]
+      "detail-type" = ["EC2 AMI State Change"]
+    }
+  }
+
+  rule_enabled = {
+    "scheduled-change"                  = var.rules.scheduled_change
+    "spot-interruption"                 = var.rules.spot_interruption
+    "rebalance-recommendation"          = var.rules.rebalance_recommendation
+    "state-change"                      = var.rules.state_change
+    "capacity-reservation-interruption" = var.rules.capacity_reservation_interruption
+    "ami-state-change"                  = var.rules.ami_state_change
+  }
+
+  # kind => event pattern JSON, for the enabled kinds.
+  rules = { for kind, pattern in local.event_patterns : kind => jsonencode(pattern) if local.rule_enabled[kind] }
+
+  # With the dispatcher on, the rules invoke the Lambda and nothing sends to the queues as
+  # EventBridge; the Lambda sends with its own role.
+  rules_target_queue = !var.dispatcher.enabled
+  queue_source_arns  = local.rules_target_queue ? concat([for r in aws_cloudwatch_event_rule.this : r.arn], var.extra_source_rule_arns) : var.extra_source_rule_arns
+
+  sse_sqs = var.kms_key_arn == null
+}
+
+################################################################################
+# Queues
+################################################################################
+
+resource "aws_sqs_queue" "dlq" {
+  name = "${local.name}-dlq"
+
+  message_retention_seconds         = 1209600
+  sqs_managed_sse_enabled           = local.sse_sqs ? true : null
+  kms_master_key_id                 = var.kms_key_arn
+  kms_data_key_reuse_period_seconds = local.sse_sqs ? null : var.kms_data_key_reuse_period_seconds
+
+  tags = var.tags
+}
+
+resource "aws_sqs_queue" "intake" {
+  name = local.name
+
+  message_retention_seconds         = var.message_retention_seconds
+  visibility_timeout_seconds        = var.visibility_timeout_seconds
+  receive_wait_time_seconds         = var.receive_wait_time_seconds
+  sqs_managed_sse_enabled           = local.sse_sqs ? true : null
+  kms_master_key_id                 = var.kms_key_arn
+  kms_data_key_reuse_period_seconds = local.sse_sqs ? null : var.kms_data_key_reuse_period_seconds
+
+  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.dlq.arn
+    maxReceiveCount     = var.max_receive_count
+  })
+
+  tags = var.tags
+}
+
+# Who may send to a queue as EventBridge: this module's rules (and extra_source_rule_arns), no
+# other rule. IAM principals of the account (the router, the dispatcher) send through their
+# identity policies. Nobody may use the queue without TLS.
+locals {
+  queue_policy_statements = {
+    for key, arn in { intake = aws_sqs_queue.intake.arn, dlq = aws_sqs_queue.dlq.arn } : key => concat(
+      length(local.queue_source_arns) == 0 ? [] : [
+        {
+          Sid       = "AllowHealthRouterRules"
+          Effect    = "Allow"
+          Principal = { Service = "events.amazonaws.com" }
+          Action    = "sqs:SendMessage"
+          Resource  = arn
+          Condition = { ArnEquals = { "aws:SourceArn" = local.queue_source_arns } }
+        },
+        {
+          Sid       = "DenyOtherRules"
+          Effect    = "Deny"
+          Principal = { Service = "events.amazonaws.com" }
+          Action    = "sqs:SendMessage"
+          Resource  = arn
+          Condition = { ArnNotEquals = { "aws:SourceArn" = local.queue_source_arns } }
+        },
+      ],
+      length(local.queue_source_arns) != 0 ? [] : [
+        {
+          Sid       = "DenyAllRules"
+          Effect    = "Deny"
+          Principal = { Service = "events.amazonaws.com" }
+          Action    = "sqs:SendMessage"
+          Resource  = arn
+        },
+      ],
+      [
+        {
+          Sid       = "DenyInsecureTransport"
+          Effect    = "Deny"
+          Principal = "*"
+          Action    = "sqs:*"
+          Resource  = arn
+          Condition = { Bool = { "aws:SecureTransport" = "false" } }
+        },
+      ],
+    )
+  }
+}
+
+resource "aws_sqs_queue_policy" "intake" {
+  queue_url = aws_sqs_queue.intake.id
+  policy    = jsonencode({ Version = "2012-10-17", Statement = local.queue_policy_statements.intake })
+}
+
+resource "aws_sqs_queue_policy" "dlq" {
+  queue_url = aws_sqs_queue.dlq.id
+  policy    = jsonencode({ Version = "2012-10-17", Statement = local.queue_policy_statements.dlq })
+}
+
+################################################################################
+# EventBridge rules
+################################################################################
+
+resource "aws_cloudwatch_event_rule" "this" {
+  for_each = local.rules
+
+  name           = "${local.name}-${each.key}"
+  description    = "health-router ${var.cluster_name}: ${each.key} events"
+  event_bus_name = var.event_bus_name
+  event_pattern  = each.value
+
+  tags = var.tags
+}
+
+resource "aws_cloudwatch_event_target" "queue" {
+  for_each = toset(local.rules_target_queue ? keys(local.rules) : [])
+
+  rule           = aws_cloudwatch_event_rule.this[each.key].name
+  event_bus_name = var.event_bus_name
+  target_id      = "health-router-intake"
+  arn            = aws_sqs_queue.intake.arn
+
+  retry_policy {
+    maximum_event_age_in_seconds = 86400
+    maximum_retry_attempts       = 185
+  }
+
+  # Events EventBridge cannot deliver (a key policy that forgot events.amazonaws.com, a deleted
+  # queue) land in the DLQ, where the dead-letters alarm sees them.
+  dead_letter_config {
+    arn = aws_sqs_queue.dlq.arn
+  }
+}

@@ -1,0 +1,84 @@
+output "queue_url" {
+  description = "URL of the intake queue: the router's --queue-url (HEALTH_ROUTER_QUEUE_URL)."
+  value       = aws_sqs_queue.intake.url
+}
+
+output "queue_arn" {
+  description = "ARN of the intake queue."
+  value       = aws_sqs_queue.intake.arn
+}
+
+output "queue_name" {
+  description = "Name of the intake queue."
+  value       = aws_sqs_queue.intake.name
+}
+
+output "dlq_url" {
+  description = "URL of the dead-letter queue, where the router sends poison messages."
+  value       = aws_sqs_queue.dlq.url
+}
+
+output "dlq_arn" {
+  description = "ARN of the dead-letter queue."
+  value       = aws_sqs_queue.dlq.arn
+}
+
+output "iam_role_arn" {
+  description = "ARN of the router's IAM role (the eks.amazonaws.com/role-arn service account annotation for IRSA, or the Pod Identity association's role). Null when create_iam_role is false."
+  value       = try(aws_iam_role.router[0].arn, null)
+}
+
+output "iam_role_name" {
+  description = "Name of the router's IAM role."
+  value       = try(aws_iam_role.router[0].name, null)
+}
+
+output "rule_names" {
+  description = "EventBridge rule names by event kind."
+  value       = { for kind, r in aws_cloudwatch_event_rule.this : kind => r.name }
+}
+
+output "rule_arns" {
+  description = "EventBridge rule ARNs by event kind."
+  value       = { for kind, r in aws_cloudwatch_event_rule.this : kind => r.arn }
+}
+
+output "cluster_name" {
+  description = "The ClusterName dimension of the router's metrics (--cluster-name)."
+  value       = var.cluster_name
+}
+
+output "karpenter_deny_policy_arn" {
+  description = "ARN of the policy denying ec2:DescribeInstanceStatus, to attach to Karpenter's controller role. Null unless create_karpenter_deny_policy."
+  value       = try(aws_iam_policy.karpenter_deny_instance_status[0].arn, null)
+}
+
+output "dashboard_name" {
+  description = "Name of the CloudWatch dashboard."
+  value       = try(aws_cloudwatch_dashboard.this[0].dashboard_name, null)
+}
+
+output "dashboard_body" {
+  description = "The rendered dashboard JSON (also when create_dashboard is false)."
+  value       = local.dashboard_body
+}
+
+output "alarm_names" {
+  description = "CloudWatch alarm names by purpose."
+  value = merge(
+    { for k, a in aws_cloudwatch_metric_alarm.dead_letters : "dead_letters" => a.alarm_name },
+    { for k, a in aws_cloudwatch_metric_alarm.intake_backlog : "intake_backlog" => a.alarm_name },
+    { for k, a in aws_cloudwatch_metric_alarm.router_silent : "router_silent" => a.alarm_name },
+    { for k, a in aws_cloudwatch_metric_alarm.dispatcher_failures : "dispatcher_failures" => a.alarm_name },
+  )
+}
+
+output "dispatcher_function_arn" {
+  description = "ARN of the dispatcher Lambda. Null unless dispatcher.enabled."
+  value       = try(aws_lambda_function.dispatcher[0].arn, null)
+}
+
+output "dispatcher_failure_queue_url" {
+  description = "URL of the queue holding events the dispatcher failed to route. Null unless dispatcher.enabled."
+  value       = try(aws_sqs_queue.dispatcher_failures[0].url, null)
+}

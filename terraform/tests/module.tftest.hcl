@@ -1,0 +1,252 @@
+# Plan-time checks of the module with a mocked AWS provider: no credentials, no network.
+# override_during = plan makes the mocked computed values (ARNs, URLs) known during plan, so the
+# policies and the dashboard can be inspected.
+
+mock_provider "aws" {
+  override_during = plan
+
+  mock_data "aws_partition" {
+    defaults = { partition = "aws" }
+  }
+  mock_data "aws_region" {
+    defaults = { name = "eu-west-1" }
+  }
+  mock_data "aws_caller_identity" {
+    defaults = { account_id = "111122223333" }
+  }
+  mock_resource "aws_sqs_queue" {
+    defaults = {
+      arn = "arn:aws:sqs:eu-west-1:111122223333:mocked-queue"
+      url = "https://sqs.eu-west-1.amazonaws.com/111122223333/mocked-queue"
+    }
+  }
+  mock_resource "aws_cloudwatch_event_rule" {
+    defaults = { arn = "arn:aws:events:eu-west-1:111122223333:rule/mocked-rule" }
+  }
+  mock_resource "aws_iam_role" {
+    defaults = { arn = "arn:aws:iam::111122223333:role/mocked-role" }
+  }
+  mock_resource "aws_cloudwatch_log_group" {
+    defaults = { arn = "arn:aws:logs:eu-west-1:111122223333:log-group:/aws/lambda/mocked" }
+  }
+  mock_resource "aws_lambda_function" {
+    defaults = { arn = "arn:aws:lambda:eu-west-1:111122223333:function:mocked" }
+  }
+  mock_resource "aws_iam_policy" {
+    defaults = { arn = "arn:aws:iam::111122223333:policy/mocked" }
+  }
+}
+
+variables {
+  cluster_name = "prod-eu"
+}
+
+run "defaults" {
+  command = plan
+
+  # Every kind gets a rule, each targeting the intake queue.
+  assert {
+    condition     = toset(keys(aws_cloudwatch_event_rule.this)) == toset(["scheduled-change", "spot-interruption", "rebalance-recommendation", "state-change", "capacity-reservation-interruption", "ami-state-change"])
+    error_message = "expected one rule per event kind"
+  }
+  assert {
+    condition     = length(aws_cloudwatch_event_target.queue) == 6 && length(aws_cloudwatch_event_target.dispatcher) == 0
+    error_message = "without the dispatcher every rule must target the intake queue"
+  }
+  assert {
+    condition     = aws_cloudwatch_event_rule.this["spot-interruption"].name == "hr-prod-eu-spot-interruption"
+    error_message = "rule names are <name>-<kind>, name defaulting to hr-<cluster_name>"
+  }
+
+  # The Health rule only lets EC2 scheduled changes through.
+  assert {
+    condition = jsondecode(aws_cloudwatch_event_rule.this["scheduled-change"].event_pattern) == {
+      source        = ["aws.health"]
+      "detail-type" = ["AWS Health Event"]
+      detail        = { service = ["EC2"], eventTypeCategory = ["scheduledChange"] }
+    }
+    error_message = "the Health pattern must be filtered to service EC2 and category scheduledChange"
+  }
+  assert {
+    condition     = jsondecode(aws_cloudwatch_event_rule.this["capacity-reservation-interruption"].event_pattern)["detail-type"] == ["EC2 Capacity Reservation Instance Interruption Warning"]
+    error_message = "capacity reservation rule has the wrong detail-type"
+  }
+
+  # SSE on, SQS-managed by default; 14-day retention; redrive to the DLQ.
+  assert {
+    condition     = aws_sqs_queue.intake.sqs_managed_sse_enabled && aws_sqs_queue.dlq.sqs_managed_sse_enabled && aws_sqs_queue.intake.kms_master_key_id == null
+    error_message = "queues must use SSE-SQS when no KMS key is given"
+  }
+  assert {
+    condition     = aws_sqs_queue.intake.message_retention_seconds == 1209600
+    error_message = "intake retention must default to 14 days"
+  }
+  assert {
+    condition     = jsondecode(aws_sqs_queue.intake.redrive_policy).deadLetterTargetArn == aws_sqs_queue.dlq.arn && jsondecode(aws_sqs_queue.intake.redrive_policy).maxReceiveCount == 100
+    error_message = "intake must redrive to the DLQ"
+  }
+
+  # Only the module's rules may send as EventBridge; no access without TLS.
+  assert {
+    condition     = one([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement : s if s.Sid == "AllowHealthRouterRules"]).Condition.ArnEquals["aws:SourceArn"] == [for r in aws_cloudwatch_event_rule.this : r.arn]
+    error_message = "the intake queue policy must allow exactly the module's rule ARNs"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement : s if s.Effect == "Allow"]).Principal.Service == "events.amazonaws.com"
+    error_message = "the only Allow in the queue policy must be for EventBridge"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement : s if s.Sid == "DenyOtherRules"]).Condition.ArnNotEquals["aws:SourceArn"] == [for r in aws_cloudwatch_event_rule.this : r.arn]
+    error_message = "other rules must be denied"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement : s if s.Sid == "DenyInsecureTransport"]).Condition.Bool["aws:SecureTransport"] == "false"
+    error_message = "the queue policy must deny non-TLS access"
+  }
+  assert {
+    condition     = length([for s in jsondecode(aws_sqs_queue_policy.dlq.policy).Statement : s if s.Sid == "DenyInsecureTransport"]) == 1
+    error_message = "the DLQ policy must deny non-TLS access"
+  }
+
+  # Pod Identity trust, least-privilege permissions.
+  assert {
+    condition     = jsondecode(aws_iam_role.router[0].assume_role_policy).Statement[0].Principal.Service == "pods.eks.amazonaws.com" && toset(jsondecode(aws_iam_role.router[0].assume_role_policy).Statement[0].Action) == toset(["sts:AssumeRole", "sts:TagSession"])
+    error_message = "default trust must be EKS Pod Identity with AssumeRole and TagSession"
+  }
+  assert {
+    condition     = toset(one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "IntakeQueues"]).Resource) == toset([aws_sqs_queue.intake.arn, aws_sqs_queue.dlq.arn])
+    error_message = "SQS permissions must be scoped to the intake queue and DLQ"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "Metrics"]).Condition.StringEquals["cloudwatch:namespace"] == "HealthRouter"
+    error_message = "PutMetricData must be limited to the HealthRouter namespace"
+  }
+  assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if contains(["ForwardToKarpenter", "QueueKey"], s.Sid)]) == 0
+    error_message = "no Karpenter or KMS permission unless asked for"
+  }
+  assert {
+    condition     = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : !contains(flatten([s.Action]), "sqs:*") && !contains(flatten([s.Action]), "*")])
+    error_message = "no wildcard actions in the router policy"
+  }
+
+  # Dashboard JSON parses and has the base widgets only; three alarms.
+  assert {
+    condition     = length(jsondecode(aws_cloudwatch_dashboard.this[0].dashboard_body).widgets) == 9
+    error_message = "the dashboard must be valid JSON with 9 widgets without the dispatcher"
+  }
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.router_silent[0].treat_missing_data == "breaching" && aws_cloudwatch_metric_alarm.router_silent[0].dimensions.ClusterName == "prod-eu" && aws_cloudwatch_metric_alarm.router_silent[0].period == 900
+    error_message = "router-silent must treat missing heartbeats as breaching over 15 minutes"
+  }
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.dead_letters[0].dimensions.QueueName == aws_sqs_queue.dlq.name && aws_cloudwatch_metric_alarm.dead_letters[0].threshold == 0
+    error_message = "dead-letters alarm must watch the DLQ for any message"
+  }
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.intake_backlog[0].metric_name == "ApproximateNumberOfMessagesVisible"
+    error_message = "the backlog alarm must count visible messages only (deferred ones are invisible)"
+  }
+  assert {
+    condition     = length(aws_cloudwatch_metric_alarm.dispatcher_failures) == 0 && length(aws_lambda_function.dispatcher) == 0
+    error_message = "no dispatcher resources unless enabled"
+  }
+}
+
+run "irsa_kms_forward_and_karpenter_deny" {
+  command = plan
+
+  variables {
+    name                             = "hr-irsa"
+    identity_type                    = "irsa"
+    oidc_provider_arn                = "arn:aws:iam::111122223333:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
+    kms_key_arn                      = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    karpenter_interruption_queue_arn = "arn:aws:sqs:eu-west-1:111122223333:Karpenter-prod-eu"
+    create_karpenter_deny_policy     = true
+    karpenter_controller_role_name   = "KarpenterController-prod-eu"
+    alarm_sns_topic_arn              = "arn:aws:sns:eu-west-1:111122223333:oncall"
+    rules                            = { rebalance_recommendation = false, ami_state_change = false }
+  }
+
+  assert {
+    condition     = jsondecode(aws_iam_role.router[0].assume_role_policy).Statement[0].Condition.StringEquals["oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF:sub"] == "system:serviceaccount:health-router:health-router"
+    error_message = "IRSA trust must be limited to the router's service account"
+  }
+  assert {
+    condition     = aws_sqs_queue.intake.kms_master_key_id == var.kms_key_arn && !coalesce(aws_sqs_queue.intake.sqs_managed_sse_enabled, false)
+    error_message = "with a KMS key the queues must use SSE-KMS"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "QueueKey"]).Resource == var.kms_key_arn
+    error_message = "the router needs the queue key"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "ForwardToKarpenter"]).Resource == var.karpenter_interruption_queue_arn
+    error_message = "forward mode needs SendMessage on Karpenter's queue"
+  }
+  assert {
+    condition     = jsondecode(aws_iam_policy.karpenter_deny_instance_status[0].policy).Statement[0].Effect == "Deny" && jsondecode(aws_iam_policy.karpenter_deny_instance_status[0].policy).Statement[0].Action == "ec2:DescribeInstanceStatus"
+    error_message = "the Karpenter policy must deny DescribeInstanceStatus"
+  }
+  assert {
+    condition     = aws_iam_role_policy_attachment.karpenter_deny_instance_status[0].role == "KarpenterController-prod-eu"
+    error_message = "the deny policy must be attached to Karpenter's role when named"
+  }
+  assert {
+    condition     = !contains(keys(aws_cloudwatch_event_rule.this), "rebalance-recommendation") && !contains(keys(aws_cloudwatch_event_rule.this), "ami-state-change") && length(aws_cloudwatch_event_rule.this) == 4
+    error_message = "disabled kinds must have no rule"
+  }
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.router_silent[0].alarm_actions == toset(["arn:aws:sns:eu-west-1:111122223333:oncall"])
+    error_message = "alarms must notify the SNS topic"
+  }
+}
+
+run "dispatcher" {
+  command = plan
+
+  variables {
+    name = "hr-dispatch"
+    dispatcher = {
+      enabled  = true
+      zip_path = "tests/fixtures/dispatcher.zip"
+      cluster_queues = {
+        "batch-eu" = { url = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-batch-eu", arn = "arn:aws:sqs:eu-west-1:111122223333:hr-batch-eu" }
+      }
+    }
+  }
+
+  assert {
+    condition     = length(aws_cloudwatch_event_target.dispatcher) == 6 && length(aws_cloudwatch_event_target.queue) == 0
+    error_message = "with the dispatcher every rule must target the Lambda"
+  }
+  assert {
+    condition     = aws_lambda_function.dispatcher[0].runtime == "provided.al2023" && aws_lambda_function.dispatcher[0].architectures == tolist(["arm64"]) && aws_lambda_function.dispatcher[0].handler == "bootstrap"
+    error_message = "the dispatcher is a provided.al2023 arm64 bootstrap function"
+  }
+  assert {
+    condition     = jsondecode(aws_lambda_function.dispatcher[0].environment[0].variables.HEALTH_ROUTER_CLUSTER_QUEUES) == { "prod-eu" = aws_sqs_queue.intake.url, "batch-eu" = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-batch-eu" }
+    error_message = "the Lambda must know every cluster's queue, its own included"
+  }
+  assert {
+    condition     = aws_lambda_function_event_invoke_config.dispatcher[0].destination_config[0].on_failure[0].destination == aws_sqs_queue.dispatcher_failures[0].arn
+    error_message = "failed invocations must go to the failure queue"
+  }
+  # EventBridge no longer sends to the intake queue: only the Lambda (through IAM) does.
+  assert {
+    condition     = length([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement : s if s.Effect == "Allow"]) == 0 && length([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement : s if s.Sid == "DenyAllRules"]) == 1
+    error_message = "with the dispatcher the intake queue must accept no EventBridge rule"
+  }
+  assert {
+    condition     = contains(one([for s in jsondecode(aws_iam_role_policy.dispatcher[0].policy).Statement : s if s.Sid == "ClusterQueues"]).Resource, "arn:aws:sqs:eu-west-1:111122223333:hr-batch-eu")
+    error_message = "the Lambda must be allowed to send to the other clusters' queues"
+  }
+  assert {
+    condition     = length(jsondecode(aws_cloudwatch_dashboard.this[0].dashboard_body).widgets) == 13
+    error_message = "the dashboard with the dispatcher must be valid JSON with 13 widgets"
+  }
+  assert {
+    condition     = length(aws_lambda_permission.dispatcher) == 6 && alltrue([for k, p in aws_lambda_permission.dispatcher : p.source_arn == aws_cloudwatch_event_rule.this[k].arn])
+    error_message = "each rule needs its own invoke permission"
+  }
+}
