@@ -9,7 +9,8 @@
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.37.0}
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/envtest/v${K8S_VERSION}
+ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
+cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/envtest/v${K8S_VERSION}-etcd${ETCD_VERSION}
 if [[ -x $cache/kube-apiserver && -x $cache/etcd ]]; then
   echo "$cache"
   exit 0
@@ -46,7 +47,7 @@ GO
 cd "$work"
 echo "building kube-apiserver and etcd v${K8S_VERSION} into $cache (first run only, a few minutes)" >&2
 go mod tidy -e >/dev/null 2>&1 || true
-go get k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION} go.etcd.io/etcd/server/v3 >&2
+go get k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION} go.etcd.io/etcd/server/v3@${ETCD_VERSION} >&2
 go build -trimpath -ldflags=-s -o "$cache/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
 go build -trimpath -ldflags=-s -o "$cache/etcd.tmp" go.etcd.io/etcd/server/v3
 mv "$cache/kube-apiserver.tmp" "$cache/kube-apiserver"

@@ -1,0 +1,203 @@
+// Package cluster resolves an EC2 instance ID to the Kubernetes objects Karpenter keeps for
+// it: Node (spec.providerID) -> NodeClaim (status.providerID) -> NodePool (the
+// karpenter.sh/nodepool label) -> EC2NodeClass (spec.nodeClassRef). Lookups go through
+// field indexes, over a live controller-runtime cache or over a snapshot file alike.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+)
+
+// Field indexes the model needs on its reader.
+const (
+	// IndexInstanceID indexes Nodes and NodeClaims by the EC2 instance ID of their provider ID.
+	IndexInstanceID = "healthrouter.io/instance-id"
+	// IndexNodePool indexes NodeClaims by their NodePool.
+	IndexNodePool = "healthrouter.io/nodepool"
+)
+
+// Annotations the router writes on NodeClaims, so that people and a restarted router see
+// what it holds and what it has signalled.
+const (
+	// AnnotationDeferred holds the JSON list of events deferred for this NodeClaim.
+	AnnotationDeferred = "healthrouter.io/deferred"
+	// AnnotationDrainSignalled is the RFC 3339 time the router signalled Karpenter to drain.
+	AnnotationDrainSignalled = "healthrouter.io/drain-signalled"
+)
+
+// NewScheme returns a scheme with the core, Karpenter and Karpenter AWS types.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	// The Karpenter API packages register themselves only into client-go's global scheme;
+	// this scheme is the router's own.
+	karpGV := schema.GroupVersion{Group: "karpenter.sh", Version: "v1"}
+	metav1.AddToGroupVersion(s, karpGV)
+	s.AddKnownTypes(karpGV, &karpv1.NodePool{}, &karpv1.NodePoolList{}, &karpv1.NodeClaim{}, &karpv1.NodeClaimList{})
+	awsGV := schema.GroupVersion{Group: "karpenter.k8s.aws", Version: "v1"}
+	metav1.AddToGroupVersion(s, awsGV)
+	s.AddKnownTypes(awsGV, &awsv1.EC2NodeClass{}, &awsv1.EC2NodeClassList{})
+	return s, nil
+}
+
+// InstanceID returns the instance ID of an AWS provider ID (aws:///eu-west-1a/i-0123...),
+// or "" if it is not one.
+func InstanceID(providerID string) string {
+	rest, ok := strings.CutPrefix(providerID, "aws://")
+	if !ok {
+		return ""
+	}
+	id := rest[strings.LastIndex(rest, "/")+1:]
+	if !strings.HasPrefix(id, "i-") {
+		return ""
+	}
+	return id
+}
+
+// Index is one field index: the object type it applies to, its name, and its function.
+type Index struct {
+	Object  client.Object
+	Field   string
+	Extract client.IndexerFunc
+}
+
+// Indexes returns the field indexes Model reads through.
+func Indexes() []Index {
+	return []Index{
+		{&corev1.Node{}, IndexInstanceID, func(o client.Object) []string {
+			return nonEmpty(InstanceID(o.(*corev1.Node).Spec.ProviderID))
+		}},
+		{&karpv1.NodeClaim{}, IndexInstanceID, func(o client.Object) []string {
+			return nonEmpty(InstanceID(o.(*karpv1.NodeClaim).Status.ProviderID))
+		}},
+		{&karpv1.NodeClaim{}, IndexNodePool, func(o client.Object) []string {
+			return nonEmpty(o.GetLabels()[karpv1.NodePoolLabelKey])
+		}},
+	}
+}
+
+// SetupIndexes registers Indexes on a live cache (a manager's field indexer).
+func SetupIndexes(ctx context.Context, fi client.FieldIndexer) error {
+	for _, ix := range Indexes() {
+		if err := fi.IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
+			return fmt.Errorf("indexing %T by %s: %w", ix.Object, ix.Field, err)
+		}
+	}
+	return nil
+}
+
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
+}
+
+// Model answers the router's questions about the cluster.
+type Model struct {
+	reader client.Reader
+}
+
+// New returns a Model that reads through r, which must have Indexes registered.
+func New(r client.Reader) *Model { return &Model{reader: r} }
+
+// Resolved is everything the cluster knows about one instance; any part may be nil.
+type Resolved struct {
+	InstanceID string
+	Node       *corev1.Node
+	NodeClaim  *karpv1.NodeClaim
+	NodePool   *karpv1.NodePool
+	NodeClass  *awsv1.EC2NodeClass
+}
+
+// Found reports whether the instance is a node of this cluster.
+func (r Resolved) Found() bool { return r.Node != nil || r.NodeClaim != nil }
+
+// PoolName returns the NodePool name from the NodeClaim, or else the Node, label.
+func (r Resolved) PoolName() string {
+	if r.NodeClaim != nil && r.NodeClaim.Labels[karpv1.NodePoolLabelKey] != "" {
+		return r.NodeClaim.Labels[karpv1.NodePoolLabelKey]
+	}
+	if r.Node != nil {
+		return r.Node.Labels[karpv1.NodePoolLabelKey]
+	}
+	return ""
+}
+
+// Resolve looks an instance up. Not finding it is not an error; failing to read is.
+func (m *Model) Resolve(ctx context.Context, instanceID string) (Resolved, error) {
+	res := Resolved{InstanceID: instanceID}
+	var nodes corev1.NodeList
+	if err := m.reader.List(ctx, &nodes, client.MatchingFields{IndexInstanceID: instanceID}); err != nil {
+		return res, fmt.Errorf("listing nodes of instance %s: %w", instanceID, err)
+	}
+	if len(nodes.Items) > 0 {
+		res.Node = &nodes.Items[0]
+	}
+	var claims karpv1.NodeClaimList
+	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexInstanceID: instanceID}); err != nil {
+		return res, fmt.Errorf("listing nodeclaims of instance %s: %w", instanceID, err)
+	}
+	if len(claims.Items) > 0 {
+		res.NodeClaim = &claims.Items[0]
+	}
+	if pool := res.PoolName(); pool != "" {
+		np := &karpv1.NodePool{}
+		if err := m.get(ctx, pool, np); err != nil {
+			return res, err
+		} else if np.Name != "" {
+			res.NodePool = np
+		}
+	}
+	if res.NodeClaim != nil && res.NodeClaim.Spec.NodeClassRef != nil && res.NodeClaim.Spec.NodeClassRef.Kind == "EC2NodeClass" {
+		nc := &awsv1.EC2NodeClass{}
+		if err := m.get(ctx, res.NodeClaim.Spec.NodeClassRef.Name, nc); err != nil {
+			return res, err
+		} else if nc.Name != "" {
+			res.NodeClass = nc
+		}
+	}
+	return res, nil
+}
+
+// get reads a cluster-scoped object; a missing object leaves obj empty without error.
+func (m *Model) get(ctx context.Context, name string, obj client.Object) error {
+	err := m.reader.Get(ctx, client.ObjectKey{Name: name}, obj)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("getting %T %s: %w", obj, name, err)
+	}
+	return nil
+}
+
+// PoolState counts a NodePool's NodeClaims and those being drained: deleted, or signalled
+// by the router and not yet gone.
+func (m *Model) PoolState(ctx context.Context, pool string) (nodes, inFlight int, err error) {
+	var claims karpv1.NodeClaimList
+	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexNodePool: pool}); err != nil {
+		return 0, 0, fmt.Errorf("listing nodeclaims of nodepool %s: %w", pool, err)
+	}
+	for i := range claims.Items {
+		c := &claims.Items[i]
+		if !c.DeletionTimestamp.IsZero() || c.Annotations[AnnotationDrainSignalled] != "" {
+			inFlight++
+		}
+	}
+	return len(claims.Items), inFlight, nil
+}
