@@ -17,6 +17,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/schemas"
+	"github.com/aws/smithy-go/transport/http/protocol/awsquery"
 )
 
 // Region is the region every client of the server uses.
@@ -127,4 +130,12 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// CloudWatchQuery makes a CloudWatch client speak awsQuery, which moto serves, instead of the
+// SDK's default Smithy RPCv2 CBOR, which moto 5 answers with 404:
+//
+//	cloudwatch.NewFromConfig(srv.Config, motoserver.CloudWatchQuery)
+func CloudWatchQuery(o *cloudwatch.Options) {
+	o.Protocol = awsquery.New(schemas.GraniteServiceVersion20100801)
 }

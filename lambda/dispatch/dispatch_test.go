@@ -1,0 +1,334 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	cwtypes "github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/test/terraform/motoserver"
+)
+
+// world is moto with two clusters' nodes, one untagged instance, and the two intake queues.
+type world struct {
+	ec2      *ec2.Client
+	sqs      *sqs.Client
+	cw       *cloudwatch.Client
+	alpha    string // instance tagged eks:eks-cluster-name=alpha (as Karpenter tags)
+	beta     string // instance tagged kubernetes.io/cluster/beta=owned
+	unowned  string // instance with no cluster tag
+	queues   Queues
+	describe *countingEC2
+	clock    *clocktesting.FakeClock
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	srv := motoserver.Start(t)
+	ctx := context.Background()
+	w := &world{
+		ec2:   ec2.NewFromConfig(srv.Config),
+		sqs:   sqs.NewFromConfig(srv.Config),
+		cw:    cloudwatch.NewFromConfig(srv.Config, motoserver.CloudWatchQuery),
+		clock: clocktesting.NewFakeClock(time.Date(2026, 11, 20, 9, 15, 0, 0, time.UTC)),
+	}
+	w.describe = &countingEC2{api: w.ec2}
+	w.alpha = w.runInstance(t, ctx, map[string]string{"eks:eks-cluster-name": "alpha", "karpenter.sh/nodepool": "kafka"})
+	w.beta = w.runInstance(t, ctx, map[string]string{"kubernetes.io/cluster/beta": "owned", "Name": "beta-node"})
+	w.unowned = w.runInstance(t, ctx, map[string]string{"Name": "bastion"})
+	w.queues = Queues{"alpha": w.createQueue(t, ctx, "hr-alpha"), "beta": w.createQueue(t, ctx, "hr-beta")}
+	return w
+}
+
+func (w *world) runInstance(t *testing.T, ctx context.Context, tags map[string]string) string {
+	t.Helper()
+	var ts []ec2types.Tag
+	for k, v := range tags {
+		ts = append(ts, ec2types.Tag{Key: aws.String(k), Value: aws.String(v)})
+	}
+	out, err := w.ec2.RunInstances(ctx, &ec2.RunInstancesInput{
+		ImageId: aws.String("ami-03cf127a"), InstanceType: ec2types.InstanceTypeM5Large,
+		MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
+		TagSpecifications: []ec2types.TagSpecification{{ResourceType: ec2types.ResourceTypeInstance, Tags: ts}},
+	})
+	if err != nil {
+		t.Fatalf("RunInstances: %v", err)
+	}
+	return aws.ToString(out.Instances[0].InstanceId)
+}
+
+func (w *world) createQueue(t *testing.T, ctx context.Context, name string) string {
+	t.Helper()
+	out, err := w.sqs.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name)})
+	if err != nil {
+		t.Fatalf("CreateQueue %s: %v", name, err)
+	}
+	return aws.ToString(out.QueueUrl)
+}
+
+func (w *world) dispatcher(queues Queues) *Dispatcher {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return New(NewOwnerCache(w.describe, w.clock), w.sqs, w.cw, queues, log)
+}
+
+// received drains a queue and returns the bodies.
+func (w *world) received(t *testing.T, url string) []string {
+	t.Helper()
+	out, err := w.sqs.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10})
+	if err != nil {
+		t.Fatalf("ReceiveMessage: %v", err)
+	}
+	var bodies []string
+	for _, m := range out.Messages {
+		bodies = append(bodies, aws.ToString(m.Body))
+	}
+	return bodies
+}
+
+// metricSum is the sum of a HealthRouter metric over the last day, as moto's CloudWatch has it.
+func (w *world) metricSum(t *testing.T, name string, dims ...cwtypes.Dimension) float64 {
+	t.Helper()
+	now := time.Now()
+	out, err := w.cw.GetMetricStatistics(context.Background(), &cloudwatch.GetMetricStatisticsInput{
+		Namespace: aws.String(metrics.CloudWatchNamespace), MetricName: aws.String(name), Dimensions: dims,
+		StartTime: aws.Time(now.Add(-24 * time.Hour)), EndTime: aws.Time(now.Add(time.Hour)),
+		Period: aws.Int32(86400), Statistics: []cwtypes.Statistic{cwtypes.StatisticSum},
+	})
+	if err != nil {
+		t.Fatalf("GetMetricStatistics %s: %v", name, err)
+	}
+	var sum float64
+	for _, dp := range out.Datapoints {
+		sum += aws.ToFloat64(dp.Sum)
+	}
+	return sum
+}
+
+func cluster(name string) cwtypes.Dimension {
+	return cwtypes.Dimension{Name: aws.String(metrics.DimClusterName), Value: aws.String(name)}
+}
+
+// fixture reads testdata/name with the placeholders replaced.
+func fixture(t *testing.T, name string, replace ...string) json.RawMessage {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return json.RawMessage(strings.NewReplacer(replace...).Replace(string(b)))
+}
+
+// countingEC2 counts DescribeInstances calls and the instance IDs asked for.
+type countingEC2 struct {
+	api   instancesAPI
+	calls atomic.Int32
+	asked [][]string
+}
+
+func (c *countingEC2) DescribeInstances(ctx context.Context, in *ec2.DescribeInstancesInput, opts ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error) {
+	c.calls.Add(1)
+	for _, f := range in.Filters {
+		c.asked = append(c.asked, f.Values)
+	}
+	return c.api.DescribeInstances(ctx, in, opts...)
+}
+
+type healthBody struct {
+	ID        string   `json:"id"`
+	Resources []string `json:"resources"`
+	Detail    struct {
+		EventTypeCode    string `json:"eventTypeCode"`
+		StartTime        string `json:"startTime"`
+		AffectedEntities []struct {
+			EntityValue string            `json:"entityValue"`
+			Tags        map[string]string `json:"tags"`
+		} `json:"affectedEntities"`
+	} `json:"detail"`
+}
+
+func TestHealthEventSpanningClustersIsSplit(t *testing.T) {
+	w := newWorld(t)
+	ev := fixture(t, "health-scheduled-change.json", "INSTANCE_ALPHA", w.alpha, "INSTANCE_BETA", w.beta, "INSTANCE_UNOWNED", w.unowned)
+
+	if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+
+	for name, want := range map[string]string{"alpha": w.alpha, "beta": w.beta} {
+		bodies := w.received(t, w.queues[name])
+		if len(bodies) != 1 {
+			t.Fatalf("cluster %s got %d messages, want 1", name, len(bodies))
+		}
+		var got healthBody
+		if err := json.Unmarshal([]byte(bodies[0]), &got); err != nil {
+			t.Fatalf("cluster %s body is not JSON: %v", name, err)
+		}
+		if len(got.Detail.AffectedEntities) != 1 || got.Detail.AffectedEntities[0].EntityValue != want {
+			t.Errorf("cluster %s affectedEntities = %+v, want only %s", name, got.Detail.AffectedEntities, want)
+		}
+		if !slices.Equal(got.Resources, []string{want}) {
+			t.Errorf("cluster %s resources = %v, want [%s]", name, got.Resources, want)
+		}
+		// The envelope is kept: same event ID, same Health details, the entity's tags.
+		if got.ID != "1d7c5b9a-3f2e-4c61-8a0b-5e9f2d4c7a18" || got.Detail.EventTypeCode != "AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED" || got.Detail.StartTime != "Thu, 3 Dec 2026 02:00:00 GMT" {
+			t.Errorf("cluster %s envelope changed: %+v", name, got)
+		}
+		if len(got.Detail.AffectedEntities) == 1 && got.Detail.AffectedEntities[0].Tags == nil {
+			t.Errorf("cluster %s lost the entity's tags", name)
+		}
+	}
+	if n := w.describe.calls.Load(); n != 1 {
+		t.Errorf("DescribeInstances called %d times for one event, want 1 batched call", n)
+	}
+	if got := w.metricSum(t, metrics.CWDispatcherRouted, cluster("alpha")); got != 1 {
+		t.Errorf("DispatcherRouted{alpha} = %v, want 1", got)
+	}
+	if got := w.metricSum(t, metrics.CWDispatcherDropped); got != 1 {
+		t.Errorf("DispatcherDropped = %v, want 1 (the untagged instance)", got)
+	}
+}
+
+func TestEventForUnownedInstanceIsDroppedAndCounted(t *testing.T) {
+	w := newWorld(t)
+	ev := fixture(t, "spot-interruption.json", "INSTANCE", w.unowned)
+
+	if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
+		t.Fatalf("Handle: %v (dropping is not a failure)", err)
+	}
+	for name, url := range w.queues {
+		if bodies := w.received(t, url); len(bodies) != 0 {
+			t.Errorf("cluster %s got %d messages for an instance it does not own", name, len(bodies))
+		}
+	}
+	if got := w.metricSum(t, metrics.CWDispatcherDropped); got != 1 {
+		t.Errorf("DispatcherDropped = %v, want 1", got)
+	}
+}
+
+func TestSingleInstanceEventGoesUnchangedToItsCluster(t *testing.T) {
+	w := newWorld(t)
+	ev := fixture(t, "capacity-reservation-interruption.json", "INSTANCE", w.beta)
+
+	if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	if got := w.received(t, w.queues["beta"]); len(got) != 1 || got[0] != string(ev) {
+		t.Errorf("beta got %q, want the event unchanged", got)
+	}
+	if got := w.received(t, w.queues["alpha"]); len(got) != 0 {
+		t.Errorf("alpha got %d messages for beta's instance", len(got))
+	}
+}
+
+func TestAMIStateChangeIsBroadcast(t *testing.T) {
+	w := newWorld(t)
+	ev := fixture(t, "ami-state-change.json")
+
+	if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	for name, url := range w.queues {
+		if got := w.received(t, url); len(got) != 1 || got[0] != string(ev) {
+			t.Errorf("cluster %s got %q, want the AMI event once, unchanged", name, got)
+		}
+	}
+	if n := w.describe.calls.Load(); n != 0 {
+		t.Errorf("an AMI event needs no instance lookup; DescribeInstances called %d times", n)
+	}
+	if got := w.metricSum(t, metrics.CWDispatcherRouted, cluster("beta")); got != 1 {
+		t.Errorf("DispatcherRouted{beta} = %v, want 1", got)
+	}
+}
+
+func TestSQSFailureReturnsError(t *testing.T) {
+	w := newWorld(t)
+	gone := strings.Replace(w.queues["beta"], "hr-beta", "hr-deleted", 1)
+	queues := Queues{"alpha": w.queues["alpha"], "beta": gone}
+	ev := fixture(t, "ami-state-change.json")
+
+	err := w.dispatcher(queues).Handle(context.Background(), ev)
+	if err == nil || !strings.Contains(err.Error(), "cluster beta") {
+		t.Fatalf("Handle = %v, want an error naming cluster beta so Lambda retries", err)
+	}
+	// The healthy cluster still got its copy; the retry may send it again, which the router tolerates.
+	if got := w.received(t, w.queues["alpha"]); len(got) != 1 {
+		t.Errorf("alpha got %d messages, want 1", len(got))
+	}
+}
+
+func TestEC2FailureReturnsError(t *testing.T) {
+	w := newWorld(t)
+	// An EC2 endpoint nobody listens on: the call fails as a real outage would.
+	down := ec2.NewFromConfig(aws.Config{Region: motoserver.Region, Credentials: w.ec2.Options().Credentials, RetryMaxAttempts: 1},
+		func(o *ec2.Options) { o.BaseEndpoint = aws.String("http://127.0.0.1:1") })
+	d := New(NewOwnerCache(down, w.clock), w.sqs, w.cw, w.queues, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	err := d.Handle(context.Background(), fixture(t, "spot-interruption.json", "INSTANCE", w.alpha))
+	if err == nil || !strings.Contains(err.Error(), "describing instances") {
+		t.Fatalf("Handle = %v, want the DescribeInstances error", err)
+	}
+	if got := w.received(t, w.queues["alpha"]); len(got) != 0 {
+		t.Errorf("alpha got %d messages although its owner was unknown", len(got))
+	}
+}
+
+func TestUnroutableEventsFail(t *testing.T) {
+	w := newWorld(t)
+	d := w.dispatcher(w.queues)
+	for name, ev := range map[string]json.RawMessage{
+		"not json":      json.RawMessage(`{"id":`),
+		"asg lifecycle": fixture(t, "asg-lifecycle.json", "INSTANCE", w.alpha),
+		"no instance":   json.RawMessage(`{"id":"x","source":"aws.ec2","detail-type":"EC2 Instance Rebalance Recommendation","detail":{}}`),
+	} {
+		if err := d.Handle(context.Background(), ev); err == nil {
+			t.Errorf("%s: Handle = nil, want an error so the event reaches the failure queue", name)
+		}
+	}
+	for name, url := range w.queues {
+		if got := w.received(t, url); len(got) != 0 {
+			t.Errorf("cluster %s got %d messages from unroutable events", name, len(got))
+		}
+	}
+}
+
+func TestOwnersAreCachedForTheTTL(t *testing.T) {
+	w := newWorld(t)
+	d := w.dispatcher(w.queues)
+	ctx := context.Background()
+	spot := fixture(t, "spot-interruption.json", "INSTANCE", w.alpha)
+	state := json.RawMessage(`{"id":"f0e1d2c3-0000-4000-8000-000000000001","source":"aws.ec2","detail-type":"EC2 Instance State-change Notification","detail":{"instance-id":"` + w.alpha + `","state":"shutting-down"}}`)
+
+	for _, ev := range []json.RawMessage{spot, state} {
+		if err := d.Handle(ctx, ev); err != nil {
+			t.Fatalf("Handle: %v", err)
+		}
+	}
+	if n := w.describe.calls.Load(); n != 1 {
+		t.Errorf("DescribeInstances called %d times for two events about one instance within the TTL, want 1", n)
+	}
+	w.clock.Step(OwnerTTL + time.Second)
+	if err := d.Handle(ctx, spot); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	if n := w.describe.calls.Load(); n != 2 {
+		t.Errorf("DescribeInstances called %d times after the TTL expired, want 2", n)
+	}
+	if got := w.received(t, w.queues["alpha"]); len(got) != 3 {
+		t.Errorf("alpha got %d messages, want 3", len(got))
+	}
+}
