@@ -62,27 +62,26 @@ func Parse(body []byte) (Event, error) {
 	if env.Version != "" && env.Version != "0" {
 		return Event{}, reject(ReasonUnsupported, "envelope version %q", env.Version)
 	}
+	// From here on a rejected event keeps its identity, for the dead-letter record.
+	known := Event{ID: env.ID, Kind: KindUnknown, Source: env.Source, DetailType: env.DetailType, Account: env.Account, Region: env.Region}
 	p, ok := parsers[key{env.Source, env.DetailType}]
 	if !ok {
-		return Event{ID: env.ID, Kind: KindUnknown, Source: env.Source, DetailType: env.DetailType},
-			reject(ReasonUnknownKind, "no parser for source %q detail-type %q", env.Source, env.DetailType)
+		return known, reject(ReasonUnknownKind, "no parser for source %q detail-type %q", env.Source, env.DetailType)
 	}
 	t, err := time.Parse(time.RFC3339, env.Time)
 	if err != nil {
-		return Event{}, reject(ReasonInvalid, "time %q is not RFC 3339", env.Time)
+		return known, reject(ReasonInvalid, "time %q is not RFC 3339", env.Time)
 	}
 	if len(env.Detail) == 0 || env.Detail[0] != '{' {
-		return Event{}, reject(ReasonMalformed, "detail is not an object")
+		return known, reject(ReasonMalformed, "detail is not an object")
 	}
 	if _, err := resources(env.Resources); err != nil {
-		return Event{}, err
+		return known, err
 	}
-	ev := Event{
-		ID: env.ID, Source: env.Source, DetailType: env.DetailType,
-		Account: env.Account, Region: env.Region, Time: t.UTC(), Body: body,
-	}
+	ev := known
+	ev.Time, ev.Body, ev.Kind = t.UTC(), body, ""
 	if err := p(env, &ev); err != nil {
-		return Event{}, err
+		return known, err
 	}
 	return ev, nil
 }

@@ -89,6 +89,9 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 
 	action, key := tg.Policy.ActionFor(ev)
 	chose := fmt.Sprintf("%s=%s", key, action)
+	if key == "" {
+		chose = fmt.Sprintf("%s (no annotation: Karpenter's behaviour)", action)
+	}
 
 	if ev.Urgent() {
 		switch action {

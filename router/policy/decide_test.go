@@ -55,7 +55,7 @@ func TestDecide(t *testing.T) {
 		cancel  bool
 	}{
 		// No annotations: Karpenter's behaviour.
-		{name: "default scheduled drains", ev: scheduled(event.ScheduledInstanceReboot, week), tg: target(nil), action: ActionDrain, reason: "default"},
+		{name: "default scheduled drains", ev: scheduled(event.ScheduledInstanceReboot, week), tg: target(nil), action: ActionDrain, reason: "no annotation"},
 		{name: "default spot drains", ev: instanceEvent(event.KindSpotInterruption, ""), tg: target(nil), action: ActionDrain},
 		{name: "default capacity reservation drains", ev: instanceEvent(event.KindCapacityReservation, ""), tg: target(nil), action: ActionDrain},
 		{name: "default rebalance recorded", ev: instanceEvent(event.KindRebalance, ""), tg: target(nil), action: ActionIgnore, reason: "recorded only"},

@@ -227,8 +227,8 @@ func (w *Window) Open(now time.Time) bool {
 // Next returns the next window start after now; zero if the schedule never fires.
 func (w *Window) Next(now time.Time) time.Time { return w.sched.Next(now).UTC() }
 
-// ActionFor returns the configured action for an event and the annotation it came from;
-// the most specific key wins, and with none the router does what Karpenter does.
+// ActionFor returns the configured action for an event and the annotation it came from
+// ("" for none); the most specific key wins, and with none the router does what Karpenter does.
 func (p Policy) ActionFor(ev event.Event) (Action, string) {
 	if ev.Health != nil && ev.Health.Scheduled != "" {
 		if a, ok := p.Scheduled[ev.Health.Scheduled]; ok {
@@ -242,9 +242,9 @@ func (p Policy) ActionFor(ev event.Event) (Action, string) {
 		return p.Default, AnnotationAction
 	}
 	if ev.Kind == event.KindRebalance {
-		return ActionIgnore, "default (Karpenter records rebalance recommendations only)"
+		return ActionIgnore, "" // Karpenter records rebalance recommendations only
 	}
-	return ActionDrain, "default (Karpenter drains)"
+	return ActionDrain, ""
 }
 
 // DrainLimit returns how many drains the pool may have in flight, and false if unlimited.

@@ -140,11 +140,11 @@ func TestActionForPrecedence(t *testing.T) {
 		{p, retire, ActionDrain, ActionKey(event.KindScheduledChange)},
 		{p, unmapped, ActionDrain, ActionKey(event.KindScheduledChange)},
 		{p, rebalance, ActionDefer, AnnotationAction},
-		{Policy{}, rebalance, ActionIgnore, "default"},
-		{Policy{}, retire, ActionDrain, "default"},
+		{Policy{}, rebalance, ActionIgnore, ""},
+		{Policy{}, retire, ActionDrain, ""},
 	} {
 		got, key := tt.p.ActionFor(tt.ev)
-		if got != tt.want || !strings.HasPrefix(key, tt.key) {
+		if got != tt.want || key != tt.key {
 			t.Errorf("%s/%v: %s from %q, want %s from %q", tt.ev.Kind, tt.ev.Health, got, key, tt.want, tt.key)
 		}
 	}

@@ -1,0 +1,36 @@
+# health-router: the front door. `make help` lists the targets.
+export GOTOOLCHAIN := auto
+GO ?= go
+BIN := bin/health-router
+DEMO_NOW ?= 2026-11-21T12:00:00Z
+
+.PHONY: help build test unit envtest-bins terraform-test lint fuzz bench demo clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
+
+build: ## build bin/health-router
+	$(GO) build -o $(BIN) ./cmd/health-router
+
+demo: build ## replay the demo scenario (test/demo) with no AWS account and no cluster
+	$(BIN) replay --cluster test/demo/cluster.yaml --events test/demo/events --aws test/demo/aws.yaml --now $(DEMO_NOW)
+
+test: lint ## everything CI runs: lint, unit and integration tests (moto, envtest), Terraform
+	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) $(GO) test -p 1 -count=1 ./...
+	test/tools/terraform-tests.sh
+
+unit: ## unit tests only (no moto, no envtest)
+	$(GO) test -short ./router/...
+
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l cmd router lambda test 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+fuzz: ## fuzz the event parser for a minute (corpus in router/event/testdata/fuzz)
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./router/event
+
+bench: ## benchmarks (decisions per second, allocations per event)
+	$(GO) test -run '^$$' -bench . -benchmem ./router/...
+
+clean: ## remove build output
+	rm -rf bin

@@ -1,0 +1,102 @@
+// Package engine decides an event end to end: it resolves each instance through the
+// cluster model, reads the NodePool's policy, decides, and runs the pre-signal checks on
+// drains. The live intake and the replay tool share it.
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/policy"
+)
+
+// Engine decides events.
+type Engine struct {
+	model   *cluster.Model
+	checker *checks.Checker // nil: no checks
+	// pending counts drains decided by this engine that the cluster does not show yet,
+	// per NodePool; nil unless tracking is on.
+	pending map[string]int
+}
+
+// Option configures an Engine.
+type Option func(*Engine)
+
+// WithDrainTracking makes the engine count the drains it decides towards each pool's
+// drains in flight, for a replay where nothing is signalled to the cluster.
+func WithDrainTracking() Option { return func(e *Engine) { e.pending = map[string]int{} } }
+
+// New returns an Engine; checker may be nil to run no pre-signal checks.
+func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine {
+	e := &Engine{model: model, checker: checker}
+	for _, o := range opts {
+		o(e)
+	}
+	return e
+}
+
+// Outcome is a decision together with what the cluster model resolved, for the caller
+// that acts on it (annotations, Kubernetes Events).
+type Outcome struct {
+	policy.Decision
+	Resolved cluster.Resolved `json:"-"`
+}
+
+// Decide returns one outcome per instance the event names (one for an AMI state change).
+// An error means the cluster could not be read: the event must be retried, not dropped.
+func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]Outcome, error) {
+	if ev.Kind == event.KindAMIStateChange {
+		if e.checker != nil {
+			e.checker.InvalidateImage(ev.Image.ID)
+		}
+		return []Outcome{{Decision: policy.Decision{
+			EventID: ev.ID, Kind: ev.Kind, Action: policy.ActionIgnore,
+			Reason: fmt.Sprintf("image %s is now %s: deferrals waiting on it are checked again", ev.Image.ID, ev.Image.State),
+		}}}, nil
+	}
+	decided := map[string]int{} // drains decided for earlier instances of this same event
+	out := make([]Outcome, 0, len(ev.Instances))
+	for _, id := range ev.Instances {
+		res, err := e.model.Resolve(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		tg := policy.Target{InstanceID: id, Found: res.Found(), NodePool: res.PoolName()}
+		if res.Node != nil {
+			tg.Node = res.Node.Name
+		}
+		if res.NodeClaim != nil {
+			tg.NodeClaim = res.NodeClaim.Name
+		}
+		if res.NodePool != nil {
+			tg.Policy = policy.FromAnnotations(res.NodePool.Annotations)
+		} else {
+			tg.Policy = policy.FromAnnotations(nil)
+		}
+		if tg.NodePool != "" && tg.Found {
+			nodes, inFlight, err := e.model.PoolState(ctx, tg.NodePool)
+			if err != nil {
+				return nil, err
+			}
+			tg.PoolNodes, tg.DrainsInFlight = nodes, inFlight+decided[tg.NodePool]+e.pending[tg.NodePool]
+		}
+		d := policy.Decide(ev, tg, now)
+		if d.Action == policy.ActionDrain && e.checker != nil {
+			d = policy.ApplyChecks(d, ev, tg.Policy, e.checker.Run(ctx, res), now)
+		}
+		if d.Action == policy.ActionDrain && tg.NodePool != "" {
+			decided[tg.NodePool]++
+		}
+		out = append(out, Outcome{Decision: d, Resolved: res})
+	}
+	if e.pending != nil {
+		for pool, n := range decided {
+			e.pending[pool] += n
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,234 @@
+// Package replay is the what-if tool: it decides recorded events against a cluster snapshot
+// and, optionally, a file of EC2 answers, with no AWS account and no cluster.
+package replay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/component-base/featuregate"
+	"k8s.io/utils/clock"
+
+	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/policy"
+)
+
+// Options are replay's inputs.
+type Options struct {
+	ClusterFile string
+	EventsPath  string
+	AWSFile     string // optional; without it no pre-signal check runs
+	Now         time.Time
+	Gates       featuregate.FeatureGate
+	Output      string // table | json
+}
+
+// Row is one (event, instance) outcome, as -o json prints it. Every key is always present.
+type Row struct {
+	EventID    string         `json:"event_id"`
+	Kind       string         `json:"kind"`
+	InstanceID string         `json:"instance_id"`
+	Node       string         `json:"node"`
+	NodeClaim  string         `json:"nodeclaim"`
+	NodePool   string         `json:"nodepool"`
+	Action     policy.Action  `json:"action"`
+	Until      *time.Time     `json:"until"`
+	Deadline   *time.Time     `json:"deadline"`
+	Reason     string         `json:"reason"`
+	Warnings   []string       `json:"warnings"`
+	Checks     []policy.Check `json:"checks"`
+	Source     string         `json:"source"` // file (and line) the event came from
+}
+
+// Run replays the events and writes the rows to w; warnings about the inputs go to errw.
+func Run(ctx context.Context, o Options, w, errw io.Writer) error {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(o.ClusterFile)
+	if err != nil {
+		return fmt.Errorf("--cluster: %w", err)
+	}
+	objs, ignored, err := cluster.Load(scheme, f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("--cluster %s: %w", o.ClusterFile, err)
+	}
+	if len(ignored) > 0 {
+		fmt.Fprintf(errw, "replay: %s: ignored objects of kinds %s\n", o.ClusterFile, strings.Join(ignored, ", "))
+	}
+	snap, err := cluster.NewSnapshot(scheme, objs...)
+	if err != nil {
+		return err
+	}
+	var checker *checks.Checker
+	if o.AWSFile != "" {
+		af, err := LoadAWSFile(o.AWSFile)
+		if err != nil {
+			return fmt.Errorf("--aws: %w", err)
+		}
+		answers := &ec2Answers{file: af, calls: map[string]int{}}
+		clk := clock.RealClock{}
+		checker = checks.NewChecker(checks.NewAMI(answers, clk), checks.NewReservations(answers, clk), o.Gates)
+	}
+	eng := engine.New(cluster.New(snap), checker, engine.WithDrainTracking())
+
+	bodies, err := readEvents(o.EventsPath)
+	if err != nil {
+		return fmt.Errorf("--events: %w", err)
+	}
+	var rows []Row
+	for _, b := range bodies {
+		ev, err := event.Parse(b.body)
+		if err != nil {
+			kind := string(ev.Kind)
+			if kind == "" {
+				kind = string(event.KindUnknown)
+			}
+			rows = append(rows, Row{EventID: ev.ID, Kind: kind, Action: policy.ActionDeadLetter, Reason: err.Error(), Source: b.source})
+			continue
+		}
+		outs, err := eng.Decide(ctx, ev, o.Now)
+		if err != nil {
+			return err
+		}
+		for _, out := range outs {
+			rows = append(rows, toRow(out.Decision, b.source))
+		}
+	}
+	if o.Output == "json" {
+		enc := json.NewEncoder(w)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return writeTable(w, rows, checker != nil)
+}
+
+func toRow(d policy.Decision, source string) Row {
+	r := Row{
+		EventID: d.EventID, Kind: string(d.Kind), InstanceID: d.InstanceID, Node: d.Node, NodeClaim: d.NodeClaim,
+		NodePool: d.NodePool, Action: d.Action, Reason: d.Reason, Warnings: d.Warnings, Checks: d.Checks, Source: source,
+	}
+	if !d.Until.IsZero() {
+		r.Until = &d.Until
+	}
+	if !d.Deadline.IsZero() {
+		r.Deadline = &d.Deadline
+	}
+	if r.Warnings == nil {
+		r.Warnings = []string{}
+	}
+	if r.Checks == nil {
+		r.Checks = []policy.Check{}
+	}
+	return r
+}
+
+func writeTable(w io.Writer, rows []Row, checked bool) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EVENT\tKIND\tINSTANCE\tNODEPOOL\tACTION\tUNTIL\tREASON")
+	for _, r := range rows {
+		until := "-"
+		if r.Until != nil {
+			until = r.Until.UTC().Format("2006-01-02 15:04")
+		}
+		id := r.EventID
+		if len(id) > 8 {
+			id = id[:8]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", or(id, "-"), r.Kind, or(r.InstanceID, "-"), or(r.NodePool, "-"), r.Action, until, r.Reason)
+		for _, c := range r.Checks {
+			mark := "ok"
+			if !c.Passed {
+				mark = "FAILED"
+			}
+			fmt.Fprintf(tw, "\t\t\t\t\t\t  check %s %s: %s\n", c.Name, mark, c.Reason)
+		}
+		for _, wn := range r.Warnings {
+			fmt.Fprintf(tw, "\t\t\t\t\t\t  warning: %s\n", wn)
+		}
+	}
+	if !checked {
+		fmt.Fprintln(tw, "\n(no --aws file: pre-signal checks not run)")
+	}
+	return tw.Flush()
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+type body struct {
+	source string
+	body   []byte
+}
+
+// readEvents reads a JSON file (one event), a JSON-lines file (.jsonl or .ndjson), or a
+// directory of both, in name order.
+func readEvents(path string) ([]body, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	files := []string{path}
+	if st.IsDir() {
+		entries, err := os.ReadDir(path)
+		if err != nil {
+			return nil, err
+		}
+		files = files[:0]
+		for _, e := range entries {
+			switch filepath.Ext(e.Name()) {
+			case ".json", ".jsonl", ".ndjson":
+				files = append(files, filepath.Join(path, e.Name()))
+			}
+		}
+		sort.Strings(files)
+	}
+	var out []body
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		switch filepath.Ext(f) {
+		case ".jsonl", ".ndjson":
+			sc := bufio.NewScanner(bytes.NewReader(b))
+			sc.Buffer(make([]byte, 0, 64*1024), event.MaxBodyBytes*2)
+			for n := 1; sc.Scan(); n++ {
+				line := bytes.TrimSpace(sc.Bytes())
+				if len(line) == 0 {
+					continue
+				}
+				out = append(out, body{source: fmt.Sprintf("%s:%d", f, n), body: append([]byte(nil), line...)})
+			}
+			if err := sc.Err(); err != nil {
+				return nil, fmt.Errorf("%s: %w", f, err)
+			}
+		default:
+			out = append(out, body{source: f, body: b})
+		}
+	}
+	return out, nil
+}
