@@ -131,9 +131,17 @@ func exactMatch(sel fields.Selector) (string, string, error) {
 	return reqs[0].Field, reqs[0].Value, nil
 }
 
+// modelKinds are the kinds the model reads; Load leaves out the others.
+var modelKinds = map[schema.GroupKind]bool{
+	{Group: "", Kind: "Node"}:                          true,
+	{Group: "karpenter.sh", Kind: "NodeClaim"}:         true,
+	{Group: "karpenter.sh", Kind: "NodePool"}:          true,
+	{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass"}: true,
+}
+
 // Load decodes objects from what `kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses
 // -o yaml` prints (a List), or from multi-document YAML or JSON of the objects. It returns
-// the objects whose kinds scheme knows, and the kinds it left out.
+// the objects of the kinds the model reads, and the kinds it left out.
 func Load(scheme *runtime.Scheme, r io.Reader) (objs []client.Object, ignored []string, err error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
 	seen := map[string]bool{}
@@ -147,7 +155,7 @@ func Load(scheme *runtime.Scheme, r io.Reader) (objs []client.Object, ignored []
 			return fmt.Errorf("object %q has no kind", u.GetName())
 		}
 		typed, err := scheme.New(gvk)
-		if err != nil {
+		if err != nil || !modelKinds[gvk.GroupKind()] {
 			if !seen[gvk.String()] {
 				seen[gvk.String()] = true
 				ignored = append(ignored, gvk.String())

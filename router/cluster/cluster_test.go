@@ -1,0 +1,126 @@
+package cluster
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+func TestInstanceID(t *testing.T) {
+	for in, want := range map[string]string{
+		"aws:///eu-west-1a/i-0a1b2c3d4e5f60718": "i-0a1b2c3d4e5f60718",
+		"aws:///i-0a1b2c3d4e5f60718":            "i-0a1b2c3d4e5f60718",
+		"gce://project/zone/instance-1":         "",
+		"aws:///eu-west-1a/":                    "",
+		"":                                      "",
+	} {
+		if got := InstanceID(in); got != want {
+			t.Errorf("InstanceID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func loadDemo(t *testing.T) *Model {
+	t.Helper()
+	scheme, err := NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("../../test/demo/cluster.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	objs, ignored, err := Load(scheme, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ignored) != 0 || len(objs) != 2+4+16 {
+		t.Fatalf("loaded %d objects, ignored %v", len(objs), ignored)
+	}
+	snap, err := NewSnapshot(scheme, objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(snap)
+}
+
+func TestResolveSnapshot(t *testing.T) {
+	m := loadDemo(t)
+	ctx := context.Background()
+	res, err := m.Resolve(ctx, "i-0fedcba9876543210")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Found() || res.Node == nil || res.Node.Name != "ip-10-0-2-202.eu-west-1.compute.internal" {
+		t.Fatalf("node: %+v", res.Node)
+	}
+	if res.NodeClaim == nil || res.NodeClaim.Name != "kafka-h2j8c" {
+		t.Fatalf("nodeclaim: %+v", res.NodeClaim)
+	}
+	if res.NodePool == nil || res.NodePool.Name != "kafka" || res.NodePool.Annotations["healthrouter.io/action"] != "defer" {
+		t.Fatalf("nodepool: %+v", res.NodePool)
+	}
+	if res.NodeClass == nil || res.NodeClass.Name != "kafka" || len(res.NodeClass.Status.AMIs) != 1 {
+		t.Fatalf("nodeclass: %+v", res.NodeClass)
+	}
+	// Reads are copies: changing one does not change the snapshot.
+	res.Node.Labels["x"] = "y"
+	again, _ := m.Resolve(ctx, "i-0fedcba9876543210")
+	if again.Node.Labels["x"] != "" {
+		t.Error("snapshot handed out its own object")
+	}
+
+	missing, err := m.Resolve(ctx, "i-0999888777666555a")
+	if err != nil || missing.Found() {
+		t.Errorf("unknown instance: %+v, %v", missing, err)
+	}
+	nodes, inFlight, err := m.PoolState(ctx, "kafka")
+	if err != nil || nodes != 3 || inFlight != 0 {
+		t.Errorf("PoolState(kafka) = %d, %d, %v", nodes, inFlight, err)
+	}
+}
+
+func TestSnapshotRejectsScan(t *testing.T) {
+	m := loadDemo(t)
+	err := m.reader.List(context.Background(), newNodeList(), client.MatchingFields{"spec.unindexed": "x", IndexInstanceID: "y"})
+	if err == nil || !strings.Contains(err.Error(), "only one exact match") {
+		t.Errorf("a two-field selector was served: %v", err)
+	}
+}
+
+func TestLoadMultiDocument(t *testing.T) {
+	scheme, _ := NewScheme()
+	doc := `
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+spec: {providerID: "aws:///eu-west-1a/i-0a1b2c3d4e5f60718"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p1, namespace: default}
+---
+apiVersion: karpenter.sh/v1
+kind: NodeClaim
+metadata: {name: c1, labels: {karpenter.sh/nodepool: default}}
+spec: {nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}, requirements: []}
+status: {providerID: "aws:///eu-west-1a/i-0a1b2c3d4e5f60718"}
+`
+	objs, ignored, err := Load(scheme, strings.NewReader(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 2 || len(ignored) != 1 || ignored[0] != "/v1, Kind=Pod" {
+		t.Errorf("objs %d, ignored %v", len(objs), ignored)
+	}
+	if _, _, err := Load(scheme, strings.NewReader("kind: [")); err == nil {
+		t.Error("bad YAML accepted")
+	}
+}
+
+func newNodeList() client.ObjectList { return &corev1.NodeList{} }

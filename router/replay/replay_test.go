@@ -1,0 +1,193 @@
+package replay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/policy"
+)
+
+var demoNow = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func replayDemo(t *testing.T, aws string, gates ...string) []Row {
+	t.Helper()
+	g := checks.NewFeatureGates()
+	for _, s := range gates {
+		if err := g.Set(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errw bytes.Buffer
+	err := Run(context.Background(), Options{
+		ClusterFile: "../../test/demo/cluster.yaml", EventsPath: "../../test/demo/events", AWSFile: aws,
+		Now: demoNow, Gates: g, Output: "json",
+	}, &out, &errw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []Row
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var r Row
+		if err := dec.Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func find(t *testing.T, rows []Row, event, instance string) Row {
+	t.Helper()
+	for _, r := range rows {
+		if strings.HasPrefix(r.EventID, event) && r.InstanceID == instance {
+			return r
+		}
+	}
+	t.Fatalf("no row for event %s instance %s", event, instance)
+	return Row{}
+}
+
+func TestReplayDemo(t *testing.T) {
+	rows := replayDemo(t, "../../test/demo/aws.yaml")
+	files, _ := filepath.Glob("../../test/demo/events/*.json")
+	if len(rows) < len(files) {
+		t.Fatalf("%d rows for %d event files", len(rows), len(files))
+	}
+	tests := []struct {
+		event, instance string
+		action          policy.Action
+		until           string
+		reason          string
+	}{
+		{"6f1c0e52", "i-07c3e1d2b4a596870", policy.ActionIgnore, "", "instance-reboot=ignore"},
+		{"6f1c0e52", "i-0a1b2c3d4e5f60718", policy.ActionDrain, "", "Karpenter's behaviour"},
+		{"8a2d1f63", "i-0fedcba9876543210", policy.ActionDefer, "2026-11-28T02:00:00Z", "maintenance window"},
+		{"9b3e2a74", "i-07c3e1d2b4a596870", policy.ActionDefer, "2026-11-22T08:00:00Z", "opens after deadline"},
+		{"ac4f3b85", "i-0fedcba9876543210", policy.ActionDrain, "", "system-maintenance=drain"},
+		{"ac4f3b85", "i-01234abcd5678ef90", policy.ActionDefer, "2026-11-21T12:01:00Z", "max-concurrent-drains 1 (1 of 3 nodes, 1 in flight)"},
+		{"ac4f3b85", "i-0aa11bb22cc33dd44", policy.ActionDefer, "2026-11-21T12:05:00Z", "ami-0e1f2a3b4c5d6e7f8 is pending"},
+		{"bd5a4c96", "i-0d4c3b2a190817263", policy.ActionDefer, "", "cr-0a1b2c3d4e5f60718 has no room"},
+		{"1e5527d7", "i-0b662ef9931388ba0", policy.ActionDrain, "", "two-minute notice"},
+		{"2f6638e8", "i-0123456789abcdef0", policy.ActionIgnore, "", "action=ignore"},
+		{"3a7749f9", "i-0b662ef9931388ba0", policy.ActionIgnore, "", "recorded only"},
+		{"5c996b1b", "i-01234abcd5678ef90", policy.ActionDefer, "2026-11-21T12:05:00Z", "restart-grace"},
+		{"6da07c2c", "i-01234abcd5678ef90", policy.ActionIgnore, "", "cancelled"},
+		{"7eb18d3d", "i-0d4c3b2a190817263", policy.ActionDrain, "", "two-minute notice"},
+		{"8f29ae4e", "i-01234abcd5678ef90", policy.ActionIgnore, "", "closed"},
+		{"903abf5f", "", policy.ActionIgnore, "", "ami-0e1f2a3b4c5d6e7f8 is now available"},
+		{"a14bc060", "i-0999888777666555a", policy.ActionSkip, "", "not a node"},
+		{"b25cd171", "", policy.ActionDeadLetter, "", `service "RDS"`},
+		{"d47ef393", "", policy.ActionDeadLetter, "", "unknown-kind"},
+	}
+	for _, tt := range tests {
+		r := find(t, rows, tt.event, tt.instance)
+		if r.Action != tt.action {
+			t.Errorf("%s/%s: action %s (%s), want %s", tt.event, tt.instance, r.Action, r.Reason, tt.action)
+		}
+		if tt.until != "" && (r.Until == nil || r.Until.Format(time.RFC3339) != tt.until) {
+			t.Errorf("%s/%s: until %v, want %s", tt.event, tt.instance, r.Until, tt.until)
+		}
+		if !strings.Contains(r.Reason, tt.reason) {
+			t.Errorf("%s/%s: reason %q does not mention %q", tt.event, tt.instance, r.Reason, tt.reason)
+		}
+	}
+	// The capacity-reservation interruption drains anyway and says why it is risky.
+	cr := find(t, rows, "7eb18d3d", "i-0d4c3b2a190817263")
+	if len(cr.Checks) != 2 || cr.Checks[1].Evidence["available"] != "0" || len(cr.Warnings) == 0 {
+		t.Errorf("capacity reservation row: %+v", cr)
+	}
+	// The malformed line is dead-lettered, not dropped.
+	var malformed int
+	for _, r := range rows {
+		if r.Action == policy.ActionDeadLetter && strings.HasPrefix(r.Reason, "malformed") {
+			malformed++
+		}
+	}
+	if malformed != 1 {
+		t.Errorf("%d malformed rows, want 1", malformed)
+	}
+}
+
+// With the ReservedCapacity gate off, reservation data touches no decision: the reserved
+// node's drain is not held, and no capacity-reservation check appears anywhere.
+func TestReplayReservedCapacityGateOff(t *testing.T) {
+	rows := replayDemo(t, "../../test/demo/aws.yaml", "ReservedCapacity=false")
+	r := find(t, rows, "bd5a4c96", "i-0d4c3b2a190817263")
+	if r.Action != policy.ActionDrain {
+		t.Errorf("reserved node with the gate off: %s (%s)", r.Action, r.Reason)
+	}
+	for _, r := range rows {
+		for _, c := range r.Checks {
+			if c.Name == checks.NameCapacityReservation {
+				t.Errorf("capacity-reservation check ran with the gate off: %+v", r)
+			}
+		}
+	}
+}
+
+func TestReplayWithoutAWSFileRunsNoCheck(t *testing.T) {
+	rows := replayDemo(t, "")
+	for _, r := range rows {
+		if len(r.Checks) != 0 {
+			t.Fatalf("checks without --aws: %+v", r)
+		}
+	}
+	if r := find(t, rows, "ac4f3b85", "i-0aa11bb22cc33dd44"); r.Action != policy.ActionDrain {
+		t.Errorf("gpu node without checks: %s", r.Action)
+	}
+}
+
+func TestReplayTable(t *testing.T) {
+	var out bytes.Buffer
+	err := Run(context.Background(), Options{
+		ClusterFile: "../../test/demo/cluster.yaml", EventsPath: "../../test/demo/events/06-spot-interruption.json",
+		Now: demoNow, Gates: checks.NewFeatureGates(), Output: "table",
+	}, &out, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "EVENT") || !strings.Contains(out.String(), "i-0b662ef9931388ba0") || !strings.Contains(out.String(), "pre-signal checks not run") {
+		t.Errorf("table:\n%s", out.String())
+	}
+}
+
+func TestReplayJSONLines(t *testing.T) {
+	dir := t.TempDir()
+	a, _ := os.ReadFile("../../test/demo/events/06-spot-interruption.json")
+	b, _ := os.ReadFile("../../test/demo/events/08-rebalance.json")
+	compact := func(in []byte) string {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, in); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	path := filepath.Join(dir, "events.jsonl")
+	if err := os.WriteFile(path, []byte(compact(a)+"\n\n"+compact(b)+"\nnot json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), Options{ClusterFile: "../../test/demo/cluster.yaml", EventsPath: path, Now: demoNow, Gates: checks.NewFeatureGates(), Output: "json"}, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[2], `"dead-letter"`) || !strings.Contains(lines[2], "events.jsonl:4") {
+		t.Errorf("jsonl rows:\n%s", out.String())
+	}
+}
+
+func TestLoadAWSFileStrict(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "aws.yaml")
+	os.WriteFile(path, []byte("images:\n  - id: ami-1\n    stat: available\n"), 0o644)
+	if _, err := LoadAWSFile(path); err == nil {
+		t.Error("a misspelt field was accepted")
+	}
+}
