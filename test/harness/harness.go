@@ -1,0 +1,169 @@
+// Package harness starts the real servers the integration suites run against, on loopback
+// ports, and stops them when the test ends: moto_server for AWS APIs, and envtest's
+// kube-apiserver and etcd with the Karpenter CRDs for Kubernetes.
+package harness
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Region is the region every suite uses.
+const Region = "eu-west-1"
+
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Moto starts moto_server on a free loopback port and returns its URL. Without
+// moto_server on PATH the test is skipped, loudly; CI machines have it.
+func Moto(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("moto_server")
+	if err != nil {
+		t.Skip("SKIPPED LOUDLY: moto_server is not on PATH; the AWS integration tests need it (pip install 'moto[server]')")
+	}
+	port := FreePort(t)
+	cmd := exec.Command(bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port))
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting moto_server: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url + "/moto-api/")
+		if err == nil {
+			resp.Body.Close()
+			return url
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("moto_server did not answer on %s within 60s", url)
+	return ""
+}
+
+// AWSConfig returns an SDK config with static test credentials whose requests go through
+// counter (which may be nil).
+func AWSConfig(counter *Counter) aws.Config {
+	cfg := aws.Config{
+		Region:      Region,
+		Credentials: credentials.NewStaticCredentialsProvider("testing", "testing", ""),
+	}
+	if counter != nil {
+		cfg.HTTPClient = &http.Client{Transport: counter}
+	}
+	return cfg
+}
+
+// Counter is an http.RoundTripper that counts the requests that reach the wire, by the
+// Query-protocol Action or JSON-protocol X-Amz-Target, so that tests can assert how many
+// AWS calls the code made (retries included).
+type Counter struct {
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+// RoundTrip implements http.RoundTripper.
+func (c *Counter) RoundTrip(r *http.Request) (*http.Response, error) {
+	name := r.Header.Get("X-Amz-Target")
+	if name == "" && r.Body != nil && r.GetBody != nil {
+		if b, err := r.GetBody(); err == nil {
+			buf := make([]byte, 256)
+			n, _ := b.Read(buf)
+			b.Close()
+			for _, kv := range strings.Split(string(buf[:n]), "&") {
+				if v, ok := strings.CutPrefix(kv, "Action="); ok {
+					name = v
+				}
+			}
+		}
+	}
+	c.mu.Lock()
+	if c.calls == nil {
+		c.calls = map[string]int{}
+	}
+	c.calls[name]++
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// Calls returns how many requests named name were sent.
+func (c *Counter) Calls(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[name]
+}
+
+// KubeAPIServer starts envtest with the Karpenter and Karpenter AWS CRDs from the module
+// cache, with binaries from test/tools/envtest-bins.sh (KUBEBUILDER_ASSETS, set by
+// `make test`; built here when unset).
+func KubeAPIServer(t testing.TB) *rest.Config {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		out, err := exec.Command(repoPath("test/tools/envtest-bins.sh")).Output()
+		if err != nil {
+			t.Fatalf("building envtest binaries: %v", err)
+		}
+		t.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(out)))
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{crdDir(t, "sigs.k8s.io/karpenter"), crdDir(t, "github.com/aws/karpenter-provider-aws")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting envtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Logf("stopping envtest: %v", err)
+		}
+	})
+	return cfg
+}
+
+func crdDir(t testing.TB, module string) string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
+	if err != nil {
+		t.Fatalf("locating module %s: %v", module, err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds")
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("CRDs of %s: %v", module, err)
+	}
+	return dir
+}
+
+// repoPath returns a path inside the repository from this file's package directory.
+func repoPath(rel string) string {
+	wd, _ := os.Getwd()
+	for dir := wd; dir != "/"; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, rel)
+		}
+	}
+	return rel
+}
