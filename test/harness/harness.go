@@ -4,9 +4,12 @@
 package harness
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,16 +91,16 @@ type Counter struct {
 // RoundTrip implements http.RoundTripper.
 func (c *Counter) RoundTrip(r *http.Request) (*http.Response, error) {
 	name := r.Header.Get("X-Amz-Target")
-	if name == "" && r.Body != nil && r.GetBody != nil {
-		if b, err := r.GetBody(); err == nil {
-			buf := make([]byte, 256)
-			n, _ := b.Read(buf)
-			b.Close()
-			for _, kv := range strings.Split(string(buf[:n]), "&") {
-				if v, ok := strings.CutPrefix(kv, "Action="); ok {
-					name = v
-				}
-			}
+	if name == "" && r.Body != nil {
+		body, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		r = r.Clone(r.Context())
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if form, err := url.ParseQuery(string(body)); err == nil {
+			name = form.Get("Action")
 		}
 	}
 	c.mu.Lock()
