@@ -77,7 +77,8 @@ func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]O
 		} else {
 			tg.Policy = policy.FromAnnotations(nil)
 		}
-		if tg.NodePool != "" && tg.Found {
+		// Pool state costs a list of the pool's NodeClaims: read it only for pools that pace.
+		if tg.NodePool != "" && tg.Found && tg.Policy.MaxConcurrentDrains != nil {
 			nodes, inFlight, err := e.model.PoolState(ctx, tg.NodePool)
 			if err != nil {
 				return nil, err
