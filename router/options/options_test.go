@@ -1,0 +1,64 @@
+package options
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/health-router/health-router/router/checks"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseReplay(t *testing.T) {
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	o, err := ParseReplay([]string{"--cluster", "c.yaml", "--events", "ev", "--now", "2026-11-22T00:00:00Z", "--feature-gates", "ReservedCapacity=false", "-o", "json"}, env(nil), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ClusterFile != "c.yaml" || o.EventsPath != "ev" || o.Output != "json" || !o.Now.Equal(now.Add(12*time.Hour)) || o.Gates.Enabled(checks.ReservedCapacity) {
+		t.Errorf("options: %+v", o)
+	}
+	// Environment fallbacks; the command line wins.
+	o, err = ParseReplay([]string{"--events", "flag-ev"}, env(map[string]string{"HEALTH_ROUTER_CLUSTER": "env.yaml", "HEALTH_ROUTER_EVENTS": "env-ev"}), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ClusterFile != "env.yaml" || o.EventsPath != "flag-ev" || !o.Now.Equal(now) || !o.Gates.Enabled(checks.ReservedCapacity) {
+		t.Errorf("fallbacks: %+v", o)
+	}
+}
+
+func TestParseReplayErrorsNameTheFlag(t *testing.T) {
+	now := time.Now()
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--events", "ev"}, nil, "--cluster"},
+		{[]string{"--cluster", "c"}, nil, "--events"},
+		{[]string{"--cluster", "c", "--events", "e", "-o", "yaml"}, nil, "-o"},
+		{[]string{"--cluster", "c", "--events", "e", "--now", "tomorrow"}, nil, "--now"},
+		{[]string{"--cluster", "c", "--events", "e", "--feature-gates", "Bogus=true"}, nil, "--feature-gates"},
+		{[]string{"--cluster", "c", "--events", "e", "extra"}, nil, "unexpected argument"},
+		{[]string{"--cluster", "c", "--events", "e"}, map[string]string{"HEALTH_ROUTER_NOW": ""}, ""},
+	} {
+		_, err := ParseReplay(tt.args, env(tt.env), now)
+		if tt.want == "" {
+			if err != nil {
+				t.Errorf("%v: %v", tt.args, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: error %v, want one naming %s", tt.args, err, tt.want)
+		}
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	if got := EnvName("queue-url"); got != "HEALTH_ROUTER_QUEUE_URL" {
+		t.Errorf("EnvName = %s", got)
+	}
+}
