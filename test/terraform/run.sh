@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Tests of the AWS side (terraform/, lambda/, test/terraform/), in one go:
+#   terraform fmt, offline init + validate of the module and every example, `terraform test`
+#   (plan-time assertions with a mocked provider), gofmt/go vet, the dispatcher's Go tests
+#   against moto_server, the dashboard/alarm consistency test, the module applied to moto_server
+#   with real events through its rules, and the Lambda zip build.
+# Usage: test/terraform/run.sh            (about 4 minutes on 2 cores, warm Go cache)
+#        SHORT=1 test/terraform/run.sh    (skips the apply against moto: about 1 minute)
+# Exits non-zero when a step fails; the last line is "N passed, N failed[, N skipped]".
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+export CHECKPOINT_DISABLE=1 TF_IN_AUTOMATION=1
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0 skipped=0
+failures=()
+
+# step NAME COMMAND...: runs COMMAND, shows its output when it fails.
+step() {
+	local name=$1
+	shift
+	local start=$SECONDS
+	if "$@" >"$work/step.log" 2>&1; then
+		passed=$((passed + 1))
+		printf 'PASS  %-50s %4ss\n' "$name" $((SECONDS - start))
+	else
+		failed=$((failed + 1))
+		failures+=("$name")
+		printf 'FAIL  %-50s %4ss\n' "$name" $((SECONDS - start))
+		sed 's/^/      | /' "$work/step.log" | tail -n 80
+	fi
+}
+
+skip() {
+	skipped=$((skipped + 1))
+	printf 'SKIP  %s\n' "$1"
+}
+
+loud() {
+	printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
+	printf '!!! %s\n' "$@"
+	printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n'
+}
+
+# ---------------------------------------------------------------- Terraform
+tf=$(command -v terraform || true)
+[ -z "$tf" ] && [ -x /usr/local/bin/terraform ] && tf=/usr/local/bin/terraform
+mirror=${TF_PROVIDER_MIRROR:-}
+if [ -z "$mirror" ]; then
+	found=$(find / -maxdepth 6 -path '*registry.terraform.io/hashicorp/aws' -type d 2>/dev/null | head -n 1)
+	[ -n "$found" ] && mirror=${found%/registry.terraform.io/hashicorp/aws}
+fi
+
+tf_init() { # DIR: offline init, provider from the mirror, state of init outside the repository
+	TF_DATA_DIR="$work/tfdata/${1//\//_}" "$tf" -chdir="$1" init -backend=false -input=false -no-color
+}
+tf_init_validate() { # DIR
+	tf_init "$1" && tf_in "$1" validate -no-color
+}
+tf_in() { # DIR COMMAND...
+	local dir=$1
+	shift
+	TF_DATA_DIR="$work/tfdata/${dir//\//_}" "$tf" -chdir="$dir" "$@"
+}
+
+if [ -z "$tf" ]; then
+	loud "terraform NOT FOUND: fmt, validate, terraform test and the moto apply are SKIPPED" \
+		"install terraform >= 1.9 to run them"
+	skip "terraform checks (terraform absent)"
+elif [ -z "$mirror" ]; then
+	loud "no provider mirror with registry.terraform.io/hashicorp/aws found (set TF_PROVIDER_MIRROR)" \
+		"terraform init cannot work offline: validate and terraform test are SKIPPED"
+	skip "terraform checks (no provider mirror)"
+else
+	export TF_PROVIDER_MIRROR=$mirror
+	cat >"$work/terraformrc" <<-RC
+		provider_installation {
+		  filesystem_mirror {
+		    path    = "$mirror"
+		    include = ["registry.terraform.io/hashicorp/*"]
+		  }
+		}
+	RC
+	export TF_CLI_CONFIG_FILE=$work/terraformrc TF_PLUGIN_CACHE_DIR=
+	echo "terraform: $("$tf" version | head -n 1), providers from $mirror"
+
+	step "terraform fmt -check" "$tf" fmt -check -recursive -diff terraform test/terraform/moto
+	for dir in terraform terraform/examples/*/ test/terraform/moto; do
+		dir=${dir%/}
+		step "terraform init + validate $dir" tf_init_validate "$dir"
+	done
+	step "terraform test (terraform/tests)" tf_in terraform test -no-color
+fi
+
+# ---------------------------------------------------------------- Go
+step "gofmt lambda test/terraform" bash -c '[ -z "$(gofmt -l lambda test/terraform | tee /dev/stderr)" ]'
+step "go vet" go vet ./lambda/... ./test/terraform/...
+
+if [ -z "$(command -v moto_server || true)" ] && [ ! -x /root/.pyenv/shims/moto_server ]; then
+	loud "moto_server NOT FOUND: the dispatcher and moto apply tests will SKIP (pip install 'moto[server]')"
+fi
+short=()
+if [ -n "${SHORT:-}" ]; then
+	short=(-short)
+	loud "SHORT=1: the terraform apply against moto is SKIPPED"
+fi
+step "go test ./lambda/... (dispatcher vs moto)" go test -p 1 -count=1 "${short[@]}" ./lambda/...
+step "go test ./test/terraform/... (consistency, moto apply)" go test -p 1 -count=1 -timeout 15m "${short[@]}" -v ./test/terraform/...
+if grep -q -- '--- SKIP' "$work/step.log" 2>/dev/null; then
+	grep -- '--- SKIP' -A1 "$work/step.log" | sed 's/^/      | /'
+fi
+step "lambda/build.sh (linux/arm64 zip)" bash -c "lambda/build.sh '$work/dispatcher.zip' && python3 -m zipfile -l '$work/dispatcher.zip' | grep -q '^bootstrap '"
+
+# ---------------------------------------------------------------- summary
+echo
+if [ "$failed" -gt 0 ]; then
+	echo "failed: ${failures[*]}"
+fi
+if [ "$skipped" -gt 0 ]; then
+	echo "$passed passed, $failed failed, $skipped skipped"
+else
+	echo "$passed passed, $failed failed"
+fi
+[ "$failed" -eq 0 ]
