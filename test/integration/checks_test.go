@@ -16,6 +16,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-base/featuregate"
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
+	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/engine"
@@ -376,4 +379,40 @@ func TestCheckCallEconomy(t *testing.T) {
 		t.Errorf("DescribeCapacityReservations calls = %d for %d events, want at most %d", got, n, len(reservations))
 	}
 	t.Logf("%d events: %d DescribeImages, %d DescribeCapacityReservations", n, images1, srv.requests.Load())
+}
+
+// TestAWSCallMetric: every EC2 call the checks make is counted by API and result, once per
+// operation after the SDK's retries.
+func TestAWSCallMetric(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	reg := prometheus.NewRegistry()
+	calls := awscalls.NewCounter(reg)
+	s := &ec2Query{rsv: map[string]ec2types.CapacityReservation{"cr-0a1b2c3d4e5f60718": rsv("cr-0a1b2c3d4e5f60718", "active", 4, 2)}}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	cfg := harness.AWSConfig(nil)
+	cfg.Retryer = fastRetries
+	cfg.APIOptions = append(cfg.APIOptions, awscalls.Middleware(calls))
+	c := ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) })
+
+	model := synthetic(t, 12, 1, map[string]string{}, []string{"cr-0a1b2c3d4e5f60718", "cr-0b2c3d4e5f6071829"})
+	eng := engine.New(model, checks.NewChecker(nil, checks.NewReservations(c, clock.RealClock{}), gates(t, "ReservedCapacity=true")))
+	s.throttle.Store(1) // one throttle, retried by the SDK: still one successful operation
+	if _, err := eng.Decide(ctx, retirement(0, now), now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Decide(ctx, retirement(3, now), now); err != nil { // cr-0b2c...: not found
+		t.Fatal(err)
+	}
+	s.throttle.Store(1000)
+	eng = engine.New(model, checks.NewChecker(nil, checks.NewReservations(c, clock.RealClock{}), gates(t, "ReservedCapacity=true")))
+	if _, err := eng.Decide(ctx, retirement(0, now), now); err != nil {
+		t.Fatal(err)
+	}
+	for result, want := range map[string]float64{"success": 1, "InvalidCapacityReservationId.NotFound": 1, "RequestLimitExceeded": 1} {
+		if got := testutil.ToFloat64(calls.WithLabelValues("DescribeCapacityReservations", result)); got != want {
+			t.Errorf("calls{DescribeCapacityReservations,%s} = %v, want %v", result, got, want)
+		}
+	}
 }
