@@ -1,6 +1,7 @@
 // Command health-router decides, per Karpenter NodePool, what to do with AWS events about
 // EC2 instances: drain now, defer to a maintenance window, or ignore.
 //
+//	health-router run --queue-url URL --dead-letter-queue-url URL [--karpenter-queue-url URL] ...
 //	health-router replay --cluster CLUSTER.yaml --events PATH [--aws AWS.yaml] [--now RFC3339] [-o table|json]
 package main
 
@@ -23,6 +24,7 @@ import (
 const usage = `usage: health-router <command> [flags]
 
 commands:
+  run      consume the intake queue, decide, and signal Karpenter (in the cluster)
   replay   decide recorded events against a cluster snapshot (no AWS, no cluster needed)
 
 Run "health-router <command> -h" for a command's flags. Every flag has an environment
@@ -54,6 +56,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		return replay.Run(ctx, o, stdout, stderr)
+	case "run":
+		o, err := options.ParseRun(args[1:], os.Getenv)
+		if err != nil {
+			return err
+		}
+		return runRouter(ctx, o, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

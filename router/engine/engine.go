@@ -44,6 +44,8 @@ func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine 
 type Outcome struct {
 	policy.Decision
 	Resolved cluster.Resolved `json:"-"`
+	// Problems are the NodePool's ignored annotations, for an Event on the NodePool.
+	Problems []string `json:"-"`
 }
 
 // Decide returns one outcome per instance the event names (one for an AMI state change).
@@ -92,7 +94,7 @@ func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]O
 		if d.Action == policy.ActionDrain && tg.NodePool != "" {
 			decided[tg.NodePool]++
 		}
-		out = append(out, Outcome{Decision: d, Resolved: res})
+		out = append(out, Outcome{Decision: d, Resolved: res, Problems: tg.Policy.Problems})
 	}
 	if e.pending != nil {
 		for pool, n := range decided {

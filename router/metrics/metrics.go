@@ -13,7 +13,6 @@ const (
 	SignalErrors         = "health_router_signal_errors_total"                 // labels: mode
 	AWSCalls             = "health_router_aws_calls_total"                     // labels: api, result
 	CheckResults         = "health_router_checks_results_total"                // labels: check, result
-	PolicyProblems       = "health_router_policy_invalid_annotations"          // gauge, labels: nodepool
 )
 
 // Prometheus label names.

@@ -6,11 +6,15 @@ package options
 import (
 	"flag"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
+	"k8s.io/component-base/featuregate"
+
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/replay"
+	"github.com/health-router/health-router/router/signal"
 )
 
 // EnvPrefix prefixes the environment fallback of every flag.
@@ -79,6 +83,110 @@ func ParseReplay(args []string, getenv func(string) string, now time.Time) (repl
 		if err := gates.Set(*gateFlag); err != nil {
 			return o, fmt.Errorf("--feature-gates: %v", err)
 		}
+	}
+	return o, nil
+}
+
+// Run is the configuration of `health-router run`.
+type Run struct {
+	QueueURL           string
+	DeadLetterQueueURL string
+	KarpenterQueueURL  string
+	Signal             signal.Mode
+	Workers            int
+	Visibility         time.Duration
+	WaitTime           time.Duration
+	Region             string
+	Account            string
+	AWSEndpointURL     string
+	Gates              featuregate.MutableFeatureGate
+	Kubeconfig         string
+
+	LeaderElect             bool
+	LeaderElectionNamespace string
+	LeaderElectionID        string
+	MetricsBindAddress      string
+	HealthProbeBindAddress  string
+	ShutdownTimeout         time.Duration
+
+	CloudWatchMetrics  bool
+	CloudWatchInterval time.Duration
+	ClusterName        string
+	LogLevel           slog.Level
+}
+
+// ParseRun parses `health-router run` flags and validates them.
+func ParseRun(args []string, getenv func(string) string) (Run, error) {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	o := Run{Gates: checks.NewFeatureGates()}
+	fs.StringVar(&o.QueueURL, "queue-url", "", "URL of the SQS intake queue the EventBridge rules feed (required)")
+	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "URL of the SQS dead-letter queue for messages the router cannot act on (required)")
+	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "URL of Karpenter's interruption queue; drains are forwarded there (signal mode forward)")
+	mode := fs.String("signal", "", "how a drain is signalled: forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
+	fs.IntVar(&o.Workers, "workers", 10, "messages worked on at once")
+	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
+	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
+	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment); events from other regions are dead-lettered as foreign")
+	fs.StringVar(&o.Account, "account", "", "AWS account ID; when set, events from other accounts are dead-lettered as foreign")
+	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins such as moto_server); empty for AWS")
+	gateFlag := fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas: only the leader consumes the queue")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "health-router.healthrouter.io", "name of the leader election Lease")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; 0 to disable")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for in-flight messages")
+	fs.BoolVar(&o.CloudWatchMetrics, "cloudwatch-metrics", false, "publish the dashboard metrics to CloudWatch (namespace HealthRouter)")
+	fs.DurationVar(&o.CloudWatchInterval, "cloudwatch-interval", time.Minute, "how often CloudWatch metrics are published")
+	fs.StringVar(&o.ClusterName, "cluster-name", "", "cluster name, the ClusterName dimension of the CloudWatch metrics (required with --cloudwatch-metrics)")
+	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	if err := parse(fs, args, getenv); err != nil {
+		return o, err
+	}
+	switch {
+	case o.QueueURL == "":
+		return o, fmt.Errorf("--queue-url is required")
+	case o.DeadLetterQueueURL == "":
+		return o, fmt.Errorf("--dead-letter-queue-url is required")
+	case o.DeadLetterQueueURL == o.QueueURL:
+		return o, fmt.Errorf("--dead-letter-queue-url must differ from --queue-url")
+	case o.Workers < 1 || o.Workers > 100:
+		return o, fmt.Errorf("--workers %d: want 1 to 100", o.Workers)
+	case o.Visibility < 10*time.Second || o.Visibility > 12*time.Hour:
+		return o, fmt.Errorf("--visibility-timeout %s: want 10s to 12h", o.Visibility)
+	case o.WaitTime < 0 || o.WaitTime > 20*time.Second:
+		return o, fmt.Errorf("--wait-time %s: want 0s to 20s", o.WaitTime)
+	case o.CloudWatchMetrics && o.ClusterName == "":
+		return o, fmt.Errorf("--cluster-name is required with --cloudwatch-metrics")
+	case o.CloudWatchInterval < 10*time.Second:
+		return o, fmt.Errorf("--cloudwatch-interval %s: want at least 10s", o.CloudWatchInterval)
+	case o.ShutdownTimeout <= 0:
+		return o, fmt.Errorf("--shutdown-timeout %s: want a positive duration", o.ShutdownTimeout)
+	}
+	switch signal.Mode(*mode) {
+	case "":
+		o.Signal = signal.ModeDeleteNodeClaim
+		if o.KarpenterQueueURL != "" {
+			o.Signal = signal.ModeForward
+		}
+	case signal.ModeForward:
+		if o.KarpenterQueueURL == "" {
+			return o, fmt.Errorf("--signal forward needs --karpenter-queue-url")
+		}
+		o.Signal = signal.ModeForward
+	case signal.ModeDeleteNodeClaim:
+		o.Signal = signal.ModeDeleteNodeClaim
+	default:
+		return o, fmt.Errorf("--signal %q: want forward or delete-nodeclaim", *mode)
+	}
+	if *gateFlag != "" {
+		if err := o.Gates.Set(*gateFlag); err != nil {
+			return o, fmt.Errorf("--feature-gates: %v", err)
+		}
+	}
+	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
 	return o, nil
 }

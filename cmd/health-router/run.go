@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/health-router/health-router/router/app"
+	"github.com/health-router/health-router/router/options"
+)
+
+func runRouter(ctx context.Context, o options.Run, stderr io.Writer) error {
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
+	restCfg, err := kubeConfig(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	return app.Run(ctx, o, restCfg, ctrlmetrics.Registry, log)
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("finding the cluster (in-cluster, or $KUBECONFIG): %w", err)
+	}
+	return cfg, nil
+}

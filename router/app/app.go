@@ -1,0 +1,138 @@
+// Package app wires the live router: AWS clients, the controller-runtime manager (cache,
+// leader election, probes, metrics), the engine, the signaller and the intake.
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/smithy-go/middleware"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/awscalls"
+	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/intake"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/signal"
+)
+
+// Run runs the router against the cluster at restCfg until ctx is done. Metrics are
+// registered with reg (controller-runtime's metrics.Registry in production, which the
+// manager serves on /metrics).
+func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheus.Registerer, log *slog.Logger) error {
+	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return err
+	}
+	calls := awscalls.NewCounter(reg)
+	loaders := []func(*config.LoadOptions) error{
+		config.WithAPIOptions([]func(*middleware.Stack) error{awscalls.Middleware(calls)}),
+		config.WithRetryMaxAttempts(5),
+	}
+	if o.Region != "" {
+		loaders = append(loaders, config.WithRegion(o.Region))
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx, loaders...)
+	if err != nil {
+		return fmt.Errorf("loading AWS configuration: %w", err)
+	}
+	if o.AWSEndpointURL != "" {
+		awsCfg.BaseEndpoint = aws.String(o.AWSEndpointURL)
+	}
+	sqsClient, ec2Client := sqs.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg)
+
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                        scheme,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		GracefulShutdownTimeout:       &o.ShutdownTimeout,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := cluster.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	clk := clock.RealClock{}
+	checker := checks.NewChecker(checks.NewAMI(ec2Client, clk), checks.NewReservations(ec2Client, clk), o.Gates)
+	eng := engine.New(cluster.New(mgr.GetClient()), checker)
+	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
+	m := metrics.NewRouter(reg, deferredCount(ctx, mgr.GetClient()))
+	in := intake.New(intake.Config{
+		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,
+		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime,
+	}, sqsClient, eng, sig, m, nil, clk, log)
+	if err := mgr.Add(in); err != nil {
+		return err
+	}
+	// A paced drain is released as soon as one of its pool's NodeClaims is gone.
+	informer, err := mgr.GetCache().GetInformer(ctx, &karpv1.NodeClaim{})
+	if err != nil {
+		return err
+	}
+	if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = tomb.Obj
+		}
+		if nc, ok := obj.(*karpv1.NodeClaim); ok && nc.Labels[karpv1.NodePoolLabelKey] != "" {
+			in.ReleasePool(ctx, nc.Labels[karpv1.NodePoolLabelKey])
+		}
+	}}); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("cache", func(r *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(r.Context()) {
+			return fmt.Errorf("cache not synced")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	log.Info("starting", "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
+	return mgr.Start(ctx)
+}
+
+// deferredCount counts the deferrals recorded on NodeClaims, for the deferred gauge.
+func deferredCount(ctx context.Context, r client.Reader) func() float64 {
+	return func() float64 {
+		var claims karpv1.NodeClaimList
+		if err := r.List(ctx, &claims); err != nil {
+			return 0
+		}
+		n := 0
+		for i := range claims.Items {
+			for _, d := range signal.Deferrals(&claims.Items[i]) {
+				if d.State == signal.StateDeferred {
+					n++
+				}
+			}
+		}
+		return float64(n)
+	}
+}

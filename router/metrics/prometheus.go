@@ -1,0 +1,42 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Router holds the router's Prometheus collectors.
+type Router struct {
+	Received     *prometheus.CounterVec
+	DeadLettered *prometheus.CounterVec
+	Latency      prometheus.Histogram
+	Decisions    *prometheus.CounterVec
+	SignalErrors *prometheus.CounterVec
+	CheckResults *prometheus.CounterVec
+}
+
+// NewRouter creates the collectors and registers them with reg. deferred reports the
+// number of deferrals held now (read from the cluster, so that it survives restarts).
+func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
+	m := &Router{
+		Received: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MessagesReceived, Help: "Intake messages received, by event kind (unknown for those that do not parse).",
+		}, []string{LabelKind}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MessagesDeadLettered, Help: "Intake messages sent to the dead-letter queue, by reason.",
+		}, []string{LabelReason}),
+		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: EventLatency, Help: "Seconds from the event's time to its outcome being done (signalled, ignored, skipped), for events not deferred.",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}),
+		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: Decisions, Help: "Decisions, one per event and instance, by kind, action and NodePool.",
+		}, []string{LabelKind, LabelAction, LabelNodePool}),
+		SignalErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: SignalErrors, Help: "Failures to carry out a decision (signal Karpenter, record a deferral), by signalling mode.",
+		}, []string{LabelMode}),
+		CheckResults: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: CheckResults, Help: "Pre-signal check outcomes, by check and result (passed, failed, unavailable).",
+		}, []string{LabelCheck, LabelResult}),
+	}
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now, as recorded on NodeClaims."}, deferred))
+	return m
+}
