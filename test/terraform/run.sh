@@ -113,7 +113,20 @@ step "go test ./test/terraform/... (consistency, moto apply)" go test -p 1 -coun
 if grep -q -- '--- SKIP' "$work/step.log" 2>/dev/null; then
 	grep -- '--- SKIP' -A1 "$work/step.log" | sed 's/^/      | /'
 fi
-step "lambda/build.sh (linux/arm64 zip)" bash -c "lambda/build.sh '$work/dispatcher.zip' && python3 -m zipfile -l '$work/dispatcher.zip' | grep -q '^bootstrap '"
+# The zip must hold an executable linux/arm64 ELF named bootstrap (e_machine 183 = AArch64).
+check_zip() {
+	python3 - "$1" <<-'PY'
+		import struct, sys, zipfile
+		z = zipfile.ZipFile(sys.argv[1])
+		info = z.getinfo("bootstrap")
+		head = z.open(info).read(20)
+		assert head[:4] == b"\x7fELF", "bootstrap is not an ELF binary"
+		assert struct.unpack("<H", head[18:20])[0] == 183, "bootstrap is not arm64"
+		assert (info.external_attr >> 16) & 0o111, "bootstrap is not executable"
+	PY
+}
+step "lambda/build.sh (linux/arm64 zip)" bash -c "lambda/build.sh '$work/dispatcher.zip'"
+step "dispatcher zip: executable arm64 bootstrap" check_zip "$work/dispatcher.zip"
 
 # ---------------------------------------------------------------- summary
 echo
