@@ -150,7 +150,11 @@ func (in *Intake) Start(ctx context.Context) error {
 			}
 			continue
 		}
-		out, err := in.sqs.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+		// The receive is not cancelled by a shutdown: a long poll abandoned by the client
+		// still takes messages on the server, which would then stay invisible for the
+		// visibility timeout. It ends within WaitTime, and what it brings after a shutdown
+		// began is released at once.
+		out, err := in.sqs.ReceiveMessage(work, &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(in.cfg.QueueURL), MaxNumberOfMessages: int32(min(free, 10)),
 			WaitTimeSeconds: int32(in.cfg.WaitTime / time.Second), VisibilityTimeout: int32(in.cfg.Visibility / time.Second),
 			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp},
@@ -168,6 +172,10 @@ func (in *Intake) Start(ctx context.Context) error {
 			}
 			continue
 		}
+		if ctx.Err() != nil {
+			in.release(work, out.Messages)
+			break
+		}
 		for _, m := range out.Messages {
 			slots <- struct{}{}
 			wg.Add(1)
@@ -180,6 +188,15 @@ func (in *Intake) Start(ctx context.Context) error {
 	}
 	in.log.Info("intake stopping: finishing in-flight messages")
 	return nil
+}
+
+// release makes received messages visible again at once, for another consumer.
+func (in *Intake) release(ctx context.Context, msgs []sqstypes.Message) {
+	for _, m := range msgs {
+		if err := in.visibility(ctx, m, 0); err != nil {
+			in.log.Error("releasing message at shutdown", "message", aws.ToString(m.MessageId), "err", err)
+		}
+	}
 }
 
 func (in *Intake) loadRetention(ctx context.Context) error {
