@@ -392,7 +392,7 @@ func TestDeployment(t *testing.T) {
 	if !strings.HasPrefix(cmNames[0], "health-router") {
 		t.Errorf("ConfigMap %q, want health-router (with kustomize's hash suffix)", cmNames[0])
 	}
-	for _, key := range []string{"HEALTH_ROUTER_QUEUE_URL", "HEALTH_ROUTER_DEAD_LETTER_QUEUE_URL", "HEALTH_ROUTER_KARPENTER_QUEUE_URL", "HEALTH_ROUTER_REGION", "HEALTH_ROUTER_CLUSTER_NAME"} {
+	for _, key := range []string{"HEALTH_ROUTER_QUEUE_URL", "HEALTH_ROUTER_DEAD_LETTER_QUEUE_URL", "HEALTH_ROUTER_KARPENTER_QUEUE_URL", "HEALTH_ROUTER_REGION", "HEALTH_ROUTER_CLUSTER_NAME", "HEALTH_ROUTER_CLOUDWATCH_METRICS"} {
 		if m.configMaps[i].Data[key] == "" {
 			t.Errorf("ConfigMap %s sets no %s", cmNames[0], key)
 		}
