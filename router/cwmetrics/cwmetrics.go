@@ -80,8 +80,9 @@ func (s *stat) merge(o stat) {
 }
 
 // Publisher aggregates the router's metrics in memory and publishes them to CloudWatch. Its
-// methods are safe for concurrent use. A nil *Publisher discards everything, so that callers
-// need no check when CloudWatch publishing is off.
+// methods are safe for concurrent use. The recording methods (Decision, DeadLettered, Latency,
+// AWSCallError, SetDeferred) of a nil *Publisher do nothing, so that the router needs no check
+// when CloudWatch publishing is off; Run and Flush need a Publisher from New.
 type Publisher struct {
 	api     metricsAPI
 	cluster string
