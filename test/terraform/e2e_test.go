@@ -24,12 +24,18 @@ import (
 	"github.com/health-router/health-router/test/terraform/motoserver"
 )
 
-// e2ePrefix is the resource name prefix of moto/main.tf (hr-<cluster_name>).
-const e2ePrefix = "hr-moto-e2e"
+// Names in moto/main.tf: resource name prefixes (hr-<cluster_name>) of its two module
+// instances, and the dispatcher instance's event bus.
+const (
+	e2ePrefix           = "hr-moto-e2e"
+	e2eDispatcherPrefix = "hr-moto-disp"
+	e2eDispatcherBus    = "health-router-moto-dispatcher"
+)
 
-// TestModuleAppliedToMoto applies moto/main.tf (the module, pointed at moto_server), checks the
-// queues and rules it made, puts real events through EventBridge, checks which reach the intake
-// queue, then destroys everything and checks nothing is left. About 2.5 minutes: the AWS
+// TestModuleAppliedToMoto applies moto/main.tf (the module, pointed at moto_server, once plain and
+// once in dispatcher mode), checks the queues, rules and Lambda it made, puts real events through
+// EventBridge, checks which reach the intake queue, then destroys everything and checks nothing
+// is left. About 2.5 minutes: the AWS
 // provider waits ~25 s on every SQS queue and queue policy.
 func TestModuleAppliedToMoto(t *testing.T) {
 	if testing.Short() {
@@ -46,7 +52,11 @@ func TestModuleAppliedToMoto(t *testing.T) {
 	srv := motoserver.Start(t)
 	ctx := context.Background()
 	dir := e2eWorkdir(t, mirror)
-	vars := []string{"-var", "endpoint=" + srv.Endpoint}
+	zip, err := filepath.Abs(filepath.Join(moduleDir, "tests", "fixtures", "dispatcher.zip"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := []string{"-var", "endpoint=" + srv.Endpoint, "-var", "dispatcher_zip_path=" + zip}
 
 	terraform(t, tf, dir, "init", "-backend=false", "-input=false")
 	terraform(t, tf, dir, append([]string{"apply", "-auto-approve", "-input=false"}, vars...)...)
@@ -54,6 +64,10 @@ func TestModuleAppliedToMoto(t *testing.T) {
 		QueueURL  struct{ Value string }            `json:"queue_url"`
 		DLQURL    struct{ Value string }            `json:"dlq_url"`
 		RuleNames struct{ Value map[string]string } `json:"rule_names"`
+
+		DispatcherFunctionARN struct{ Value string }            `json:"dispatcher_function_arn"`
+		FailureQueueURL       struct{ Value string }            `json:"dispatcher_failure_queue_url"`
+		DispatcherAlarms      struct{ Value map[string]string } `json:"dispatcher_alarm_names"`
 	}
 	if err := json.Unmarshal([]byte(terraform(t, tf, dir, "output", "-json")), &out); err != nil {
 		t.Fatalf("terraform output: %v", err)
@@ -66,6 +80,48 @@ func TestModuleAppliedToMoto(t *testing.T) {
 	t.Run("queues", func(t *testing.T) { checkQueues(t, ctx, sqsc, out.QueueURL.Value, out.DLQURL.Value) })
 	t.Run("rules", func(t *testing.T) { checkRules(t, ctx, events, out.RuleNames.Value) })
 	t.Run("events", func(t *testing.T) { checkRouting(t, ctx, events, sqsc, out.QueueURL.Value) })
+	t.Run("dispatcher", func(t *testing.T) {
+		fn := out.DispatcherFunctionARN.Value
+		if !strings.HasSuffix(fn, ":function:"+e2eDispatcherPrefix+"-dispatcher") {
+			t.Errorf("dispatcher function ARN %q", fn)
+		}
+		rules, err := events.ListRules(ctx, &eventbridge.ListRulesInput{EventBusName: aws.String(e2eDispatcherBus)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rules.Rules) != 6 {
+			t.Errorf("%d dispatcher rules, want 6", len(rules.Rules))
+		}
+		for _, r := range rules.Rules {
+			targets, err := events.ListTargetsByRule(ctx, &eventbridge.ListTargetsByRuleInput{Rule: r.Name, EventBusName: aws.String(e2eDispatcherBus)})
+			if err != nil || len(targets.Targets) != 1 || aws.ToString(targets.Targets[0].Arn) != fn {
+				t.Errorf("rule %s targets %+v (%v), want the dispatcher only", aws.ToString(r.Name), targets, err)
+				continue
+			}
+			if dlq := targets.Targets[0].DeadLetterConfig; dlq == nil || !strings.HasSuffix(aws.ToString(dlq.Arn), ":"+e2eDispatcherPrefix+"-dispatcher-failures") {
+				t.Errorf("rule %s: the Lambda target's dead-letter queue is %+v, want the failure queue", aws.ToString(r.Name), dlq)
+			}
+		}
+		failures, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(out.FailureQueueURL.Value), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
+		if err != nil {
+			t.Fatalf("the failure queue: %v", err)
+		}
+		if failures.Attributes["SqsManagedSseEnabled"] != "true" || !strings.Contains(failures.Attributes["Policy"], ":rule/"+e2eDispatcherBus+"/") {
+			t.Errorf("failure queue not encrypted or not open to the dispatcher rules: %v", failures.Attributes)
+		}
+		// Its own intake queue is fed by the Lambda only: no rule may send to it.
+		own, err := sqsc.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(e2eDispatcherPrefix)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		policy, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: own.QueueUrl, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNamePolicy}})
+		if err != nil || !strings.Contains(policy.Attributes["Policy"], "DenyAllRules") || strings.Contains(policy.Attributes["Policy"], `"Allow"`) {
+			t.Errorf("dispatcher-mode intake queue policy should deny every rule and allow nothing: %v %v", policy, err)
+		}
+		if _, ok := out.DispatcherAlarms.Value["dispatcher_failures"]; !ok {
+			t.Errorf("no dispatcher_failures alarm: %v", out.DispatcherAlarms.Value)
+		}
+	})
 	t.Run("observability", func(t *testing.T) {
 		alarms, err := cw.DescribeAlarms(ctx, &cloudwatch.DescribeAlarmsInput{AlarmNamePrefix: aws.String(e2ePrefix)})
 		if err != nil {
@@ -102,6 +158,15 @@ func TestModuleAppliedToMoto(t *testing.T) {
 	}
 	if len(rules.Rules) != 0 {
 		t.Errorf("%d rules left after destroy", len(rules.Rules))
+	}
+	buses, err := events.ListEventBuses(ctx, &eventbridge.ListEventBusesInput{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range buses.EventBuses {
+		if aws.ToString(b.Name) != "default" {
+			t.Errorf("event bus %s left after destroy", aws.ToString(b.Name))
+		}
 	}
 	alarms, err := cw.DescribeAlarms(ctx, &cloudwatch.DescribeAlarmsInput{})
 	if err != nil {
@@ -267,7 +332,7 @@ func e2eWorkdir(t *testing.T, mirror string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	main := strings.Replace(string(src), `"../../../terraform"`, fmt.Sprintf("%q", module), 1)
+	main := strings.ReplaceAll(string(src), `"../../../terraform"`, fmt.Sprintf("%q", module))
 	if main == string(src) {
 		t.Fatal(`moto/main.tf no longer uses source = "../../../terraform"`)
 	}

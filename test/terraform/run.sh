@@ -4,7 +4,7 @@
 #   (plan-time assertions with a mocked provider), gofmt/go vet, the dispatcher's Go tests
 #   against moto_server, the dashboard/alarm consistency test, the module applied to moto_server
 #   with real events through its rules, and the Lambda zip build.
-# Usage: test/terraform/run.sh            (about 4 minutes on 2 cores, warm Go cache)
+# Usage: test/terraform/run.sh            (about 4.5 minutes on 2 cores, warm Go cache)
 #        SHORT=1 test/terraform/run.sh    (skips the apply against moto: about 1 minute)
 # Exits non-zero when a step fails; the last line is "N passed, N failed[, N skipped]".
 set -uo pipefail

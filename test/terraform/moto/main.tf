@@ -1,6 +1,11 @@
 # Test-only configuration: the module applied to moto_server (see ../e2e_test.go), with every
-# endpoint pointed at moto. The dispatcher Lambda is off here: moto would need Docker to run
-# it, so package lambda/dispatch tests it against moto's SQS, EC2 and CloudWatch instead.
+# endpoint pointed at moto.
+#
+# Two instances: "health_router" (rules -> intake queue) gets real events through its rules;
+# "dispatcher" deploys the dispatcher Lambda and its failure queue, with its rules on a bus of
+# their own, because moto cannot deliver EventBridge events to a Lambda target (PutEvents fails
+# with NotImplementedError) nor run a provided.al2023 function. Package lambda/dispatch tests
+# the Lambda's logic against moto's SQS, EC2 and CloudWatch instead.
 
 terraform {
   required_version = ">= 1.9"
@@ -14,6 +19,11 @@ terraform {
 
 variable "endpoint" {
   description = "moto_server URL, for example http://127.0.0.1:5000."
+  type        = string
+}
+
+variable "dispatcher_zip_path" {
+  description = "Zip uploaded as the dispatcher's code; moto never runs it, so any zip will do."
   type        = string
 }
 
@@ -39,6 +49,7 @@ provider "aws" {
     cloudwatch = var.endpoint
     lambda     = var.endpoint
     eks        = var.endpoint
+    logs       = var.endpoint
   }
 }
 
@@ -53,6 +64,30 @@ module "health_router" {
   create_karpenter_deny_policy     = true
 
   tags = { "health-router/test" = "moto-e2e" }
+}
+
+resource "aws_cloudwatch_event_bus" "dispatcher" {
+  name = "health-router-moto-dispatcher"
+}
+
+module "dispatcher" {
+  source = "../../../terraform"
+
+  cluster_name     = "moto-disp"
+  event_bus_name   = aws_cloudwatch_event_bus.dispatcher.name
+  create_dashboard = false
+  create_alarms    = var.create_observability
+
+  identity_type     = "irsa"
+  oidc_provider_arn = "arn:aws:iam::123456789012:oidc-provider/oidc.eks.us-east-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
+
+  dispatcher = {
+    enabled  = true
+    zip_path = var.dispatcher_zip_path
+    cluster_queues = {
+      "moto-e2e" = { url = module.health_router.queue_url, arn = module.health_router.queue_arn }
+    }
+  }
 }
 
 output "queue_url" {
@@ -77,4 +112,16 @@ output "dashboard_name" {
 
 output "alarm_names" {
   value = module.health_router.alarm_names
+}
+
+output "dispatcher_function_arn" {
+  value = module.dispatcher.dispatcher_function_arn
+}
+
+output "dispatcher_failure_queue_url" {
+  value = module.dispatcher.dispatcher_failure_queue_url
+}
+
+output "dispatcher_alarm_names" {
+  value = module.dispatcher.alarm_names
 }
