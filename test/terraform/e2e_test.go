@@ -35,11 +35,10 @@ const (
 // TestModuleAppliedToMoto applies moto/main.tf (the module, pointed at moto_server, once plain and
 // once in dispatcher mode), checks the queues, rules and Lambda it made, puts real events through
 // EventBridge, checks which reach the intake queue, then destroys everything and checks nothing
-// is left. About 2.5 minutes: the AWS
-// provider waits ~25 s on every SQS queue and queue policy.
+// is left. About 3 minutes: the AWS provider waits ~25 s on every SQS queue and queue policy.
 func TestModuleAppliedToMoto(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: skipping the terraform apply against moto (2.5 minutes)")
+		t.Skip("-short: skipping the terraform apply against moto (3 minutes)")
 	}
 	tf := terraformBinary()
 	if tf == "" {
