@@ -88,8 +88,9 @@ type delivery struct {
 
 // Handle routes one event. It returns an error when a delivery failed or the owners could not
 // be found, so that Lambda retries the invocation and finally sends the event to the failure
-// destination; a retry may deliver again to clusters that already got the event, which the
-// router tolerates (it keys its work on the event ID). Events for instances no configured
+// destination. A retry may deliver again to clusters that already got the event: no worse than
+// EventBridge and standard SQS queues, which deliver at least once, so the router must treat a
+// repeated event ID as one event anyway. Events for instances no configured
 // cluster owns are dropped and counted, not failed: retrying cannot give them an owner.
 func (d *Dispatcher) Handle(ctx context.Context, body json.RawMessage) error {
 	ev, err := parseEnvelope(body)

@@ -266,7 +266,7 @@ func TestSQSFailureReturnsError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cluster beta") {
 		t.Fatalf("Handle = %v, want an error naming cluster beta so Lambda retries", err)
 	}
-	// The healthy cluster still got its copy; the retry may send it again, which the router tolerates.
+	// The healthy cluster still got its copy; the retry may send it again (at-least-once, as SQS is).
 	if got := w.received(t, w.queues["alpha"]); len(got) != 1 {
 		t.Errorf("alpha got %d messages, want 1", len(got))
 	}
