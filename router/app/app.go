@@ -12,9 +12,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
 	"github.com/aws/smithy-go/middleware"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -83,10 +85,18 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	m := metrics.NewRouter(reg, deferredCount(ctx, mgr.GetClient()))
 	in := intake.New(intake.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,
-		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime,
+		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout,
 	}, sqsClient, eng, sig, m, nil, clk, log)
 	if err := mgr.Add(in); err != nil {
 		return err
+	}
+	// Start every informer the model reads at once, not on first use: decisions are then
+	// made from the cache even while the API server is unreachable, and readiness means
+	// the whole model is synced.
+	for _, obj := range []client.Object{&corev1.Node{}, &karpv1.NodePool{}, &awsv1.EC2NodeClass{}} {
+		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
 	}
 	// A paced drain is released as soon as one of its pool's NodeClaims is gone.
 	informer, err := mgr.GetCache().GetInformer(ctx, &karpv1.NodeClaim{})

@@ -73,6 +73,9 @@ type Config struct {
 	Visibility time.Duration
 	// WaitTime is the long-poll wait (SQS allows 20 s at most).
 	WaitTime time.Duration
+	// HandleTimeout bounds the work on one message (cluster reads and writes, AWS calls):
+	// past it the message is retried later rather than holding a worker forever.
+	HandleTimeout time.Duration
 }
 
 // Intake consumes the intake queue.
@@ -111,6 +114,9 @@ func New(cfg Config, sqsClient sqsAPI, eng *engine.Engine, sig *signal.Signaller
 	}
 	if cfg.Visibility <= 0 {
 		cfg.Visibility = 30 * time.Second
+	}
+	if cfg.HandleTimeout <= 0 {
+		cfg.HandleTimeout = 2 * time.Minute
 	}
 	if publisher == nil {
 		publisher = nopPublisher{}
@@ -220,7 +226,9 @@ func (in *Intake) process(ctx context.Context, m sqstypes.Message) {
 	var hb sync.WaitGroup
 	hb.Add(1)
 	go func() { defer hb.Done(); in.heartbeat(hbCtx, m) }()
-	fin := in.handle(ctx, m)
+	hctx, cancel := context.WithTimeout(ctx, in.cfg.HandleTimeout)
+	fin := in.handle(hctx, m)
+	cancel()
 	stopHeartbeat()
 	hb.Wait()
 	if err := fin(ctx); err != nil {

@@ -96,6 +96,7 @@ type Run struct {
 	Workers            int
 	Visibility         time.Duration
 	WaitTime           time.Duration
+	HandleTimeout      time.Duration
 	Region             string
 	Account            string
 	AWSEndpointURL     string
@@ -126,6 +127,7 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	fs.IntVar(&o.Workers, "workers", 10, "messages worked on at once")
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
+	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls); past it the message is retried with backoff")
 	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment); events from other regions are dead-lettered as foreign")
 	fs.StringVar(&o.Account, "account", "", "AWS account ID; when set, events from other accounts are dead-lettered as foreign")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins such as moto_server); empty for AWS")
@@ -161,6 +163,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--cluster-name is required with --cloudwatch-metrics")
 	case o.CloudWatchInterval < 10*time.Second:
 		return o, fmt.Errorf("--cloudwatch-interval %s: want at least 10s", o.CloudWatchInterval)
+	case o.HandleTimeout < time.Second:
+		return o, fmt.Errorf("--handle-timeout %s: want at least 1s", o.HandleTimeout)
 	case o.ShutdownTimeout <= 0:
 		return o, fmt.Errorf("--shutdown-timeout %s: want a positive duration", o.ShutdownTimeout)
 	}

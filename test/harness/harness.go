@@ -124,6 +124,12 @@ func (c *Counter) Calls(name string) int {
 // `make test`; built here when unset).
 func KubeAPIServer(t testing.TB) *rest.Config {
 	t.Helper()
+	return KubeEnv(t).Config
+}
+
+// KubeEnv is KubeAPIServer, returning the whole environment.
+func KubeEnv(t testing.TB) *envtest.Environment {
+	t.Helper()
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		out, err := exec.Command(repoPath("test/tools/envtest-bins.sh")).Output()
 		if err != nil {
@@ -135,8 +141,7 @@ func KubeAPIServer(t testing.TB) *rest.Config {
 		CRDDirectoryPaths:     []string{crdDir(t, "sigs.k8s.io/karpenter"), crdDir(t, "github.com/aws/karpenter-provider-aws")},
 		ErrorIfCRDPathMissing: true,
 	}
-	cfg, err := env.Start()
-	if err != nil {
+	if _, err := env.Start(); err != nil {
 		t.Fatalf("starting envtest: %v", err)
 	}
 	t.Cleanup(func() {
@@ -144,7 +149,7 @@ func KubeAPIServer(t testing.TB) *rest.Config {
 			t.Logf("stopping envtest: %v", err)
 		}
 	})
-	return cfg
+	return env
 }
 
 func crdDir(t testing.TB, module string) string {
@@ -169,4 +174,73 @@ func repoPath(rel string) string {
 		}
 	}
 	return rel
+}
+
+// Proxy forwards TCP connections to a server, and can cut it off: an outage as the
+// client sees it (connections dropped, new ones refused), without stopping the server.
+type Proxy struct {
+	Addr   string
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  map[net.Conn]bool
+}
+
+// NewProxy listens on a loopback port and forwards to target (host:port).
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{Addr: l.Addr().String(), target: target, conns: map[net.Conn]bool{}}
+	t.Cleanup(func() { l.Close(); p.Down() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c)
+		}
+	}()
+	return p
+}
+
+func (p *Proxy) serve(c net.Conn) {
+	p.mu.Lock()
+	if p.down {
+		p.mu.Unlock()
+		c.Close()
+		return
+	}
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		p.mu.Unlock()
+		c.Close()
+		return
+	}
+	p.conns[c], p.conns[up] = true, true
+	p.mu.Unlock()
+	go func() { _, _ = io.Copy(up, c); up.Close() }()
+	_, _ = io.Copy(c, up)
+	c.Close()
+}
+
+// Down drops every connection and refuses new ones.
+func (p *Proxy) Down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+}
+
+// Up lets connections through again.
+func (p *Proxy) Up() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
 }

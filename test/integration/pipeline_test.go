@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -64,9 +65,13 @@ func newStage(t *testing.T) *stage {
 	if testing.Short() {
 		t.Skip("moto and envtest suite")
 	}
-	s := &stage{t: t, ctx: context.Background()}
+	return newStageWith(t, harness.KubeAPIServer(t))
+}
+
+func newStageWith(t *testing.T, restCfg *rest.Config) *stage {
+	t.Helper()
+	s := &stage{t: t, ctx: context.Background(), restCfg: restCfg}
 	s.moto = harness.Moto(t)
-	s.restCfg = harness.KubeAPIServer(t)
 	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
 	t.Setenv("AWS_REGION", harness.Region)
@@ -169,7 +174,7 @@ func (s *stage) router(mode signal.Mode) {
 	s.t.Helper()
 	o := options.Run{
 		QueueURL: s.intakeURL, DeadLetterQueueURL: s.dlqURL, Signal: mode, Workers: 4,
-		Visibility: 10 * time.Second, WaitTime: time.Second, Region: harness.Region, AWSEndpointURL: s.moto,
+		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 3 * time.Second, Region: harness.Region, AWSEndpointURL: s.moto,
 		Gates: checks.NewFeatureGates(), MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
 	}
 	if mode == signal.ModeForward {
@@ -181,7 +186,8 @@ func (s *stage) router(mode signal.Mode) {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{s.t}, nil))
 	}
-	go func() { done <- app.Run(ctx, o, s.restCfg, prometheus.NewRegistry(), log) }()
+	restCfg := s.restCfg
+	go func() { done <- app.Run(ctx, o, restCfg, prometheus.NewRegistry(), log) }()
 	s.t.Cleanup(func() {
 		cancel()
 		select {
@@ -392,4 +398,46 @@ func TestPipeline(t *testing.T) {
 		}
 		s.eventually("intake queue empty", 30*time.Second, func() bool { v, f := s.queueCounts(s.intakeURL); return v == 0 && f == 0 })
 	})
+}
+
+// TestKubernetesOutage: with the kube-apiserver unreachable, a drain cannot be carried
+// out; the message stays in the queue (retried with backoff, never deleted or
+// dead-lettered), and once the API server is back the drain happens.
+func TestKubernetesOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moto and envtest suite")
+	}
+	cfg := harness.KubeAPIServer(t)
+	s := newStageWith(t, cfg)
+	s.pool("web", nil)
+	claim := s.node("web", "i-0a1b2c3d4e5f60101")
+	// The router reaches the API server through a proxy that the test can cut.
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := harness.NewProxy(t, u.Host)
+	routerCfg := rest.CopyConfig(cfg)
+	routerCfg.Host = "https://" + proxy.Addr
+	s.restCfg = routerCfg
+	s.router(signal.ModeDeleteNodeClaim)
+	s.restCfg = cfg
+	time.Sleep(2 * time.Second) // the router's cache has synced
+
+	proxy.Down()
+	s.put("aws.ec2", "EC2 Spot Instance Interruption Warning", map[string]string{"instance-id": "i-0a1b2c3d4e5f60101", "instance-action": "terminate"})
+	time.Sleep(8 * time.Second) // past the handle timeout: the message is retried, with backoff
+	visible, inFlight := s.queueCounts(s.intakeURL)
+	if visible+inFlight != 1 {
+		t.Fatalf("during the outage the message must stay in the queue: %d visible, %d in flight", visible, inFlight)
+	}
+	if dead := s.drain(s.dlqURL); len(dead) != 0 {
+		t.Fatalf("dead-lettered during an outage: %d", len(dead))
+	}
+	proxy.Up()
+	s.eventually("drained after the outage", 90*time.Second, func() bool {
+		nc := &karpv1.NodeClaim{}
+		return s.kube.Get(s.ctx, client.ObjectKey{Name: claim}, nc) == nil && !nc.DeletionTimestamp.IsZero()
+	})
+	s.eventually("intake queue empty", 30*time.Second, func() bool { v, f := s.queueCounts(s.intakeURL); return v == 0 && f == 0 })
 }
