@@ -10,10 +10,13 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/schemas"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
 	"github.com/aws/smithy-go/middleware"
+	"github.com/aws/smithy-go/transport/http/protocol/awsquery"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +32,7 @@ import (
 	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/cwmetrics"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
@@ -46,8 +50,11 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		return err
 	}
 	calls := awscalls.NewCounter(reg)
+	// The CloudWatch publisher exists before the AWS clients so that they report failed calls
+	// to it; it stays nil (its methods no-ops) unless --cloudwatch-metrics is on.
+	var publisher *cwmetrics.Publisher
 	loaders := []func(*config.LoadOptions) error{
-		config.WithAPIOptions([]func(*middleware.Stack) error{awscalls.Middleware(calls)}),
+		config.WithAPIOptions([]func(*middleware.Stack) error{awscalls.Middleware(calls, func(api string) { publisher.AWSCallError(api) })}),
 		config.WithRetryMaxAttempts(5),
 	}
 	if o.Region != "" {
@@ -61,6 +68,17 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		awsCfg.BaseEndpoint = aws.String(o.AWSEndpointURL)
 	}
 	sqsClient, ec2Client := sqs.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg)
+	clk := clock.RealClock{}
+	if o.CloudWatchMetrics {
+		cw := cloudwatch.NewFromConfig(awsCfg, func(co *cloudwatch.Options) {
+			if o.AWSEndpointURL != "" {
+				// Local stand-ins (moto) speak CloudWatch's Query protocol only, not the
+				// CBOR protocol the SDK uses with AWS.
+				co.Protocol = awsquery.New(schemas.GraniteServiceVersion20100801)
+			}
+		})
+		publisher = cwmetrics.New(cw, o.ClusterName, clk, log)
+	}
 
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                        scheme,
@@ -78,15 +96,37 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if err := cluster.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	clk := clock.RealClock{}
 	checker := checks.NewChecker(checks.NewAMI(ec2Client, clk), checks.NewReservations(ec2Client, clk), o.Gates)
 	eng := engine.New(cluster.New(mgr.GetClient()), checker)
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
-	m := metrics.NewRouter(reg, deferredCount(ctx, mgr.GetClient()))
+	deferred := deferredCount(ctx, mgr.GetClient())
+	m := metrics.NewRouter(reg, deferred)
+	var pub intake.Publisher
+	if publisher != nil {
+		pub = publisher
+		// Only the leader publishes: the "router silent" alarm watches one Heartbeat.
+		if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
+			go func() {
+				t := clk.NewTicker(o.CloudWatchInterval)
+				defer t.Stop()
+				for {
+					publisher.SetDeferred(int(deferred()))
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C():
+					}
+				}
+			}()
+			return publisher.Run(ctx, o.CloudWatchInterval)
+		})); err != nil {
+			return err
+		}
+	}
 	in := intake.New(intake.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,
 		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout,
-	}, sqsClient, eng, sig, m, nil, clk, log)
+	}, sqsClient, eng, sig, m, pub, clk, log)
 	if err := mgr.Add(in); err != nil {
 		return err
 	}
@@ -127,6 +167,12 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	log.Info("starting", "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
 	return mgr.Start(ctx)
 }
+
+// leaderRunnable is a manager runnable that runs only on the elected leader.
+type leaderRunnable func(context.Context) error
+
+func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
+func (f leaderRunnable) NeedLeaderElection() bool        { return true }
 
 // deferredCount counts the deferrals recorded on NodeClaims, for the deferred gauge.
 func deferredCount(ctx context.Context, r client.Reader) func() float64 {

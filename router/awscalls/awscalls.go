@@ -33,13 +33,18 @@ func NewCounter(reg prometheus.Registerer) *prometheus.CounterVec {
 }
 
 // Middleware returns an SDK API option that counts each operation once, after retries;
-// add it with config.WithAPIOptions or the client's APIOptions.
-func Middleware(calls *prometheus.CounterVec) func(*middleware.Stack) error {
+// add it with config.WithAPIOptions or the client's APIOptions. onError, if not nil, is
+// told the API of each failed operation (for the CloudWatch AWSCallErrors metric).
+func Middleware(calls *prometheus.CounterVec, onError func(api string)) func(*middleware.Stack) error {
 	return func(stack *middleware.Stack) error {
 		return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("HealthRouterCallCount",
 			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 				out, md, err := next.HandleInitialize(ctx, in)
-				calls.WithLabelValues(awsmiddleware.GetOperationName(ctx), result(err)).Inc()
+				api := awsmiddleware.GetOperationName(ctx)
+				calls.WithLabelValues(api, result(err)).Inc()
+				if err != nil && onError != nil {
+					onError(api)
+				}
 				return out, md, err
 			}), middleware.After)
 	}

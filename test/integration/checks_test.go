@@ -393,7 +393,7 @@ func TestAWSCallMetric(t *testing.T) {
 	t.Cleanup(srv.Close)
 	cfg := harness.AWSConfig(nil)
 	cfg.Retryer = fastRetries
-	cfg.APIOptions = append(cfg.APIOptions, awscalls.Middleware(calls))
+	cfg.APIOptions = append(cfg.APIOptions, awscalls.Middleware(calls, nil))
 	c := ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) })
 
 	model := synthetic(t, 12, 1, map[string]string{}, []string{"cr-0a1b2c3d4e5f60718", "cr-0b2c3d4e5f6071829"})

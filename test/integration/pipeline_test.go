@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/schemas"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
@@ -19,6 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
+	"github.com/aws/smithy-go/transport/http/protocol/awsquery"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,6 +34,7 @@ import (
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/intake"
+	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
@@ -170,7 +174,7 @@ func (s *stage) node(pool, id string) string {
 }
 
 // router runs the router (the production wiring, app.Run) until the test ends.
-func (s *stage) router(mode signal.Mode) {
+func (s *stage) router(mode signal.Mode, opts ...func(*options.Run)) {
 	s.t.Helper()
 	o := options.Run{
 		QueueURL: s.intakeURL, DeadLetterQueueURL: s.dlqURL, Signal: mode, Workers: 4,
@@ -179,6 +183,9 @@ func (s *stage) router(mode signal.Mode) {
 	}
 	if mode == signal.ModeForward {
 		o.KarpenterQueueURL = s.karpURL
+	}
+	for _, f := range opts {
+		f(&o)
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
 	done := make(chan error, 1)
@@ -373,6 +380,40 @@ func TestPipeline(t *testing.T) {
 		if !s.claim(claim).DeletionTimestamp.IsZero() {
 			t.Error("drained although the instance ran again")
 		}
+	})
+
+	t.Run("dashboard metrics published to CloudWatch", func(t *testing.T) {
+		s.t = t
+		s.pool("batch", nil)
+		s.node("batch", "i-0a1b2c3d4e5f60006")
+		s.router(signal.ModeDeleteNodeClaim, func(o *options.Run) {
+			o.CloudWatchMetrics, o.ClusterName, o.CloudWatchInterval = true, "prod-eu-west-1", 10*time.Second
+		})
+		s.put("aws.ec2", "EC2 Spot Instance Interruption Warning", map[string]string{"instance-id": "i-0a1b2c3d4e5f60006", "instance-action": "terminate"})
+		cw := cloudwatch.NewFromConfig(harness.AWSConfig(nil), func(o *cloudwatch.Options) {
+			o.BaseEndpoint = aws.String(s.moto)
+			o.Protocol = awsquery.New(schemas.GraniteServiceVersion20100801)
+		})
+		s.eventually("Decisions and Heartbeat in CloudWatch", 40*time.Second, func() bool {
+			out, err := cw.ListMetrics(s.ctx, &cloudwatch.ListMetricsInput{Namespace: aws.String(metrics.CloudWatchNamespace)})
+			if err != nil {
+				return false
+			}
+			var decision, heartbeat bool
+			for _, m := range out.Metrics {
+				dims := map[string]string{}
+				for _, d := range m.Dimensions {
+					dims[aws.ToString(d.Name)] = aws.ToString(d.Value)
+				}
+				switch aws.ToString(m.MetricName) {
+				case metrics.CWDecisions:
+					decision = decision || (dims["ClusterName"] == "prod-eu-west-1" && dims["Kind"] == "spot-interruption" && dims["Action"] == "drain")
+				case metrics.CWHeartbeat:
+					heartbeat = heartbeat || dims["ClusterName"] == "prod-eu-west-1"
+				}
+			}
+			return decision && heartbeat
+		})
 	})
 
 	t.Run("poison messages reach the dead-letter queue with reasons", func(t *testing.T) {
