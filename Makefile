@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/health-router
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit envtest-bins terraform-test lint fuzz bench demo clean
+.PHONY: help build test unit lint fuzz bench demo replay clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -12,7 +12,10 @@ help: ## list the targets
 build: ## build bin/health-router
 	$(GO) build -o $(BIN) ./cmd/health-router
 
-demo: build ## replay the demo scenario (test/demo) with no AWS account and no cluster
+demo: ## the live router on local stand-ins (moto_server, envtest kube-apiserver): the demo scenario end to end
+	$(GO) run ./test/demo/live
+
+replay: build ## the what-if tool on the demo scenario (test/demo): no servers at all
 	$(BIN) replay --cluster test/demo/cluster.yaml --events test/demo/events --aws test/demo/aws.yaml --now $(DEMO_NOW)
 
 test: lint ## everything CI runs: lint, unit and integration tests (moto, envtest), Terraform

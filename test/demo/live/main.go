@@ -1,0 +1,412 @@
+// Command live runs the demo scenario through the live router on local stand-ins: moto_server
+// for SQS, EventBridge and EC2, and envtest's kube-apiserver with the Karpenter CRDs for the
+// cluster. It loads test/demo/cluster.yaml into the API server, puts the demo events through
+// EventBridge rules that target the intake queue, runs `health-router run`'s wiring, prints
+// what the router did, and cleans up. `make demo` runs it.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
+	ebtypes "github.com/aws/aws-sdk-go-v2/service/eventbridge/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/app"
+	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/intake"
+	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/replay"
+	"github.com/health-router/health-router/router/signal"
+)
+
+const region = "eu-west-1"
+
+// demoNow is the time the demo events were written for; they are shifted to now.
+var demoNow = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+var rules = map[string]string{
+	"health":      `{"source":["aws.health"],"detail-type":["AWS Health Event"],"detail":{"service":["EC2"],"eventTypeCategory":["scheduledChange"]}}`,
+	"spot":        `{"source":["aws.ec2"],"detail-type":["EC2 Spot Instance Interruption Warning"]}`,
+	"rebalance":   `{"source":["aws.ec2"],"detail-type":["EC2 Instance Rebalance Recommendation"]}`,
+	"state":       `{"source":["aws.ec2"],"detail-type":["EC2 Instance State-change Notification"]}`,
+	"reservation": `{"source":["aws.ec2"],"detail-type":["EC2 Capacity Reservation Instance Interruption Warning"]}`,
+	"ami":         `{"source":["aws.ec2"],"detail-type":["EC2 AMI State Change"]}`,
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	step("starting moto_server (SQS, EventBridge, EC2) on a loopback port")
+	motoURL, stopMoto, err := startMoto(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopMoto()
+
+	step("starting kube-apiserver and etcd (envtest) with the Karpenter CRDs")
+	assets, err := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh")).Output()
+	if err != nil {
+		return fmt.Errorf("envtest binaries: %w", err)
+	}
+	os.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(assets)))
+	env := &envtest.Environment{CRDDirectoryPaths: []string{crdDir("sigs.k8s.io/karpenter"), crdDir("github.com/aws/karpenter-provider-aws")}, ErrorIfCRDPathMissing: true}
+	restCfg, err := env.Start()
+	if err != nil {
+		return fmt.Errorf("starting envtest: %w", err)
+	}
+	defer env.Stop()
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return err
+	}
+	kube, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+
+	awsCfg := aws.Config{Region: region, Credentials: credentials.NewStaticCredentialsProvider("demo", "demo", "")}
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo"} {
+		os.Setenv(k, v)
+	}
+	sqsc := sqs.NewFromConfig(awsCfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	ebc := eventbridge.NewFromConfig(awsCfg, func(o *eventbridge.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	ec2c := ec2.NewFromConfig(awsCfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(motoURL) })
+
+	step("creating the intake and dead-letter queues and the EventBridge rules")
+	intakeURL, err := createQueue(ctx, sqsc, "health-router-intake")
+	if err != nil {
+		return err
+	}
+	dlqURL, err := createQueue(ctx, sqsc, "health-router-dlq")
+	if err != nil {
+		return err
+	}
+	arn, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(intakeURL), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn}})
+	if err != nil {
+		return err
+	}
+	for name, pattern := range rules {
+		if _, err := ebc.PutRule(ctx, &eventbridge.PutRuleInput{Name: aws.String("health-router-" + name), EventPattern: aws.String(pattern)}); err != nil {
+			return err
+		}
+		if _, err := ebc.PutTargets(ctx, &eventbridge.PutTargetsInput{Rule: aws.String("health-router-" + name), Targets: []ebtypes.Target{{Id: aws.String("intake"), Arn: aws.String(arn.Attributes["QueueArn"])}}}); err != nil {
+			return err
+		}
+	}
+
+	step("registering the demo's available AMIs in EC2 (moto); the NVIDIA image is still being built")
+	images, err := registerImages(ctx, ec2c, filepath.Join(root, "test/demo/aws.yaml"))
+	if err != nil {
+		return err
+	}
+	step("loading test/demo/cluster.yaml into the API server")
+	claims, err := loadCluster(ctx, kube, filepath.Join(root, "test/demo/cluster.yaml"), images)
+	if err != nil {
+		return err
+	}
+
+	step("running the router (delete-nodeclaim mode; ReservedCapacity gate off: moto has no reservation API)")
+	gates := checks.NewFeatureGates()
+	_ = gates.Set("ReservedCapacity=false")
+	o := options.Run{
+		QueueURL: intakeURL, DeadLetterQueueURL: dlqURL, Signal: signal.ModeDeleteNodeClaim, Workers: 4,
+		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 30 * time.Second, Region: region, AWSEndpointURL: motoURL,
+		Gates: gates, MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
+	}
+	routerCtx, stopRouter := context.WithCancel(ctx)
+	defer stopRouter()
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go func() { done <- app.Run(routerCtx, o, restCfg, prometheus.NewRegistry(), log) }()
+
+	step("putting the demo events through EventBridge (times shifted to now)")
+	sent, poison, err := putEvents(ctx, ebc, sqsc, intakeURL, filepath.Join(root, "test/demo/events"))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("    %d events through EventBridge (its rules drop the RDS Health event: EC2 scheduled changes only), %d poison messages straight into the queue\n", sent, poison)
+	time.Sleep(8 * time.Second) // let the router work through them
+	stopRouter()
+	if err := <-done; err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+
+	return report(ctx, kube, sqsc, intakeURL, dlqURL, claims)
+}
+
+func step(s string) { fmt.Printf("==> %s\n", s) }
+
+func report(ctx context.Context, kube client.Client, sqsc *sqs.Client, intakeURL, dlqURL string, claims []string) error {
+	fmt.Println()
+	fmt.Println("What the router did, per NodeClaim:")
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODECLAIM\tNODEPOOL\tSTATE\tDEFERRALS (event kind -> until, state)")
+	sort.Strings(claims)
+	for _, name := range claims {
+		nc := &karpv1.NodeClaim{}
+		if err := kube.Get(ctx, client.ObjectKey{Name: name}, nc); err != nil {
+			return err
+		}
+		state := "running"
+		switch {
+		case !nc.DeletionTimestamp.IsZero():
+			state = "DELETED (Karpenter drains it)"
+		case nc.Annotations[cluster.AnnotationDrainSignalled] != "":
+			state = "drain signalled"
+		}
+		var ds []string
+		for _, d := range signal.Deferrals(nc) {
+			ds = append(ds, fmt.Sprintf("%s -> %s, %s", d.Kind, d.Until.Format("2006-01-02 15:04"), d.State))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, nc.Labels[karpv1.NodePoolLabelKey], state, strings.Join(ds, "; "))
+	}
+	tw.Flush()
+	attrs, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(intakeURL), AttributeNames: []sqstypes.QueueAttributeName{"ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"}})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nIntake queue: %s waiting, %s held invisible (deferred events keep their message until their time)\n",
+		attrs.Attributes["ApproximateNumberOfMessages"], attrs.Attributes["ApproximateNumberOfMessagesNotVisible"])
+	fmt.Println("\nDead-letter queue:")
+	for {
+		out, err := sqsc.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(dlqURL), MaxNumberOfMessages: 10, MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			return err
+		}
+		if len(out.Messages) == 0 {
+			break
+		}
+		for _, m := range out.Messages {
+			fmt.Printf("    %-13s %s\n", aws.ToString(m.MessageAttributes[intake.AttrReason].StringValue), aws.ToString(m.MessageAttributes[intake.AttrDetail].StringValue))
+			sqsc.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(dlqURL), ReceiptHandle: m.ReceiptHandle})
+		}
+	}
+	fmt.Println("\nEvents the router left on the NodeClaims and Nodes: kubectl get events --field-selector reason=HealthEventDrained (and HealthEventDeferred, HealthEventIgnored, ...)")
+	return nil
+}
+
+func createQueue(ctx context.Context, c *sqs.Client, name string) (string, error) {
+	out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name)})
+	if err != nil {
+		return "", err
+	}
+	return aws.ToString(out.QueueUrl), nil
+}
+
+// registerImages registers the available images of aws.yaml in moto and maps their demo
+// IDs to moto's.
+func registerImages(ctx context.Context, c *ec2.Client, path string) (map[string]string, error) {
+	af, err := replay.LoadAWSFile(path)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]string{}
+	for _, im := range af.Images {
+		if im.State != "available" {
+			continue
+		}
+		out, err := c.RegisterImage(ctx, &ec2.RegisterImageInput{Name: aws.String(im.Name), Architecture: ec2types.ArchitectureValues(im.Architecture), RootDeviceName: aws.String("/dev/xvda")})
+		if err != nil {
+			return nil, err
+		}
+		ids[im.ID] = aws.ToString(out.ImageId)
+	}
+	return ids, nil
+}
+
+// loadCluster creates the snapshot's objects (with their status) and returns the NodeClaims.
+func loadCluster(ctx context.Context, kube client.Client, path string, images map[string]string) ([]string, error) {
+	s, err := cluster.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	objs, _, err := cluster.Load(s, f)
+	if err != nil {
+		return nil, err
+	}
+	var claims []string
+	for _, o := range objs {
+		switch obj := o.(type) {
+		case *awsv1.EC2NodeClass:
+			status := obj.Status.DeepCopy()
+			for i := range status.AMIs {
+				if id, ok := images[status.AMIs[i].ID]; ok {
+					status.AMIs[i].ID = id
+				}
+			}
+			if err := kube.Create(ctx, obj); err != nil {
+				return nil, err
+			}
+			obj.Status = *status
+			if err := kube.Status().Update(ctx, obj); err != nil {
+				return nil, err
+			}
+		case *karpv1.NodeClaim:
+			status := obj.Status.DeepCopy()
+			obj.Finalizers = []string{"karpenter.sh/termination"} // Karpenter's: the claim stays while it drains
+			if err := kube.Create(ctx, obj); err != nil {
+				return nil, err
+			}
+			obj.Status = *status
+			if err := kube.Status().Update(ctx, obj); err != nil {
+				return nil, err
+			}
+			claims = append(claims, obj.Name)
+		default:
+			if err := kube.Create(ctx, o); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return claims, nil
+}
+
+// putEvents sends each demo event through EventBridge, shifted so that its times keep
+// their distance from now; bodies that are not events go straight into the intake queue.
+func putEvents(ctx context.Context, ebc *eventbridge.Client, sqsc *sqs.Client, intakeURL, dir string) (sent, poison int, err error) {
+	shift := time.Since(demoNow)
+	files, _ := filepath.Glob(filepath.Join(dir, "*"))
+	sort.Strings(files)
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return 0, 0, err
+		}
+		var bodies []string
+		if strings.HasSuffix(file, ".jsonl") {
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				bodies = append(bodies, line)
+			}
+		} else {
+			bodies = []string{string(b)}
+		}
+		for _, body := range bodies {
+			var ev struct {
+				Source     string          `json:"source"`
+				DetailType string          `json:"detail-type"`
+				Time       string          `json:"time"`
+				Resources  json.RawMessage `json:"resources"`
+				Detail     map[string]any  `json:"detail"`
+			}
+			if json.Unmarshal([]byte(body), &ev) != nil || ev.Source == "" || ev.Source == "aws.autoscaling" {
+				if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
+					return 0, 0, err
+				}
+				poison++
+				continue
+			}
+			t, _ := time.Parse(time.RFC3339, ev.Time)
+			for _, k := range []string{"startTime", "endTime"} {
+				if v, ok := ev.Detail[k].(string); ok {
+					if ht, err := time.Parse("Mon, 2 Jan 2006 15:04:05 MST", v); err == nil {
+						ev.Detail[k] = ht.Add(shift).UTC().Format(time.RFC1123)
+					}
+				}
+			}
+			if v, ok := ev.Detail["instance-termination-time"].(string); ok {
+				if tt, err := time.Parse(time.RFC3339, v); err == nil {
+					ev.Detail["instance-termination-time"] = tt.Add(shift).UTC().Format(time.RFC3339)
+				}
+			}
+			detail, _ := json.Marshal(ev.Detail)
+			var resources []string
+			_ = json.Unmarshal(ev.Resources, &resources)
+			out, err := ebc.PutEvents(ctx, &eventbridge.PutEventsInput{Entries: []ebtypes.PutEventsRequestEntry{{
+				Source: aws.String(ev.Source), DetailType: aws.String(ev.DetailType), Detail: aws.String(string(detail)),
+				Resources: resources, Time: aws.Time(t.Add(shift)),
+			}}})
+			if err != nil || out.FailedEntryCount > 0 {
+				return 0, 0, fmt.Errorf("PutEvents %s: %v", file, err)
+			}
+			sent++
+		}
+	}
+	return sent, poison, nil
+}
+
+func startMoto(ctx context.Context) (string, func(), error) {
+	bin, err := exec.LookPath("moto_server")
+	if err != nil {
+		return "", nil, fmt.Errorf("moto_server is not on PATH (pip install 'moto[server]'): %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.CommandContext(ctx, bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port))
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	u := fmt.Sprintf("http://127.0.0.1:%d", port)
+	for i := 0; i < 300; i++ {
+		if resp, err := http.Get(u + "/moto-api/"); err == nil {
+			resp.Body.Close()
+			return u, stop, nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	stop()
+	return "", nil, fmt.Errorf("moto_server did not start")
+}
+
+func crdDir(module string) string {
+	out, _ := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
+	return filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds")
+}
+
+func repoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; dir != "/"; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("not inside the repository")
+}
