@@ -110,8 +110,9 @@ if [ -n "${SHORT:-}" ]; then
 fi
 step "go test ./lambda/... (dispatcher vs moto)" go test -p 1 -count=1 "${short[@]}" ./lambda/...
 step "go test ./test/terraform/... (consistency, moto apply)" go test -p 1 -count=1 -timeout 15m "${short[@]}" -v ./test/terraform/...
-if grep -q -- '--- SKIP' "$work/step.log" 2>/dev/null; then
-	grep -- '--- SKIP' -A1 "$work/step.log" | sed 's/^/      | /'
+if grep -q -e '--- SKIP' "$work/step.log" 2>/dev/null; then
+	skipped=$((skipped + $(grep -c -e '--- SKIP' "$work/step.log")))
+	grep -A1 -e '--- SKIP' "$work/step.log" | sed 's/^/      | /'
 fi
 # The zip must hold an executable linux/arm64 ELF named bootstrap (e_machine 183 = AArch64).
 check_zip() {
