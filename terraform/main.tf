@@ -57,6 +57,15 @@ locals {
   queue_source_arns  = local.rules_target_queue ? concat([for r in aws_cloudwatch_event_rule.this : r.arn], var.extra_source_rule_arns) : var.extra_source_rule_arns
 
   sse_sqs = var.kms_key_arn == null
+
+  # The router takes Karpenter's queue as a URL (--karpenter-queue-url), IAM as an ARN
+  # (arn:<partition>:sqs:<region>:<account>:<name>).
+  karpenter_queue_arn_parts = var.karpenter_interruption_queue_arn == null ? [] : split(":", var.karpenter_interruption_queue_arn)
+  karpenter_queue_url = var.karpenter_interruption_queue_arn == null ? null : format(
+    "https://sqs.%s.%s/%s/%s",
+    local.karpenter_queue_arn_parts[3], data.aws_partition.current.dns_suffix,
+    local.karpenter_queue_arn_parts[4], local.karpenter_queue_arn_parts[5],
+  )
 }
 
 ################################################################################

@@ -43,6 +43,21 @@ output "rule_arns" {
   value       = { for kind, r in aws_cloudwatch_event_rule.this : kind => r.arn }
 }
 
+output "router_environment" {
+  description = "The router's settings as its environment variables (each flag's HEALTH_ROUTER_* fallback), for a ConfigMap or Helm values: intake and dead-letter queue URLs, Karpenter's queue URL in forward mode, region, account, and CloudWatch metrics on with this cluster_name (the dashboard and the router-silent alarm need them)."
+  value = merge(
+    {
+      HEALTH_ROUTER_QUEUE_URL             = aws_sqs_queue.intake.url
+      HEALTH_ROUTER_DEAD_LETTER_QUEUE_URL = aws_sqs_queue.dlq.url
+      HEALTH_ROUTER_REGION                = local.region
+      HEALTH_ROUTER_ACCOUNT               = local.account_id
+      HEALTH_ROUTER_CLOUDWATCH_METRICS    = "true"
+      HEALTH_ROUTER_CLUSTER_NAME          = var.cluster_name
+    },
+    { for k, v in { HEALTH_ROUTER_KARPENTER_QUEUE_URL = local.karpenter_queue_url } : k => v if v != null },
+  )
+}
+
 output "cluster_name" {
   description = "The ClusterName dimension of the router's metrics (--cluster-name)."
   value       = var.cluster_name

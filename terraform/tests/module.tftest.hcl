@@ -6,7 +6,7 @@ mock_provider "aws" {
   override_during = plan
 
   mock_data "aws_partition" {
-    defaults = { partition = "aws" }
+    defaults = { partition = "aws", dns_suffix = "amazonaws.com" }
   }
   mock_data "aws_region" {
     defaults = { name = "eu-west-1" }
@@ -136,6 +136,17 @@ run "defaults" {
     error_message = "the dashboard must be valid JSON with 9 widgets without the dispatcher"
   }
   assert {
+    condition = output.router_environment == {
+      HEALTH_ROUTER_QUEUE_URL             = aws_sqs_queue.intake.url
+      HEALTH_ROUTER_DEAD_LETTER_QUEUE_URL = aws_sqs_queue.dlq.url
+      HEALTH_ROUTER_REGION                = "eu-west-1"
+      HEALTH_ROUTER_ACCOUNT               = "111122223333"
+      HEALTH_ROUTER_CLOUDWATCH_METRICS    = "true"
+      HEALTH_ROUTER_CLUSTER_NAME          = "prod-eu"
+    }
+    error_message = "router_environment must carry the queues and the metric settings, and no Karpenter queue unless given"
+  }
+  assert {
     condition     = aws_cloudwatch_metric_alarm.router_silent[0].treat_missing_data == "breaching" && aws_cloudwatch_metric_alarm.router_silent[0].dimensions.ClusterName == "prod-eu" && aws_cloudwatch_metric_alarm.router_silent[0].period == 900
     error_message = "router-silent must treat missing heartbeats as breaching over 15 minutes"
   }
@@ -187,6 +198,10 @@ run "irsa_kms_forward_and_karpenter_deny" {
   assert {
     condition     = jsondecode(aws_iam_policy.karpenter_deny_instance_status[0].policy).Statement[0].Effect == "Deny" && jsondecode(aws_iam_policy.karpenter_deny_instance_status[0].policy).Statement[0].Action == "ec2:DescribeInstanceStatus"
     error_message = "the Karpenter policy must deny DescribeInstanceStatus"
+  }
+  assert {
+    condition     = output.router_environment.HEALTH_ROUTER_KARPENTER_QUEUE_URL == "https://sqs.eu-west-1.amazonaws.com/111122223333/Karpenter-prod-eu"
+    error_message = "the router needs Karpenter's queue as a URL"
   }
   assert {
     condition     = aws_iam_role_policy_attachment.karpenter_deny_instance_status[0].role == "KarpenterController-prod-eu"

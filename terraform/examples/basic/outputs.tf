@@ -13,14 +13,9 @@ output "iam_role_arn" {
   value       = module.health_router.iam_role_arn
 }
 
-output "helm_values" {
-  description = "Values to give the router's chart."
-  value = {
-    queueURL     = module.health_router.queue_url
-    dlqURL       = module.health_router.dlq_url
-    clusterName  = module.health_router.cluster_name
-    forwardQueue = var.karpenter_interruption_queue_arn
-  }
+output "router_environment" {
+  description = "The router's HEALTH_ROUTER_* environment, for its ConfigMap or Helm values."
+  value       = module.health_router.router_environment
 }
 
 output "dashboard_name" {
