@@ -25,6 +25,7 @@ const usage = `usage: health-router <command> [flags]
 
 commands:
   run      consume the intake queue, decide, and signal Karpenter (in the cluster)
+  doctor   check a live setup (queues, rules, Karpenter's own handling, RBAC, feature gates)
   replay   decide recorded events against a cluster snapshot (no AWS, no cluster needed)
 
 Run "health-router <command> -h" for a command's flags. Every flag has an environment
@@ -62,6 +63,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		return runRouter(ctx, o, stderr)
+	case "doctor":
+		o, err := options.ParseDoctor(args[1:], os.Getenv)
+		if err != nil {
+			return err
+		}
+		return runDoctor(ctx, o, stdout)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -37,4 +38,20 @@ func kubeConfig(path string) (*rest.Config, error) {
 		return nil, fmt.Errorf("finding the cluster (in-cluster, or $KUBECONFIG): %w", err)
 	}
 	return cfg, nil
+}
+
+func runDoctor(ctx context.Context, o options.Doctor, stdout io.Writer) error {
+	restCfg, err := kubeConfig(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	report, err := app.Doctor(ctx, o, restCfg)
+	if err != nil {
+		return err
+	}
+	report.Print(stdout)
+	if report.Failed() {
+		return errors.New("doctor found problems (FAIL above)")
+	}
+	return nil
 }

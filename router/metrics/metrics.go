@@ -13,18 +13,24 @@ const (
 	SignalErrors         = "health_router_signal_errors_total"                 // labels: mode
 	AWSCalls             = "health_router_aws_calls_total"                     // labels: api, result
 	CheckResults         = "health_router_checks_results_total"                // labels: check, result
+
+	// Watchdog gauges: Karpenter states users otherwise find by accident.
+	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool
+	WatchdogUnavailableImage = "health_router_watchdog_unavailable_images"             // labels: nodeclass
+	WatchdogReservationDrift = "health_router_watchdog_reservation_drift_replacements" // labels: nodepool
 )
 
 // Prometheus label names.
 const (
-	LabelKind     = "kind"
-	LabelAction   = "action"
-	LabelNodePool = "nodepool"
-	LabelReason   = "reason"
-	LabelMode     = "mode"
-	LabelAPI      = "api"
-	LabelResult   = "result"
-	LabelCheck    = "check"
+	LabelKind      = "kind"
+	LabelAction    = "action"
+	LabelNodePool  = "nodepool"
+	LabelReason    = "reason"
+	LabelMode      = "mode"
+	LabelAPI       = "api"
+	LabelResult    = "result"
+	LabelCheck     = "check"
+	LabelNodeClass = "nodeclass"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the
@@ -33,12 +39,13 @@ const CloudWatchNamespace = "HealthRouter"
 
 // CloudWatch metric names. Every router metric carries the ClusterName dimension.
 const (
-	CWDecisions      = "Decisions"      // Count; dimensions: ClusterName, Kind, Action
-	CWDeferredEvents = "DeferredEvents" // Count (gauge, the latest value); dimensions: ClusterName
-	CWDeadLettered   = "DeadLettered"   // Count; dimensions: ClusterName
-	CWEventLatency   = "EventLatency"   // Milliseconds; dimensions: ClusterName
-	CWAWSCallErrors  = "AWSCallErrors"  // Count; dimensions: ClusterName, API
-	CWHeartbeat      = "Heartbeat"      // Count, 1 per publish interval; dimensions: ClusterName
+	CWDecisions      = "Decisions"        // Count; dimensions: ClusterName, Kind, Action
+	CWDeferredEvents = "DeferredEvents"   // Count (gauge, the latest value); dimensions: ClusterName
+	CWDeadLettered   = "DeadLettered"     // Count; dimensions: ClusterName
+	CWEventLatency   = "EventLatency"     // Milliseconds; dimensions: ClusterName
+	CWAWSCallErrors  = "AWSCallErrors"    // Count; dimensions: ClusterName, API
+	CWHeartbeat      = "Heartbeat"        // Count, 1 per publish interval; dimensions: ClusterName
+	CWWatchdog       = "WatchdogFindings" // Count (gauge, the latest value); dimensions: ClusterName, Finding
 
 	// Published by the dispatcher Lambda.
 	CWDispatcherRouted  = "DispatcherRouted"  // Count; dimensions: ClusterName
@@ -51,6 +58,7 @@ const (
 	DimKind        = "Kind"
 	DimAction      = "Action"
 	DimAPI         = "API"
+	DimFinding     = "Finding" // stuck-empty, unavailable-image, reservation-drift
 )
 
 // CloudWatchDimensions lists, for each CloudWatch metric, the dimension names it is
@@ -62,6 +70,7 @@ var CloudWatchDimensions = map[string][]string{
 	CWEventLatency:      {DimClusterName},
 	CWAWSCallErrors:     {DimClusterName, DimAPI},
 	CWHeartbeat:         {DimClusterName},
+	CWWatchdog:          {DimClusterName, DimFinding},
 	CWDispatcherRouted:  {DimClusterName},
 	CWDispatcherDropped: {},
 }

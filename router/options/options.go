@@ -194,3 +194,48 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	}
 	return o, nil
 }
+
+// Doctor is the configuration of `health-router doctor`.
+type Doctor struct {
+	QueueURL           string
+	DeadLetterQueueURL string
+	KarpenterQueueURL  string
+	KarpenterRoleARN   string
+	KarpenterNamespace string
+	Namespace          string
+	Region             string
+	AWSEndpointURL     string
+	Kubeconfig         string
+	Gates              featuregate.MutableFeatureGate
+}
+
+// ParseDoctor parses `health-router doctor` flags.
+func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
+	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
+	o := Doctor{Gates: checks.NewFeatureGates()}
+	fs.StringVar(&o.QueueURL, "queue-url", "", "the SQS intake queue (required)")
+	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "the dead-letter queue (required)")
+	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "Karpenter's interruption queue, to check that no rule feeds it directly")
+	fs.StringVar(&o.KarpenterRoleARN, "karpenter-role-arn", "", "Karpenter's controller role, to check it cannot call ec2:DescribeInstanceStatus (needs iam:SimulatePrincipalPolicy)")
+	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "namespace of Karpenter's Deployment, for its feature gates")
+	fs.StringVar(&o.Namespace, "namespace", "health-router", "the router's namespace, for its leader election permissions")
+	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment)")
+	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
+	gateFlag := fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
+	if err := parse(fs, args, getenv); err != nil {
+		return o, err
+	}
+	switch {
+	case o.QueueURL == "":
+		return o, fmt.Errorf("--queue-url is required")
+	case o.DeadLetterQueueURL == "":
+		return o, fmt.Errorf("--dead-letter-queue-url is required")
+	}
+	if *gateFlag != "" {
+		if err := o.Gates.Set(*gateFlag); err != nil {
+			return o, fmt.Errorf("--feature-gates: %v", err)
+		}
+	}
+	return o, nil
+}

@@ -1,0 +1,46 @@
+package app
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/doctor"
+	"github.com/health-router/health-router/router/options"
+)
+
+// Doctor checks a live setup with the caller's credentials (run it as the router).
+func Doctor(ctx context.Context, o options.Doctor, restCfg *rest.Config) (doctor.Report, error) {
+	var loaders []func(*config.LoadOptions) error
+	if o.Region != "" {
+		loaders = append(loaders, config.WithRegion(o.Region))
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx, loaders...)
+	if err != nil {
+		return nil, fmt.Errorf("loading AWS configuration: %w", err)
+	}
+	if o.AWSEndpointURL != "" {
+		awsCfg.BaseEndpoint = aws.String(o.AWSEndpointURL)
+	}
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	kube, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the cluster: %w", err)
+	}
+	d := doctor.New(sqs.NewFromConfig(awsCfg), eventbridge.NewFromConfig(awsCfg), iam.NewFromConfig(awsCfg), kube)
+	return d.Run(ctx, doctor.Config{
+		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, KarpenterQueueURL: o.KarpenterQueueURL,
+		KarpenterRoleARN: o.KarpenterRoleARN, KarpenterNamespace: o.KarpenterNamespace, Namespace: o.Namespace, Gates: o.Gates,
+	}), nil
+}

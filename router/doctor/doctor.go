@@ -1,0 +1,350 @@
+// Package doctor checks a live setup from the router's own credentials and prints a
+// checklist with fixes: the queues, the EventBridge rules, whether Karpenter can still act on
+// the same events behind the router's back, the router's RBAC, and the feature gates.
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
+	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	appsv1 "k8s.io/api/apps/v1"
+	authv1 "k8s.io/api/authorization/v1"
+	"k8s.io/component-base/featuregate"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/health-router/health-router/router/checks"
+)
+
+// Status of one check.
+type Status string
+
+const (
+	OK      Status = "ok"
+	Warn    Status = "warn"
+	Fail    Status = "FAIL"
+	Unknown Status = "?" // the check could not be made (permissions, not configured)
+)
+
+// Item is one line of the checklist.
+type Item struct {
+	Status Status
+	Check  string
+	Detail string
+	Fix    string
+}
+
+// Report is the checklist.
+type Report []Item
+
+// Failed reports whether any check failed.
+func (r Report) Failed() bool {
+	return slices.ContainsFunc(r, func(i Item) bool { return i.Status == Fail })
+}
+
+// Print writes the checklist for people.
+func (r Report) Print(w io.Writer) {
+	for _, i := range r {
+		fmt.Fprintf(w, "[%-4s] %s: %s\n", i.Status, i.Check, i.Detail)
+		if i.Fix != "" && i.Status != OK {
+			fmt.Fprintf(w, "       fix: %s\n", i.Fix)
+		}
+	}
+}
+
+type sqsAPI interface {
+	GetQueueAttributes(context.Context, *sqs.GetQueueAttributesInput, ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
+}
+
+type eventsAPI interface {
+	ListRuleNamesByTarget(context.Context, *eventbridge.ListRuleNamesByTargetInput, ...func(*eventbridge.Options)) (*eventbridge.ListRuleNamesByTargetOutput, error)
+	DescribeRule(context.Context, *eventbridge.DescribeRuleInput, ...func(*eventbridge.Options)) (*eventbridge.DescribeRuleOutput, error)
+}
+
+type iamAPI interface {
+	SimulatePrincipalPolicy(context.Context, *iam.SimulatePrincipalPolicyInput, ...func(*iam.Options)) (*iam.SimulatePrincipalPolicyOutput, error)
+}
+
+// Config is what doctor checks.
+type Config struct {
+	QueueURL, DeadLetterQueueURL, KarpenterQueueURL string
+	// KarpenterRoleARN, when set, is checked for ec2:DescribeInstanceStatus.
+	KarpenterRoleARN string
+	// KarpenterNamespace is where Karpenter's Deployment runs, for its feature gates.
+	KarpenterNamespace string
+	// Namespace is the router's, for the leader election Lease permissions.
+	Namespace string
+	Gates     featuregate.FeatureGate
+}
+
+// Doctor runs the checks.
+type Doctor struct {
+	sqs    sqsAPI
+	events eventsAPI
+	iam    iamAPI // may be nil
+	kube   client.Client
+}
+
+// New returns a Doctor.
+func New(sqsClient sqsAPI, events eventsAPI, iamClient iamAPI, kube client.Client) *Doctor {
+	return &Doctor{sqs: sqsClient, events: events, iam: iamClient, kube: kube}
+}
+
+// kinds maps each detail-type the router handles to the kind people know it by.
+var kinds = map[string]string{
+	"AWS Health Event":                                       "scheduled-change",
+	"EC2 Spot Instance Interruption Warning":                 "spot-interruption",
+	"EC2 Instance Rebalance Recommendation":                  "rebalance-recommendation",
+	"EC2 Instance State-change Notification":                 "state-change",
+	"EC2 Capacity Reservation Instance Interruption Warning": "capacity-reservation-interruption",
+	"EC2 AMI State Change":                                   "ami-state-change",
+}
+
+// Run checks everything and returns the checklist.
+func (d *Doctor) Run(ctx context.Context, c Config) Report {
+	var r Report
+	intakeARN := d.queue(ctx, &r, "intake queue", c.QueueURL, true)
+	d.queue(ctx, &r, "dead-letter queue", c.DeadLetterQueueURL, false)
+	if intakeARN != "" {
+		d.rules(ctx, &r, intakeARN)
+	}
+	if c.KarpenterQueueURL != "" {
+		if arn := d.queue(ctx, &r, "Karpenter's interruption queue", c.KarpenterQueueURL, false); arn != "" {
+			d.karpenterRules(ctx, &r, arn)
+		}
+	} else {
+		r = append(r, Item{Unknown, "Karpenter's EventBridge rules", "no --karpenter-queue-url given", "pass Karpenter's --interruption-queue URL to check that no rule feeds it directly"})
+	}
+	d.describeInstanceStatus(ctx, &r, c.KarpenterRoleARN)
+	d.rbac(ctx, &r, c.Namespace)
+	d.gates(ctx, &r, c)
+	return r
+}
+
+// queue checks a queue is reachable, encrypted, and (for the intake) keeps messages long
+// enough and redrives to a dead-letter queue. It returns the queue's ARN.
+func (d *Doctor) queue(ctx context.Context, r *Report, name, url string, intake bool) string {
+	if url == "" {
+		*r = append(*r, Item{Fail, name, "no URL given", "set the flag from the Terraform outputs"})
+		return ""
+	}
+	out, err := d.sqs.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
+	if err != nil {
+		*r = append(*r, Item{Fail, name, fmt.Sprintf("%s is not reachable: %v", url, err), "check the URL and the router role's sqs:GetQueueAttributes permission"})
+		return ""
+	}
+	a := out.Attributes
+	*r = append(*r, Item{OK, name, url + " is reachable", ""})
+	if a["SqsManagedSseEnabled"] == "true" || a["KmsMasterKeyId"] != "" {
+		*r = append(*r, Item{OK, name + " encryption", "server-side encryption on", ""})
+	} else {
+		*r = append(*r, Item{Fail, name + " encryption", "server-side encryption is off", "enable SSE-SQS or SSE-KMS (the Terraform module does)"})
+	}
+	if !intake {
+		return a["QueueArn"]
+	}
+	if secs, _ := strconv.Atoi(a["MessageRetentionPeriod"]); secs < 4*24*3600 {
+		*r = append(*r, Item{Warn, name + " retention", fmt.Sprintf("%ds: deferred events are re-sent often", secs), "set 1209600 (14 days), the SQS maximum"})
+	} else {
+		*r = append(*r, Item{OK, name + " retention", a["MessageRetentionPeriod"] + "s", ""})
+	}
+	var redrive struct {
+		DeadLetterTargetArn string `json:"deadLetterTargetArn"`
+		MaxReceiveCount     any    `json:"maxReceiveCount"`
+	}
+	if a["RedrivePolicy"] == "" || json.Unmarshal([]byte(a["RedrivePolicy"]), &redrive) != nil {
+		*r = append(*r, Item{Warn, name + " redrive", "no redrive policy: a message that crashes the router is retried forever", "add a redrive policy to the dead-letter queue with maxReceiveCount 100"})
+	} else if n, _ := strconv.Atoi(fmt.Sprint(redrive.MaxReceiveCount)); n < 50 {
+		*r = append(*r, Item{Fail, name + " redrive", fmt.Sprintf("maxReceiveCount %d: deferred events would be dead-lettered by SQS (each deferral hop is a receive; the router re-sends after 40)", n), "set maxReceiveCount to 100"})
+	} else {
+		*r = append(*r, Item{OK, name + " redrive", fmt.Sprintf("to %s after %d receives", redrive.DeadLetterTargetArn, n), ""})
+	}
+	return a["QueueArn"]
+}
+
+// rules checks that enabled EventBridge rules feed the intake queue with every kind.
+func (d *Doctor) rules(ctx context.Context, r *Report, queueARN string) {
+	names, err := d.ruleNames(ctx, queueARN)
+	if err != nil {
+		*r = append(*r, Item{Unknown, "EventBridge rules", fmt.Sprintf("cannot list rules: %v", err), "grant the router role events:ListRuleNamesByTarget and events:DescribeRule (read-only)"})
+		return
+	}
+	covered := map[string]bool{}
+	for _, n := range names {
+		rule, err := d.events.DescribeRule(ctx, &eventbridge.DescribeRuleInput{Name: aws.String(n)})
+		if err != nil {
+			*r = append(*r, Item{Unknown, "EventBridge rule " + n, err.Error(), ""})
+			continue
+		}
+		if rule.State != "ENABLED" {
+			*r = append(*r, Item{Fail, "EventBridge rule " + n, "targets the intake queue but is " + string(rule.State), "enable it"})
+			continue
+		}
+		for _, dt := range detailTypes(aws.ToString(rule.EventPattern)) {
+			if k, ok := kinds[dt]; ok {
+				covered[k] = true
+			}
+		}
+	}
+	var missing []string
+	for _, k := range kinds {
+		if !covered[k] {
+			missing = append(missing, k)
+		}
+	}
+	slices.Sort(missing)
+	if len(missing) == 0 {
+		*r = append(*r, Item{OK, "EventBridge rules", fmt.Sprintf("%d enabled rules feed the intake queue with every kind", len(names)), ""})
+	} else {
+		*r = append(*r, Item{Warn, "EventBridge rules", "no enabled rule feeds the intake queue with " + strings.Join(missing, ", "), "enable the kinds in the Terraform module's rules variable"})
+	}
+}
+
+// karpenterRules warns when EventBridge rules still feed Karpenter's queue directly: Karpenter
+// would then act on events the router defers or ignores.
+func (d *Doctor) karpenterRules(ctx context.Context, r *Report, queueARN string) {
+	names, err := d.ruleNames(ctx, queueARN)
+	if err != nil {
+		*r = append(*r, Item{Unknown, "Karpenter's EventBridge rules", fmt.Sprintf("cannot list rules: %v", err), "grant events:ListRuleNamesByTarget"})
+		return
+	}
+	if len(names) == 0 {
+		*r = append(*r, Item{OK, "Karpenter's EventBridge rules", "no rule feeds Karpenter's queue directly: only the router does", ""})
+		return
+	}
+	*r = append(*r, Item{Fail, "Karpenter's EventBridge rules", "rules still feed Karpenter's queue directly, so Karpenter acts on events behind the router's back: " + strings.Join(names, ", "),
+		"delete those rules, or re-point them at the router's intake queue (terraform/README.md, Karpenter side)"})
+}
+
+func (d *Doctor) ruleNames(ctx context.Context, arn string) ([]string, error) {
+	var names []string
+	p := eventbridge.ListRuleNamesByTargetInput{TargetArn: aws.String(arn)}
+	for {
+		out, err := d.events.ListRuleNamesByTarget(ctx, &p)
+		if err != nil {
+			return nil, err
+		}
+		names = append(names, out.RuleNames...)
+		if aws.ToString(out.NextToken) == "" {
+			return names, nil
+		}
+		p.NextToken = out.NextToken
+	}
+}
+
+// describeInstanceStatus warns when Karpenter's role may still poll scheduled events.
+func (d *Doctor) describeInstanceStatus(ctx context.Context, r *Report, roleARN string) {
+	const check = "Karpenter's ec2:DescribeInstanceStatus"
+	if roleARN == "" || d.iam == nil {
+		*r = append(*r, Item{Unknown, check, "no --karpenter-role-arn given", "Karpenter v1.12+ polls scheduled events with DescribeInstanceStatus; deny it to its controller role (terraform: create_karpenter_deny_policy)"})
+		return
+	}
+	out, err := d.iam.SimulatePrincipalPolicy(ctx, &iam.SimulatePrincipalPolicyInput{PolicySourceArn: aws.String(roleARN), ActionNames: []string{"ec2:DescribeInstanceStatus"}})
+	if err != nil {
+		*r = append(*r, Item{Unknown, check, fmt.Sprintf("cannot simulate %s: %v", roleARN, err), "run doctor with credentials allowed iam:SimulatePrincipalPolicy"})
+		return
+	}
+	for _, res := range out.EvaluationResults {
+		if res.EvalDecision == iamtypes.PolicyEvaluationDecisionTypeAllowed {
+			*r = append(*r, Item{Fail, check, roleARN + " may call it: Karpenter acts on scheduled events by itself, whatever the router decides", "attach the deny policy (terraform: create_karpenter_deny_policy)"})
+			return
+		}
+	}
+	*r = append(*r, Item{OK, check, "denied to " + roleARN, ""})
+}
+
+// rbacNeeds are the verbs the router uses, as in deploy/rbac.yaml.
+var rbacNeeds = []authv1.ResourceAttributes{
+	{Verb: "list", Resource: "nodes"}, {Verb: "watch", Resource: "nodes"},
+	{Verb: "list", Group: "karpenter.sh", Resource: "nodeclaims"}, {Verb: "watch", Group: "karpenter.sh", Resource: "nodeclaims"},
+	{Verb: "get", Group: "karpenter.sh", Resource: "nodeclaims"}, {Verb: "patch", Group: "karpenter.sh", Resource: "nodeclaims"},
+	{Verb: "delete", Group: "karpenter.sh", Resource: "nodeclaims"},
+	{Verb: "list", Group: "karpenter.sh", Resource: "nodepools"}, {Verb: "watch", Group: "karpenter.sh", Resource: "nodepools"},
+	{Verb: "list", Group: "karpenter.k8s.aws", Resource: "ec2nodeclasses"}, {Verb: "watch", Group: "karpenter.k8s.aws", Resource: "ec2nodeclasses"},
+	{Verb: "create", Group: "events.k8s.io", Resource: "events"},
+}
+
+// rbac asks the API server, as the router, whether it may do what it does.
+func (d *Doctor) rbac(ctx context.Context, r *Report, namespace string) {
+	needs := slices.Clone(rbacNeeds)
+	if namespace != "" {
+		needs = append(needs, authv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: namespace})
+	}
+	var missing []string
+	for _, n := range needs {
+		ra := n
+		ssar := &authv1.SelfSubjectAccessReview{Spec: authv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &ra}}
+		if err := d.kube.Create(ctx, ssar); err != nil {
+			*r = append(*r, Item{Unknown, "RBAC", fmt.Sprintf("cannot review access: %v", err), ""})
+			return
+		}
+		if !ssar.Status.Allowed {
+			missing = append(missing, fmt.Sprintf("%s %s", n.Verb, qualified(n)))
+		}
+	}
+	if len(missing) > 0 {
+		*r = append(*r, Item{Fail, "RBAC", "the router may not " + strings.Join(missing, ", "), "apply deploy/rbac.yaml"})
+		return
+	}
+	*r = append(*r, Item{OK, "RBAC", fmt.Sprintf("all %d permissions the router uses are granted", len(needs)), ""})
+}
+
+func qualified(a authv1.ResourceAttributes) string {
+	if a.Group == "" {
+		return a.Resource
+	}
+	return a.Resource + "." + a.Group
+}
+
+// gates compares the router's ReservedCapacity gate with Karpenter's (its FEATURE_GATES env).
+func (d *Doctor) gates(ctx context.Context, r *Report, c Config) {
+	const check = "feature gate ReservedCapacity"
+	mine := c.Gates.Enabled(checks.ReservedCapacity)
+	var deps appsv1.DeploymentList
+	if err := d.kube.List(ctx, &deps, client.InNamespace(c.KarpenterNamespace), client.MatchingLabels{"app.kubernetes.io/name": "karpenter"}); err != nil {
+		*r = append(*r, Item{Unknown, check, fmt.Sprintf("cannot read Karpenter's Deployment in %s: %v", c.KarpenterNamespace, err), "compare --feature-gates with Karpenter's settings.featureGates by hand"})
+		return
+	}
+	if len(deps.Items) == 0 {
+		*r = append(*r, Item{Unknown, check, "no Deployment labelled app.kubernetes.io/name=karpenter in " + c.KarpenterNamespace, "pass --karpenter-namespace"})
+		return
+	}
+	theirs := true // Karpenter's default
+	for _, ctr := range deps.Items[0].Spec.Template.Spec.Containers {
+		for _, e := range ctr.Env {
+			if e.Name == "FEATURE_GATES" {
+				for _, kv := range strings.Split(e.Value, ",") {
+					if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && k == string(checks.ReservedCapacity) {
+						theirs, _ = strconv.ParseBool(v)
+					}
+				}
+			}
+		}
+	}
+	if mine != theirs {
+		*r = append(*r, Item{Fail, check, fmt.Sprintf("router %v, Karpenter %v", mine, theirs), fmt.Sprintf("run the router with --feature-gates ReservedCapacity=%v", theirs)})
+		return
+	}
+	*r = append(*r, Item{OK, check, fmt.Sprintf("%v, as Karpenter's", mine), ""})
+}
+
+// detailTypes reads the detail-type list of an EventBridge pattern.
+func detailTypes(pattern string) []string {
+	var p struct {
+		DetailType []string `json:"detail-type"`
+	}
+	if err := json.Unmarshal([]byte(pattern), &p); err != nil {
+		return nil
+	}
+	return p.DetailType
+}
