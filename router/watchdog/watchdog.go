@@ -303,7 +303,7 @@ func (w *Watchdog) announce(f Findings, pools *karpv1.NodePoolList, classes *aws
 		if w.announced[key] == fingerprint || obj == nil {
 			return
 		}
-		w.recorder.Eventf(obj, nil, corev1.EventTypeWarning, reason, eventAction, format, args...)
+		w.recorder.Eventf(obj, nil, corev1.EventTypeWarning, reason, eventAction, "%s", truncate(fmt.Sprintf(format, args...)))
 	}
 	for _, s := range f.StuckEmpty {
 		post(FindingStuckEmpty+"/"+s.NodePool, strings.Join(s.NodeClaims, ","), findPool(pools, s.NodePool), ReasonStuckEmpty,
@@ -352,9 +352,19 @@ func findClass(classes *awsv1.EC2NodeClassList, name string) runtime.Object {
 	return nil
 }
 
-// maxListed is how many names an Event message lists before "and N more": Event notes are
-// capped at 1 kB.
+// maxListed is how many names an Event message lists before "and N more".
 const maxListed = 10
+
+// maxNote is the longest Event note the API server accepts (events.k8s.io/v1): a longer
+// one is rejected and the Event lost, so it is cut.
+const maxNote = 1024
+
+func truncate(note string) string {
+	if len(note) <= maxNote {
+		return note
+	}
+	return strings.ToValidUTF8(note[:maxNote-3], "") + "..."
+}
 
 func abbreviate(names []string) string {
 	if len(names) <= maxListed {

@@ -683,3 +683,31 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition not met within 5s")
 }
+
+// TestEventNoteBounded cuts an Event note to the 1 kB the API server accepts, listing the
+// first images and how many more.
+func TestEventNoteBounded(t *testing.T) {
+	var ids []string
+	states := map[string]ec2types.ImageState{}
+	for i := range 30 {
+		id := fmt.Sprintf("ami-%017d", i)
+		ids = append(ids, id)
+		states[id] = ec2types.ImageStateDeregistered
+	}
+	nc := nodeClass("general", ids...)
+	for i := range nc.Status.AMIs {
+		nc.Status.AMIs[i].Name = strings.Repeat("bottlerocket-aws-k8s-1.37-nvidia-x86_64-", 2)
+	}
+	r := newRig(t, rigOpts{objs: []client.Object{nc}, ec2: states})
+	if f := r.scan(); f.Counts()[watchdog.FindingUnavailableImage] != 30 {
+		t.Fatalf("counts = %v", f.Counts())
+	}
+	ev := r.events()
+	if len(ev) != 1 {
+		t.Fatalf("events = %q", ev)
+	}
+	note := strings.TrimPrefix(ev[0], "Warning "+watchdog.ReasonImageUnavailable+" ")
+	if len(note) > 1024 || !strings.HasSuffix(note, "...") || !strings.HasPrefix(note, "status.amis names 30 image(s)") || !strings.Contains(note, ids[0]+" (") {
+		t.Errorf("note (%d bytes) = %q", len(note), note)
+	}
+}
