@@ -8,10 +8,16 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 )
 
-// ConditionEmpty is the NodeClaim condition Karpenter sets on a node with no workload pods
-// (ConditionTypeEmpty of the v1beta1 API that Karpenter v0.37 served). Karpenter's v1 API
-// module (sigs.k8s.io/karpenter v1.15.0 here) declares no such constant, so it is spelled
-// out: the v0.37.0 bug left NodeClaims with Empty=True that were never removed.
+// ConditionEmpty is the NodeClaim condition Karpenter v0.3x set on a node with no workload
+// pods (ConditionTypeEmpty of its v1beta1 API; its LastTransitionTime is when the node became
+// empty). The v0.37.0 bug left NodeClaims with Empty=True that were never removed.
+//
+// Karpenter's v1 API module (sigs.k8s.io/karpenter v1.15.0 here) declares no such constant:
+// Karpenter v1 no longer writes Empty (it writes Consolidatable, which in a WhenEmpty pool
+// does not mean empty). The condition is spelled out, and this detector finds NodeClaims only
+// where a pre-v1 controller still writes Empty and the router reads the NodeClaims through
+// the v1 API (during a v1 migration). A v1 equivalent would need the pods of each node,
+// which the router does not watch.
 const ConditionEmpty = "Empty"
 
 // stuckEmpty returns the NodePools it checked (WhenEmpty, with a finite consolidateAfter,
