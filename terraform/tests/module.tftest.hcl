@@ -132,8 +132,8 @@ run "defaults" {
 
   # Dashboard JSON parses and has the base widgets only; three alarms.
   assert {
-    condition     = length(jsondecode(aws_cloudwatch_dashboard.this[0].dashboard_body).widgets) == 9
-    error_message = "the dashboard must be valid JSON with 9 widgets without the dispatcher"
+    condition     = length(jsondecode(aws_cloudwatch_dashboard.this[0].dashboard_body).widgets) == 10
+    error_message = "the dashboard must be valid JSON with 10 widgets without the dispatcher"
   }
   assert {
     condition = output.router_environment == {
@@ -257,8 +257,8 @@ run "dispatcher" {
     error_message = "the Lambda must be allowed to send to the other clusters' queues"
   }
   assert {
-    condition     = length(jsondecode(aws_cloudwatch_dashboard.this[0].dashboard_body).widgets) == 13
-    error_message = "the dashboard with the dispatcher must be valid JSON with 13 widgets"
+    condition     = length(jsondecode(aws_cloudwatch_dashboard.this[0].dashboard_body).widgets) == 14
+    error_message = "the dashboard with the dispatcher must be valid JSON with 14 widgets"
   }
   assert {
     condition     = length(aws_lambda_permission.dispatcher) == 6 && alltrue([for k, p in aws_lambda_permission.dispatcher : p.source_arn == aws_cloudwatch_event_rule.this[k].arn])

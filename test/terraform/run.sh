@@ -31,7 +31,9 @@ step() {
 		failed=$((failed + 1))
 		failures+=("$name")
 		printf 'FAIL  %-50s %4ss\n' "$name" $((SECONDS - start))
-		sed 's/^/      | /' "$work/step.log" | tail -n 80
+		# Failures first (verbose go test output would bury them), then the end of the log.
+		grep -E -e '--- FAIL|_test\.go:[0-9]+:|^Error|^FAIL' "$work/step.log" | head -n 60 | sed 's/^/      ! /'
+		sed 's/^/      | /' "$work/step.log" | tail -n 40
 	fi
 }
 
