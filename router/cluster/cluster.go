@@ -115,7 +115,9 @@ type Model struct {
 // New returns a Model that reads through r, which must have Indexes registered.
 func New(r client.Reader) *Model { return &Model{reader: r} }
 
-// Resolved is everything the cluster knows about one instance; any part may be nil.
+// Resolved is everything the cluster knows about one instance; any part may be nil. The
+// objects are the reader's own (read without a deep copy, which dominated the cost of a
+// decision): read them, never change them; DeepCopy first.
 type Resolved struct {
 	InstanceID string
 	Node       *corev1.Node
@@ -142,14 +144,14 @@ func (r Resolved) PoolName() string {
 func (m *Model) Resolve(ctx context.Context, instanceID string) (Resolved, error) {
 	res := Resolved{InstanceID: instanceID}
 	var nodes corev1.NodeList
-	if err := m.reader.List(ctx, &nodes, client.MatchingFields{IndexInstanceID: instanceID}); err != nil {
+	if err := m.reader.List(ctx, &nodes, client.MatchingFields{IndexInstanceID: instanceID}, client.UnsafeDisableDeepCopy); err != nil {
 		return res, fmt.Errorf("listing nodes of instance %s: %w", instanceID, err)
 	}
 	if len(nodes.Items) > 0 {
 		res.Node = &nodes.Items[0]
 	}
 	var claims karpv1.NodeClaimList
-	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexInstanceID: instanceID}); err != nil {
+	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexInstanceID: instanceID}, client.UnsafeDisableDeepCopy); err != nil {
 		return res, fmt.Errorf("listing nodeclaims of instance %s: %w", instanceID, err)
 	}
 	if len(claims.Items) > 0 {
@@ -176,7 +178,7 @@ func (m *Model) Resolve(ctx context.Context, instanceID string) (Resolved, error
 
 // get reads a cluster-scoped object; a missing object leaves obj empty without error.
 func (m *Model) get(ctx context.Context, name string, obj client.Object) error {
-	err := m.reader.Get(ctx, client.ObjectKey{Name: name}, obj)
+	err := m.reader.Get(ctx, client.ObjectKey{Name: name}, obj, client.UnsafeDisableDeepCopy)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -190,7 +192,7 @@ func (m *Model) get(ctx context.Context, name string, obj client.Object) error {
 // by the router and not yet gone.
 func (m *Model) PoolState(ctx context.Context, pool string) (nodes, inFlight int, err error) {
 	var claims karpv1.NodeClaimList
-	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexNodePool: pool}); err != nil {
+	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexNodePool: pool}, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, 0, fmt.Errorf("listing nodeclaims of nodepool %s: %w", pool, err)
 	}
 	for i := range claims.Items {

@@ -68,11 +68,15 @@ func TestResolveSnapshot(t *testing.T) {
 	if res.NodeClass == nil || res.NodeClass.Name != "kafka" || len(res.NodeClass.Status.AMIs) != 1 {
 		t.Fatalf("nodeclass: %+v", res.NodeClass)
 	}
-	// Reads are copies: changing one does not change the snapshot.
-	res.Node.Labels["x"] = "y"
+	// Plain reads are copies: changing one does not change the snapshot.
+	node := &corev1.Node{}
+	if err := m.reader.Get(ctx, client.ObjectKey{Name: res.Node.Name}, node); err != nil {
+		t.Fatal(err)
+	}
+	node.Labels["x"] = "y"
 	again, _ := m.Resolve(ctx, "i-0fedcba9876543210")
 	if again.Node.Labels["x"] != "" {
-		t.Error("snapshot handed out its own object")
+		t.Error("snapshot handed out its own object to a plain Get")
 	}
 
 	missing, err := m.Resolve(ctx, "i-0999888777666555a")

@@ -64,8 +64,9 @@ func NewSnapshot(scheme *runtime.Scheme, objs ...client.Object) (*Snapshot, erro
 	return s, nil
 }
 
-// Get implements client.Reader.
-func (s *Snapshot) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+// Get implements client.Reader. Like the live cache, it hands out copies unless asked
+// not to with client.UnsafeDisableDeepCopy.
+func (s *Snapshot) Get(_ context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 	gvk, err := apiutil.GVKForObject(obj, s.scheme)
 	if err != nil {
 		return err
@@ -82,7 +83,11 @@ func (s *Snapshot) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 	if !ok {
 		return apierrors.NewNotFound(schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind)}, key.Name)
 	}
-	reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(found.(runtime.Object).DeepCopyObject()).Elem())
+	src := found.(runtime.Object)
+	if go_ := (&client.GetOptions{}).ApplyOptions(opts); go_.UnsafeDisableDeepCopy == nil || !*go_.UnsafeDisableDeepCopy {
+		src = src.DeepCopyObject()
+	}
+	reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(src).Elem())
 	return nil
 }
 
@@ -118,7 +123,11 @@ func (s *Snapshot) List(_ context.Context, list client.ObjectList, opts ...clien
 		if lo.Namespace != "" && o.GetNamespace() != lo.Namespace {
 			continue
 		}
-		objs = append(objs, o.DeepCopyObject())
+		if lo.UnsafeDisableDeepCopy != nil && *lo.UnsafeDisableDeepCopy {
+			objs = append(objs, o)
+		} else {
+			objs = append(objs, o.DeepCopyObject())
+		}
 	}
 	return meta.SetList(list, objs)
 }

@@ -79,15 +79,17 @@ func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]O
 		} else {
 			tg.Policy = policy.FromAnnotations(nil)
 		}
-		// Pool state costs a list of the pool's NodeClaims: read it only for pools that pace.
-		if tg.NodePool != "" && tg.Found && tg.Policy.MaxConcurrentDrains != nil {
+		d := policy.Decide(ev, tg, now)
+		// Pool state costs a list of the pool's NodeClaims: read it only when pacing can
+		// hold this decision (a non-urgent drain in a pool that paces), then decide again.
+		if d.Action == policy.ActionDrain && !ev.Urgent() && tg.Policy.MaxConcurrentDrains != nil && tg.NodePool != "" {
 			nodes, inFlight, err := e.model.PoolState(ctx, tg.NodePool)
 			if err != nil {
 				return nil, err
 			}
 			tg.PoolNodes, tg.DrainsInFlight = nodes, inFlight+decided[tg.NodePool]+e.pending[tg.NodePool]
+			d = policy.Decide(ev, tg, now)
 		}
-		d := policy.Decide(ev, tg, now)
 		if d.Action == policy.ActionDrain && e.checker != nil {
 			d = policy.ApplyChecks(d, ev, tg.Policy, e.checker.Run(ctx, res), now)
 		}

@@ -28,9 +28,10 @@ import (
 )
 
 const (
-	// maxVisibility is SQS's limit on a message's visibility timeout: a longer deferral is
-	// taken in steps of at most this.
-	maxVisibility = 12 * time.Hour
+	// maxVisibility is the longest a deferred message is hidden at a time. SQS allows 12
+	// hours counted from the receive, so the step leaves room for the time the message was
+	// worked on (bounded by the handle timeout); a longer deferral takes several steps.
+	maxVisibility = 12*time.Hour - 10*time.Minute
 	// retentionMargin is how long before SQS would expire a deferred message that the router
 	// re-sends it as a new message.
 	retentionMargin = time.Hour

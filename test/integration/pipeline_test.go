@@ -439,6 +439,24 @@ func TestPipeline(t *testing.T) {
 		}
 		s.eventually("intake queue empty", 30*time.Second, func() bool { v, f := s.queueCounts(s.intakeURL); return v == 0 && f == 0 })
 	})
+
+	t.Run("a deferral of days is held in 12-hour steps", func(t *testing.T) {
+		s.t = t // last: its message stays in the queue for days
+		s.pool("ledger", map[string]string{"healthrouter.io/action": "defer"})
+		claim := s.node("ledger", "i-0a1b2c3d4e5f60007")
+		s.router(signal.ModeDeleteNodeClaim)
+		// Retirement in ten days: deferred until deadline - drain-lead. SQS hides a message
+		// 12 hours at most from its receive, so the router must ask for less than that.
+		s.put("aws.health", "AWS Health Event", health("AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", time.Now().Add(240*time.Hour), "upcoming", "arn:aws:health:eu-west-1::event/EC2/RET/7", "i-0a1b2c3d4e5f60007"), "i-0a1b2c3d4e5f60007")
+		s.eventually("deferral recorded", 30*time.Second, func() bool { return len(signal.Deferrals(s.claim(claim))) == 1 })
+		time.Sleep(12 * time.Second) // past the 10 s receive visibility: a refused change would show the message again
+		if v, f := s.queueCounts(s.intakeURL); v != 0 || f != 1 {
+			t.Errorf("the deferred message is not held: %d visible, %d in flight", v, f)
+		}
+		if !s.claim(claim).DeletionTimestamp.IsZero() {
+			t.Error("drained ten days early")
+		}
+	})
 }
 
 // TestKubernetesOutage: with the kube-apiserver unreachable, a drain cannot be carried
