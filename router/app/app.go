@@ -38,6 +38,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/watchdog"
 )
 
 // Run runs the router against the cluster at restCfg until ctx is done. Metrics are
@@ -97,7 +98,11 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		return err
 	}
 	checker := checks.NewChecker(checks.NewAMI(ec2Client, clk), checks.NewReservations(ec2Client, clk), o.Gates)
-	eng := engine.New(cluster.New(mgr.GetClient()), checker)
+	wd := watchdog.New(mgr.GetCache(), ec2Client, mgr.GetEventRecorder("health-router"), o.Gates, clk, reg, watchdog.Options{Log: log})
+	if err := mgr.Add(wd); err != nil { // leader only; scans after the cache syncs
+		return err
+	}
+	eng := engine.New(cluster.New(mgr.GetClient()), checker, engine.WithImageListener(wd.InvalidateImage))
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
 	deferred := deferredCount(ctx, mgr.GetClient())
 	m := metrics.NewRouter(reg, deferred)
@@ -111,6 +116,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 				defer t.Stop()
 				for {
 					publisher.SetDeferred(int(deferred()))
+					publisher.SetWatchdog(wd.Findings().Counts())
 					select {
 					case <-ctx.Done():
 						return

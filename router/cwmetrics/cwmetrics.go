@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -58,7 +59,7 @@ const (
 // series names one CloudWatch series: a metric and the values of its dimensions after
 // ClusterName (empty for dimensions the metric does not have).
 type series struct {
-	metric, kind, action, api string
+	metric, kind, action, api, finding string
 }
 
 // stat aggregates the values added to a series in an interval. Counters use only sum.
@@ -93,6 +94,7 @@ type Publisher struct {
 	pending     map[series]stat
 	deferred    int
 	deferredSet bool
+	watchdog    map[string]int
 	dropped     int // series dropped at maxPendingSeries since the last flush
 }
 
@@ -141,6 +143,18 @@ func (p *Publisher) SetDeferred(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.deferred, p.deferredSet = max(n, 0), true
+}
+
+// SetWatchdog sets the latest count of each watchdog finding (stuck-empty,
+// unavailable-image, reservation-drift); they are published at every flush as
+// WatchdogFindings{Finding}.
+func (p *Publisher) SetWatchdog(counts map[string]int) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.watchdog = maps.Clone(counts)
 }
 
 func (p *Publisher) add(s series, v stat) {
@@ -214,6 +228,7 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	pending := p.pending
 	p.pending = make(map[series]stat, len(pending))
 	deferred, deferredSet := p.deferred, p.deferredSet
+	watchdog := p.watchdog
 	dropped := p.dropped
 	p.dropped = 0
 	p.mu.Unlock()
@@ -226,6 +241,9 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	entries = append(entries, p.entry(series{metric: metrics.CWHeartbeat}, one(1), now, false))
 	if deferredSet {
 		entries = append(entries, p.entry(series{metric: metrics.CWDeferredEvents}, one(float64(deferred)), now, false))
+	}
+	for _, f := range slices.Sorted(maps.Keys(watchdog)) {
+		entries = append(entries, p.entry(series{metric: metrics.CWWatchdog, finding: f}, one(float64(watchdog[f])), now, false))
 	}
 	keys := make([]series, 0, len(pending))
 	for s := range pending {
@@ -306,13 +324,15 @@ func (p *Publisher) dimension(s series, name string) string {
 		return s.action
 	case metrics.DimAPI:
 		return s.api
+	case metrics.DimFinding:
+		return s.finding
 	}
 	return emptyDimensionValue
 }
 
 // compareSeries orders series, so that datums go out in a stable order.
 func compareSeries(a, b series) int {
-	return cmp.Or(cmp.Compare(a.metric, b.metric), cmp.Compare(a.kind, b.kind), cmp.Compare(a.action, b.action), cmp.Compare(a.api, b.api))
+	return cmp.Or(cmp.Compare(a.metric, b.metric), cmp.Compare(a.kind, b.kind), cmp.Compare(a.action, b.action), cmp.Compare(a.api, b.api), cmp.Compare(a.finding, b.finding))
 }
 
 // dimensionValue makes v acceptable to CloudWatch as a dimension value: not empty, at most

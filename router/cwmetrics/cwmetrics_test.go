@@ -487,3 +487,27 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func TestWatchdogFindings(t *testing.T) {
+	api := &fakeCloudWatch{}
+	p, _, _ := newPublisher(api)
+	counts := map[string]int{"stuck-empty": 2, "unavailable-image": 0, "reservation-drift": 5}
+	p.SetWatchdog(counts)
+	counts["stuck-empty"] = 99 // the publisher keeps its own copy
+	if err := p.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	data := byKey(t, api.call(t, 1))
+	for k, want := range map[string]float64{"WatchdogFindings prod-eu/stuck-empty": 2, "WatchdogFindings prod-eu/unavailable-image": 0, "WatchdogFindings prod-eu/reservation-drift": 5} {
+		if got := value(t, data, k); got != want {
+			t.Errorf("%s = %v, want %v", k, got, want)
+		}
+	}
+	// The latest value is sent again at the next flush, as a gauge.
+	if err := p.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, byKey(t, api.call(t, 2)), "WatchdogFindings prod-eu/reservation-drift"); got != 5 {
+		t.Errorf("second flush: %v", got)
+	}
+}

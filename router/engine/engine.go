@@ -21,6 +21,8 @@ type Engine struct {
 	// pending counts drains decided by this engine that the cluster does not show yet,
 	// per NodePool; nil unless tracking is on.
 	pending map[string]int
+	// imageListeners are told of every EC2 AMI State Change, to drop what they cached.
+	imageListeners []func(id string)
 }
 
 // Option configures an Engine.
@@ -29,6 +31,12 @@ type Option func(*Engine)
 // WithDrainTracking makes the engine count the drains it decides towards each pool's
 // drains in flight, for a replay where nothing is signalled to the cluster.
 func WithDrainTracking() Option { return func(e *Engine) { e.pending = map[string]int{} } }
+
+// WithImageListener registers f to be told the image of every EC2 AMI State Change event
+// (the watchdog drops its cached state of that image).
+func WithImageListener(f func(id string)) Option {
+	return func(e *Engine) { e.imageListeners = append(e.imageListeners, f) }
+}
 
 // New returns an Engine; checker may be nil to run no pre-signal checks.
 func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine {
@@ -54,6 +62,9 @@ func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]O
 	if ev.Kind == event.KindAMIStateChange {
 		if e.checker != nil {
 			e.checker.InvalidateImage(ev.Image.ID)
+		}
+		for _, f := range e.imageListeners {
+			f(ev.Image.ID)
 		}
 		return []Outcome{{Decision: policy.Decision{
 			EventID: ev.ID, Kind: ev.Kind, Action: policy.ActionIgnore,
