@@ -18,8 +18,12 @@ demo: ## the live router on local stand-ins (moto_server, envtest kube-apiserver
 replay: build ## the what-if tool on the demo scenario (test/demo): no servers at all
 	$(BIN) replay --cluster test/demo/cluster.yaml --events test/demo/events --aws test/demo/aws.yaml --now $(DEMO_NOW)
 
-test: lint ## everything CI runs: lint, unit and integration tests (moto, envtest), Terraform
-	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) $(GO) test -p 1 -count=1 ./...
+# The Terraform suite (test/tools/terraform-tests.sh) runs the Lambda's and test/terraform's Go
+# tests itself, so the package list here leaves them out rather than run them twice.
+GO_PACKAGES = $$($(GO) list ./... | grep -v -e /test/terraform -e /lambda/)
+
+test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest), Terraform
+	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
 	test/tools/terraform-tests.sh
 
 unit: ## unit tests only (no moto, no envtest)
@@ -32,8 +36,9 @@ lint: ## gofmt and go vet
 fuzz: ## fuzz the event parser for a minute (corpus in router/event/testdata/fuzz)
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./router/event
 
-bench: ## benchmarks (decisions per second, allocations per event)
+bench: ## benchmarks and the load harness (one table; needs moto_server for the end-to-end rows)
 	$(GO) test -run '^$$' -bench . -benchmem ./router/...
+	$(GO) run ./test/bench $(BENCH_FLAGS)
 
 clean: ## remove build output
 	rm -rf bin
