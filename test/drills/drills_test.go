@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -29,7 +30,6 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
-	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -79,6 +79,7 @@ type drill struct {
 	t                          *testing.T
 	ctx                        context.Context
 	moto                       string
+	restCfg                    *rest.Config
 	kubeconfig                 string
 	kube                       client.Client
 	sqs                        *sqs.Client
@@ -92,6 +93,7 @@ func newDrill(t *testing.T) *drill {
 	d := &drill{t: t, ctx: context.Background()}
 	d.moto = harness.Moto(t)
 	cfg := harness.KubeAPIServer(t)
+	d.restCfg = cfg
 	d.kubeconfig = kubeconfig(t, cfg)
 	scheme, err := cluster.NewScheme()
 	if err != nil {
@@ -102,6 +104,20 @@ func newDrill(t *testing.T) *drill {
 	}
 	d.sqs = sqs.NewFromConfig(harness.AWSConfig(nil), func(o *sqs.Options) { o.BaseEndpoint = aws.String(d.moto) })
 	d.intakeURL, d.dlqURL, d.karpURL = d.queue("intake"), d.queue("dlq"), d.queue("karpenter")
+	// The EC2NodeClass the pool's nodes use, with the image the AMI check looks up (the image
+	// is not in EC2: drains of non-urgent events wait, urgent ones go ahead with a warning).
+	nodeClass := &awsv1.EC2NodeClass{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: awsv1.EC2NodeClassSpec{
+		Role: "KarpenterNodeRole-drill", AMISelectorTerms: []awsv1.AMISelectorTerm{{Alias: "al2023@latest"}},
+		SubnetSelectorTerms:        []awsv1.SubnetSelectorTerm{{Tags: map[string]string{"karpenter.sh/discovery": "drill"}}},
+		SecurityGroupSelectorTerms: []awsv1.SecurityGroupSelectorTerm{{Tags: map[string]string{"karpenter.sh/discovery": "drill"}}},
+	}}
+	if err := d.kube.Create(d.ctx, nodeClass); err != nil {
+		t.Fatal(err)
+	}
+	nodeClass.Status.AMIs = []awsv1.AMI{{ID: "ami-0c55b159cbfafe1f0", Requirements: []corev1.NodeSelectorRequirement{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}}}}
+	if err := d.kube.Status().Update(d.ctx, nodeClass); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.kube.Create(d.ctx, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "burst"}, Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
 		NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
 		Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}},
@@ -125,7 +141,7 @@ func instance(i int) string { return fmt.Sprintf("i-0d1e2f3a4b5c%05x", i) }
 func (d *drill) nodes(n int) {
 	for i := 0; i < n; i++ {
 		nc := &karpv1.NodeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("burst-%04d", i), Labels: map[string]string{karpv1.NodePoolLabelKey: "burst"}, Finalizers: []string{"karpenter.sh/termination"}},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("burst-%04d", i), Labels: map[string]string{karpv1.NodePoolLabelKey: "burst", corev1.LabelArchStable: "amd64"}, Finalizers: []string{"karpenter.sh/termination"}},
 			Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
 				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.NodePoolLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"burst"}}}},
 		}
@@ -187,6 +203,35 @@ func (d *drill) router(extraEnv ...string) *exec.Cmd {
 	}
 	d.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); log.Close(); d.dumpErrors(log.Name()) })
 	return cmd
+}
+
+// supervised runs the router as the Deployment's kubelet would: started again whenever it
+// exits (a leader that cannot renew its Lease during an API outage exits on purpose). It
+// returns a function that reports how many times it was restarted.
+func (d *drill) supervised(extraEnv ...string) func() int {
+	d.t.Helper()
+	var mu sync.Mutex
+	restarts := 0
+	stop := make(chan struct{})
+	cmd := d.router(extraEnv...)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			_ = cmd.Wait()
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+			mu.Lock()
+			restarts++
+			mu.Unlock()
+			cmd = d.router(extraEnv...)
+		}
+	}()
+	d.t.Cleanup(func() { close(stop); _ = cmd.Process.Kill(); <-done })
+	return func() int { mu.Lock(); defer mu.Unlock(); return restarts }
 }
 
 func (d *drill) dumpErrors(path string) {
@@ -338,5 +383,3 @@ func TestTwoReplicas(t *testing.T) {
 		t.Error("messages dead-lettered")
 	}
 }
-
-var _ = intake.AttrReason
