@@ -28,10 +28,14 @@ import (
 )
 
 const (
-	// maxVisibility is the longest a deferred message is hidden at a time. SQS allows 12
-	// hours counted from the receive, so the step leaves room for the time the message was
-	// worked on (bounded by the handle timeout); a longer deferral takes several steps.
+	// maxVisibility is the longest a deferred message is hidden at a time. SQS refuses a
+	// visibility that ends more than 12 hours after the receive (AWS) or after the send
+	// (moto's reading); the step honours the stricter of the two, with room for the work on
+	// the message. A longer deferral takes several steps, or a re-send when the message is
+	// too old for another step.
 	maxVisibility = 12*time.Hour - 10*time.Minute
+	// minVisibilityStep is the shortest step worth taking; below it the message is re-sent.
+	minVisibilityStep = time.Minute
 	// retentionMargin is how long before SQS would expire a deferred message that the router
 	// re-sends it as a new message.
 	retentionMargin = time.Hour
@@ -393,13 +397,21 @@ func (in *Intake) deferMessage(ctx context.Context, m sqstypes.Message, until ti
 	wait := min(max(until.Sub(now), time.Second), maxVisibility)
 	sent := sentTime(m)
 	expires := sent.Add(in.retention - retentionMargin)
-	if (!sent.IsZero() && now.Add(wait).After(expires)) || receiveCount(m) >= reenqueueAfterReceives {
+	tooOld := false
+	if !sent.IsZero() {
+		if left := maxVisibility - now.Sub(sent); left < wait {
+			wait = max(left, 0)
+			tooOld = wait < minVisibilityStep && until.Sub(now) > wait
+		}
+	}
+	if tooOld || (!sent.IsZero() && now.Add(wait).After(expires)) || receiveCount(m) >= reenqueueAfterReceives {
+		wait = min(max(until.Sub(now), time.Second), maxVisibility)
 		delay := min(int32(wait/time.Second), maxDelaySeconds)
 		_, err := in.sqs.SendMessage(ctx, &sqs.SendMessageInput{
 			QueueUrl: aws.String(in.cfg.QueueURL), MessageBody: m.Body, DelaySeconds: delay,
 			MessageAttributes: map[string]sqstypes.MessageAttributeValue{
 				AttrSourceMessageID:  str(aws.ToString(m.MessageId)),
-				AttrReenqueuedReason: str("deferral outlives the queue's retention or receive limit"),
+				AttrReenqueuedReason: str("deferral outlives the message's visibility, retention or receive limit"),
 			},
 		})
 		if err != nil {

@@ -21,12 +21,14 @@ import (
 )
 
 // limitedSQS records calls and enforces SQS's rule that a message is hidden at most 12
-// hours counted from its receive (moto does not model time, so this part needs a fake).
+// hours counted from its receive (AWS) and from its send (moto's reading) — moto does not
+// let a test step time, so this part needs a fake.
 type limitedSQS struct {
 	clock      *clocktesting.FakeClock
 	received   time.Time
+	sent       time.Time
 	visibility []int32
-	sent       []*sqs.SendMessageInput
+	sends      []*sqs.SendMessageInput
 	deleted    int
 }
 
@@ -40,7 +42,8 @@ func (f *limitedSQS) DeleteMessage(context.Context, *sqs.DeleteMessageInput, ...
 }
 
 func (f *limitedSQS) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMessageVisibilityInput, _ ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error) {
-	if f.clock.Since(f.received)+time.Duration(in.VisibilityTimeout)*time.Second > 12*time.Hour {
+	end := time.Duration(in.VisibilityTimeout) * time.Second
+	if f.clock.Since(f.received)+end > 12*time.Hour || (!f.sent.IsZero() && f.clock.Since(f.sent)+end > 12*time.Hour) {
 		return nil, fmt.Errorf("InvalidParameterValue: Total VisibilityTimeout for the message is beyond the limit [43200 seconds]")
 	}
 	f.visibility = append(f.visibility, in.VisibilityTimeout)
@@ -48,7 +51,7 @@ func (f *limitedSQS) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMe
 }
 
 func (f *limitedSQS) SendMessage(_ context.Context, in *sqs.SendMessageInput, _ ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
-	f.sent = append(f.sent, in)
+	f.sends = append(f.sends, in)
 	return &sqs.SendMessageOutput{MessageId: aws.String("new")}, nil
 }
 
@@ -82,8 +85,29 @@ func TestDeferLongerThanTwelveHoursAfterSlowWork(t *testing.T) {
 	if len(f.visibility) != 1 || time.Duration(f.visibility[0])*time.Second > 12*time.Hour-90*time.Second {
 		t.Errorf("visibility steps %v", f.visibility)
 	}
-	if f.deleted != 0 || len(f.sent) != 0 {
+	if f.deleted != 0 || len(f.sends) != 0 {
 		t.Error("a deferral within retention was re-sent")
+	}
+}
+
+func TestDeferOfAMessageSentLongAgo(t *testing.T) {
+	// Sent 11 hours ago (it waited in the queue): the step ends 12 hours after the send.
+	in, f, clk := newTestIntake(t)
+	f.sent = clk.Now().Add(-11 * time.Hour)
+	if err := in.deferMessage(context.Background(), message(f.sent, 1), clk.Now().Add(3*24*time.Hour)); err != nil {
+		t.Fatalf("deferring: %v", err)
+	}
+	if len(f.visibility) != 1 || len(f.sends) != 0 {
+		t.Fatalf("visibility %v, re-sent %d", f.visibility, len(f.sends))
+	}
+	// Sent 11 h 55 m ago: no step is left; the message is re-sent as a new one.
+	in, f, clk = newTestIntake(t)
+	f.sent = clk.Now().Add(-(11*time.Hour + 55*time.Minute))
+	if err := in.deferMessage(context.Background(), message(f.sent, 1), clk.Now().Add(3*24*time.Hour)); err != nil {
+		t.Fatalf("deferring: %v", err)
+	}
+	if len(f.visibility) != 0 || len(f.sends) != 1 || f.deleted != 1 {
+		t.Errorf("visibility %v, re-sent %d, deleted %d", f.visibility, len(f.sends), f.deleted)
 	}
 }
 
@@ -103,18 +127,18 @@ func TestDeferReenqueuesBeforeRetentionOrRedrive(t *testing.T) {
 	if err := in.deferMessage(context.Background(), message(clk.Now().Add(-(13*24+20)*time.Hour), 30), clk.Now().Add(3*24*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if len(f.sent) != 1 || f.deleted != 1 || aws.ToString(f.sent[0].QueueUrl) != "intake" || aws.ToString(f.sent[0].MessageBody) != `{"id":"e1"}` {
-		t.Fatalf("not re-sent as a new message: sent %d, deleted %d", len(f.sent), f.deleted)
+	if len(f.sends) != 1 || f.deleted != 1 || aws.ToString(f.sends[0].QueueUrl) != "intake" || aws.ToString(f.sends[0].MessageBody) != `{"id":"e1"}` {
+		t.Fatalf("not re-sent as a new message: sent %d, deleted %d", len(f.sends), f.deleted)
 	}
-	if f.sent[0].DelaySeconds != maxDelaySeconds || aws.ToString(f.sent[0].MessageAttributes[AttrSourceMessageID].StringValue) != "m1" {
-		t.Errorf("re-sent message: delay %d, attributes %v", f.sent[0].DelaySeconds, f.sent[0].MessageAttributes)
+	if f.sends[0].DelaySeconds != maxDelaySeconds || aws.ToString(f.sends[0].MessageAttributes[AttrSourceMessageID].StringValue) != "m1" {
+		t.Errorf("re-sent message: delay %d, attributes %v", f.sends[0].DelaySeconds, f.sends[0].MessageAttributes)
 	}
 	// Received 40 times (drain pacing rechecks): re-sent before SQS's redrive limit.
 	in, f, clk = newTestIntake(t)
 	if err := in.deferMessage(context.Background(), message(clk.Now(), reenqueueAfterReceives), clk.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if len(f.sent) != 1 || f.deleted != 1 {
+	if len(f.sends) != 1 || f.deleted != 1 {
 		t.Errorf("not re-sent after %d receives", reenqueueAfterReceives)
 	}
 }
@@ -125,10 +149,10 @@ func TestDeadLetterCarriesTheReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(f.sent) != 1 || aws.ToString(f.sent[0].QueueUrl) != "dlq" || f.deleted != 1 {
-		t.Fatalf("dead letter: sent %d, deleted %d", len(f.sent), f.deleted)
+	if len(f.sends) != 1 || aws.ToString(f.sends[0].QueueUrl) != "dlq" || f.deleted != 1 {
+		t.Fatalf("dead letter: sent %d, deleted %d", len(f.sends), f.deleted)
 	}
-	a := f.sent[0].MessageAttributes
+	a := f.sends[0].MessageAttributes
 	if aws.ToString(a[AttrReason].StringValue) != "malformed" || aws.ToString(a[AttrDetail].StringValue) != "not an EventBridge event" || aws.ToString(a[AttrReceiveCount].StringValue) != "3" {
 		t.Errorf("attributes %v", a)
 	}
