@@ -27,6 +27,11 @@ import (
 // that event is not routed, and makes a burst of events cost one call per image set.
 const imageStateTTL = 5 * time.Minute
 
+// unavailableTTL is how long a failed describe answers for itself: while EC2 throttles or
+// is down, the checks of a burst report "unavailable" at once instead of each waiting
+// through the SDK's retries again (a Spot notice gives two minutes).
+const unavailableTTL = 30 * time.Second
+
 // imagesAPI is the part of EC2 the AMI check uses.
 type imagesAPI interface {
 	DescribeImages(context.Context, *ec2.DescribeImagesInput, ...func(*ec2.Options)) (*ec2.DescribeImagesOutput, error)
@@ -34,14 +39,15 @@ type imagesAPI interface {
 
 // AMI checks that the image Karpenter would launch for a node's shape is available.
 type AMI struct {
-	api    imagesAPI
-	states *cache.Expiring // image ID -> state ("" when EC2 does not know the image)
-	group  singleflight.Group
+	api      imagesAPI
+	states   *cache.Expiring // image ID -> state ("" when EC2 does not know the image)
+	failures *cache.Expiring // image set -> the error describing it
+	group    singleflight.Group
 }
 
 // NewAMI returns an AMI check over api, caching with clk.
 func NewAMI(api imagesAPI, clk clock.Clock) *AMI {
-	return &AMI{api: api, states: cache.NewExpiringWithClock(clk)}
+	return &AMI{api: api, states: cache.NewExpiringWithClock(clk), failures: cache.NewExpiringWithClock(clk)}
 }
 
 // Invalidate forgets the state of image id.
@@ -90,8 +96,19 @@ func (a *AMI) state(ctx context.Context, id string, set []string) (string, error
 	}
 	slices.Sort(set)
 	set = slices.Compact(set)
-	_, err, _ := a.group.Do(strings.Join(set, ","), func() (any, error) {
-		return nil, a.describe(ctx, set)
+	key := strings.Join(set, ",")
+	if err, ok := a.failures.Get(key); ok {
+		return "", err.(error)
+	}
+	_, err, _ := a.group.Do(key, func() (any, error) {
+		if _, ok := a.states.Get(id); ok {
+			return nil, nil // answered by a call that ended after this caller's lookup
+		}
+		err := a.describe(ctx, set)
+		if err != nil {
+			a.failures.Set(key, err, unavailableTTL)
+		}
+		return nil, err
 	})
 	if err != nil {
 		return "", err

@@ -32,14 +32,15 @@ type reservationsAPI interface {
 
 // Reservations checks that the capacity reservation a node sits in can take its replacement.
 type Reservations struct {
-	api   reservationsAPI
-	known *cache.Expiring // reservation ID -> reservation (nil when EC2 does not know it)
-	group singleflight.Group
+	api      reservationsAPI
+	known    *cache.Expiring // reservation ID -> reservation (nil when EC2 does not know it)
+	failures *cache.Expiring // reservation ID -> the error describing it (see unavailableTTL)
+	group    singleflight.Group
 }
 
 // NewReservations returns a capacity-reservation check over api, caching with clk.
 func NewReservations(api reservationsAPI, clk clock.Clock) *Reservations {
-	return &Reservations{api: api, known: cache.NewExpiringWithClock(clk)}
+	return &Reservations{api: api, known: cache.NewExpiringWithClock(clk), failures: cache.NewExpiringWithClock(clk)}
 }
 
 type reservation struct {
@@ -82,14 +83,22 @@ func (r *Reservations) get(ctx context.Context, id string) (*reservation, error)
 	if v, ok := r.known.Get(id); ok {
 		return v.(*reservation), nil
 	}
+	if err, ok := r.failures.Get(id); ok {
+		return nil, err.(error)
+	}
 	v, err, _ := r.group.Do(id, func() (any, error) {
+		if v, ok := r.known.Get(id); ok {
+			return v, nil // answered by a call that ended after this caller's lookup
+		}
 		out, err := r.api.DescribeCapacityReservations(ctx, &ec2.DescribeCapacityReservationsInput{CapacityReservationIds: []string{id}})
 		if err != nil {
 			if err := classify(err); errors.Is(err, errNotFound) {
 				r.known.Set(id, (*reservation)(nil), reservationTTL)
 				return (*reservation)(nil), nil
 			}
-			return nil, fmt.Errorf("describing capacity reservation %s: %w", id, err)
+			err = fmt.Errorf("describing capacity reservation %s: %w", id, err)
+			r.failures.Set(id, err, unavailableTTL)
+			return nil, err
 		}
 		var rv *reservation
 		for _, c := range out.CapacityReservations {

@@ -47,6 +47,20 @@ func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine 
 	return e
 }
 
+// urgentCheckTimeout bounds the pre-signal checks of an urgent drain: it goes ahead whatever
+// they say, so they may only add a warning, never hold a two-minute notice for the SDK's
+// retries against a throttling EC2.
+const urgentCheckTimeout = 5 * time.Second
+
+func (e *Engine) runChecks(ctx context.Context, ev event.Event, res cluster.Resolved) []policy.Check {
+	if ev.Urgent() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, urgentCheckTimeout)
+		defer cancel()
+	}
+	return e.checker.Run(ctx, res)
+}
+
 // Outcome is a decision together with what the cluster model resolved, for the caller
 // that acts on it (annotations, Kubernetes Events).
 type Outcome struct {
@@ -102,7 +116,7 @@ func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]O
 			d = policy.Decide(ev, tg, now)
 		}
 		if d.Action == policy.ActionDrain && e.checker != nil {
-			d = policy.ApplyChecks(d, ev, tg.Policy, e.checker.Run(ctx, res), now)
+			d = policy.ApplyChecks(d, ev, tg.Policy, e.runChecks(ctx, ev, res), now)
 		}
 		if d.Action == policy.ActionDrain && tg.NodePool != "" {
 			decided[tg.NodePool]++

@@ -288,6 +288,9 @@ func TestCapacityReservationCheck(t *testing.T) {
 	if outs[0].Action != policy.ActionDefer || !strings.Contains(outs[0].Reason, "check unavailable") || !outs[0].Checks[0].Unavailable {
 		t.Errorf("throttled non-urgent: %s (%s)", outs[0].Action, outs[0].Reason)
 	}
+	// The failure answers for itself for a while: the urgent drain that follows does not wait
+	// through the SDK's retries again (no new request), it drains with the warning at once.
+	before := srv3.requests.Load()
 	spot := event.Event{ID: "spot", Kind: event.KindSpotInterruption, Time: now, Instances: []string{instance(0)}, Deadline: now.Add(2 * time.Minute)}
 	outs, err = eng3.Decide(ctx, spot, now)
 	if err != nil {
@@ -295,6 +298,9 @@ func TestCapacityReservationCheck(t *testing.T) {
 	}
 	if outs[0].Action != policy.ActionDrain || len(outs[0].Warnings) == 0 {
 		t.Errorf("throttled urgent: %s (%s)", outs[0].Action, outs[0].Reason)
+	}
+	if got := srv3.requests.Load(); got != before {
+		t.Errorf("%d more requests to a throttling EC2 within the failure's TTL", got-before)
 	}
 	_ = srv
 }
