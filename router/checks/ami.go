@@ -4,17 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
-	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/utils/clock"
 
@@ -22,36 +16,18 @@ import (
 	"github.com/health-router/health-router/router/policy"
 )
 
-// imageStateTTL is how long an image's state is trusted. Images change state rarely and an
-// EC2 AMI State Change event invalidates the entry at once; the TTL bounds staleness when
-// that event is not routed, and makes a burst of events cost one call per image set.
-const imageStateTTL = 5 * time.Minute
-
-// unavailableTTL is how long a failed describe answers for itself: while EC2 throttles or
-// is down, the checks of a burst report "unavailable" at once instead of each waiting
-// through the SDK's retries again (a Spot notice gives two minutes).
-const unavailableTTL = 30 * time.Second
-
-// imagesAPI is the part of EC2 the AMI check uses.
-type imagesAPI interface {
-	DescribeImages(context.Context, *ec2.DescribeImagesInput, ...func(*ec2.Options)) (*ec2.DescribeImagesOutput, error)
-}
-
 // AMI checks that the image Karpenter would launch for a node's shape is available.
 type AMI struct {
-	api      imagesAPI
-	states   *cache.Expiring // image ID -> state ("" when EC2 does not know the image)
-	failures *cache.Expiring // image set -> the error describing it
-	group    singleflight.Group
+	images *ImageStates
 }
 
 // NewAMI returns an AMI check over api, caching with clk.
 func NewAMI(api imagesAPI, clk clock.Clock) *AMI {
-	return &AMI{api: api, states: cache.NewExpiringWithClock(clk), failures: cache.NewExpiringWithClock(clk)}
+	return &AMI{images: NewImageStates(api, clk)}
 }
 
 // Invalidate forgets the state of image id.
-func (a *AMI) Invalidate(id string) { a.states.Delete(id) }
+func (a *AMI) Invalidate(id string) { a.images.Invalidate(id) }
 
 // Check finds the replacement image for the node and asks EC2 for its state.
 func (a *AMI) Check(ctx context.Context, res cluster.Resolved) policy.Check {
@@ -89,77 +65,18 @@ func (a *AMI) Check(ctx context.Context, res cluster.Resolved) policy.Check {
 }
 
 // state returns the state of image id, describing the node class's whole image set in one
-// call when it is not cached, and collapsing concurrent identical calls.
+// call when it is not cached.
 func (a *AMI) state(ctx context.Context, id string, set []string) (string, error) {
-	if s, ok := a.states.Get(id); ok {
-		return s.(string), nil
+	states, err := a.images.States(ctx, set)
+	if st, ok := states[id]; ok {
+		return st, nil
 	}
-	slices.Sort(set)
-	set = slices.Compact(set)
-	key := strings.Join(set, ",")
-	if err, ok := a.failures.Get(key); ok {
-		return "", err.(error)
-	}
-	_, err, _ := a.group.Do(key, func() (any, error) {
-		if _, ok := a.states.Get(id); ok {
-			return nil, nil // answered by a call that ended after this caller's lookup
-		}
-		err := a.describe(ctx, set)
-		if err != nil {
-			a.failures.Set(key, err, unavailableTTL)
-		}
-		return nil, err
-	})
 	if err != nil {
 		return "", err
 	}
-	if s, ok := a.states.Get(id); ok {
-		return s.(string), nil
-	}
 	// The set was described but this image was not in it (it was added meanwhile).
-	if err := a.describe(ctx, []string{id}); err != nil {
-		return "", err
-	}
-	s, _ := a.states.Get(id)
-	str, _ := s.(string)
-	return str, nil
-}
-
-func (a *AMI) describe(ctx context.Context, ids []string) error {
-	known := map[string]string{}
-	p := ec2.NewDescribeImagesPaginator(a.api, &ec2.DescribeImagesInput{ImageIds: ids, IncludeDeprecated: aws.Bool(true), IncludeDisabled: aws.Bool(true)})
-	for p.HasMorePages() {
-		out, err := p.NextPage(ctx)
-		if err != nil {
-			err = classify(err)
-			if errors.Is(err, errNotFound) && len(ids) > 1 {
-				// One missing image fails the whole call: ask for each so the others are known.
-				return a.describeEach(ctx, ids)
-			}
-			if errors.Is(err, errNotFound) {
-				a.states.Set(ids[0], "", imageStateTTL)
-				return nil
-			}
-			return fmt.Errorf("describing images %s: %w", strings.Join(ids, ","), err)
-		}
-		for _, im := range out.Images {
-			known[aws.ToString(im.ImageId)] = string(im.State)
-		}
-	}
-	for _, id := range ids {
-		a.states.Set(id, known[id], imageStateTTL) // absent from the answer: missing
-	}
-	return nil
-}
-
-func (a *AMI) describeEach(ctx context.Context, ids []string) error {
-	var errs []error
-	for _, id := range ids {
-		if err := a.describe(ctx, []string{id}); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	states, err = a.images.States(ctx, []string{id})
+	return states[id], err
 }
 
 // SelectImage returns the image Karpenter launches for a node with these labels: the first
