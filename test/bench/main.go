@@ -9,10 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -39,6 +37,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/bench/gen"
+	"github.com/health-router/health-router/test/harness"
 )
 
 type row struct{ measure, result, target string }
@@ -131,7 +130,7 @@ func main() {
 // loop, once by the router's intake (decisions over the synthetic cluster, drains forwarded to
 // a Karpenter queue on moto, cluster writes in memory).
 func endToEnd(ctx context.Context, c *gen.Cluster, n, nodes int, now time.Time) []row {
-	motoURL, stop, err := startMoto()
+	motoURL, stop, err := harness.StartMoto()
 	if err != nil {
 		return []row{{"end to end on moto", "skipped: " + err.Error(), ""}}
 	}
@@ -286,34 +285,6 @@ func (c *callCounter) total() int {
 		t += n
 	}
 	return t
-}
-
-func startMoto() (string, func(), error) {
-	bin, err := exec.LookPath("moto_server")
-	if err != nil {
-		return "", nil, fmt.Errorf("moto_server not on PATH")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port))
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
-	u := fmt.Sprintf("http://127.0.0.1:%d", port)
-	for i := 0; i < 300; i++ {
-		if resp, err := http.Get(u + "/moto-api/"); err == nil {
-			resp.Body.Close()
-			return u, stop, nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	stop()
-	return "", nil, fmt.Errorf("moto_server did not start")
 }
 
 func peakRSS() string {

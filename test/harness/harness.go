@@ -38,33 +38,48 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// Moto starts moto_server on a free loopback port and returns its URL. Without
-// moto_server on PATH the test is skipped, loudly; CI machines have it.
+// Moto starts moto_server on a free loopback port and returns its URL; it is stopped when
+// the test ends. Without moto_server on PATH the test is skipped, loudly; CI machines have it.
 func Moto(t testing.TB) string {
 	t.Helper()
-	bin, err := exec.LookPath("moto_server")
-	if err != nil {
+	if _, err := exec.LookPath("moto_server"); err != nil {
 		t.Skip("SKIPPED LOUDLY: moto_server is not on PATH; the AWS integration tests need it (pip install 'moto[server]')")
 	}
-	port := FreePort(t)
+	url, stop, err := StartMoto()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return url
+}
+
+// StartMoto starts moto_server on a free loopback port, waits until it answers, and returns
+// its URL and a function that stops it (for programs: the demo and the load harness).
+func StartMoto() (string, func(), error) {
+	bin, err := exec.LookPath("moto_server")
+	if err != nil {
+		return "", nil, fmt.Errorf("moto_server is not on PATH (pip install 'moto[server]'): %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
 	cmd := exec.Command(bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port))
-	cmd.Stdout, cmd.Stderr = nil, nil
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting moto_server: %v", err)
+		return "", nil, fmt.Errorf("starting moto_server: %w", err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url + "/moto-api/")
-		if err == nil {
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if resp, err := http.Get(url + "/moto-api/"); err == nil {
 			resp.Body.Close()
-			return url
+			return url, stop, nil
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
-	t.Fatalf("moto_server did not answer on %s within 60s", url)
-	return ""
+	stop()
+	return "", nil, fmt.Errorf("moto_server did not answer on %s within 60s", url)
 }
 
 // AWSConfig returns an SDK config with static test credentials whose requests go through

@@ -11,8 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,6 +40,7 @@ import (
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/replay"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/harness"
 )
 
 const region = "eu-west-1"
@@ -73,7 +72,7 @@ func run() error {
 		return err
 	}
 	step("starting moto_server (SQS, EventBridge, EC2) on a loopback port")
-	motoURL, stopMoto, err := startMoto(ctx)
+	motoURL, stopMoto, err := harness.StartMoto()
 	if err != nil {
 		return err
 	}
@@ -363,34 +362,6 @@ func putEvents(ctx context.Context, ebc *eventbridge.Client, sqsc *sqs.Client, i
 		}
 	}
 	return sent, poison, nil
-}
-
-func startMoto(ctx context.Context) (string, func(), error) {
-	bin, err := exec.LookPath("moto_server")
-	if err != nil {
-		return "", nil, fmt.Errorf("moto_server is not on PATH (pip install 'moto[server]'): %w", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.CommandContext(ctx, bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port))
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
-	u := fmt.Sprintf("http://127.0.0.1:%d", port)
-	for i := 0; i < 300; i++ {
-		if resp, err := http.Get(u + "/moto-api/"); err == nil {
-			resp.Body.Close()
-			return u, stop, nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	stop()
-	return "", nil, fmt.Errorf("moto_server did not start")
 }
 
 func crdDir(module string) string {
