@@ -24,6 +24,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -33,10 +34,13 @@ import (
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/cwmetrics"
+	"github.com/health-router/health-router/router/deferral"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/pipeline"
+	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/watchdog"
 )
@@ -81,8 +85,24 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		publisher = cwmetrics.New(cw, o.ClusterName, clk, log)
 	}
 
+	// Every client the manager makes (the cache, writes, Events) shares this limit, however
+	// the kubeconfig was found: controller-runtime turns client-side limiting off for
+	// in-cluster configs, client-go defaults to 5/s for kubeconfig files.
+	restCfg = rest.CopyConfig(restCfg)
+	restCfg.QPS, restCfg.Burst, restCfg.RateLimiter = float32(o.KubeClientQPS), o.KubeClientBurst, nil
+	if o.KubeClientQPS <= 0 || o.KubeClientBurst <= 0 { // an Options built in code, not parsed
+		restCfg.QPS, restCfg.Burst = options.DefaultKubeClientQPS, options.DefaultKubeClientBurst
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme:                        scheme,
+		Scheme: scheme,
+		Cache: cache.Options{
+			// The router caches what it reads, not what Kubernetes stores (see router/cluster).
+			DefaultTransform: cluster.DropManagedFields,
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Node{}:      {Transform: cluster.TrimNode},
+				&karpv1.NodeClaim{}: {Transform: cluster.TrimNodeClaim},
+			},
+		},
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
@@ -102,20 +122,23 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if err := mgr.Add(wd); err != nil { // leader only; scans after the cache syncs
 		return err
 	}
-	eng := engine.New(cluster.New(mgr.GetClient()), checker, engine.WithImageListener(wd.InvalidateImage))
+	var deferrals *deferral.Controller // built below: it releases drains held on an image
+	eng := engine.New(cluster.New(mgr.GetClient()), checker,
+		engine.WithImageListener(func(_ context.Context, id, _ string) { wd.InvalidateImage(id) }),
+		engine.WithImageListener(func(ctx context.Context, id, state string) { deferrals.ImageChanged(ctx, id, state) }))
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
-	deferred := deferredCount(ctx, mgr.GetClient())
-	m := metrics.NewRouter(reg, deferred)
+	m := metrics.NewRouter(reg, func() float64 { return deferrals.Deferred() })
 	var pub intake.Publisher
+	var decisions pipeline.Publisher
 	if publisher != nil {
-		pub = publisher
+		pub, decisions = publisher, publisher
 		// Only the leader publishes: the "router silent" alarm watches one Heartbeat.
 		if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
 			go func() {
 				t := clk.NewTicker(o.CloudWatchInterval)
 				defer t.Stop()
 				for {
-					publisher.SetDeferred(int(deferred()))
+					publisher.SetDeferred(int(deferrals.Deferred()))
 					publisher.SetWatchdog(wd.Findings().Counts())
 					select {
 					case <-ctx.Done():
@@ -129,10 +152,18 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return err
 		}
 	}
+	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism)
+	deferrals = deferral.New(mgr.GetClient(), pipe, eng, sig, m, clk, log, o.ForwardConfirmTimeout)
+	if err := deferrals.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	if err := mgr.Add(deferrals.NewRechecker(mgr.GetClient(), policy.PacingRecheck/10)); err != nil {
+		return err
+	}
 	in := intake.New(intake.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,
 		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout,
-	}, sqsClient, eng, sig, m, pub, clk, log)
+	}, sqsClient, pipe, m, pub, clk, log)
 	if err := mgr.Add(in); err != nil {
 		return err
 	}
@@ -144,7 +175,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return fmt.Errorf("watching %T: %w", obj, err)
 		}
 	}
-	// A paced drain is released as soon as one of its pool's NodeClaims is gone.
+	// Drains held by pacing are released as soon as one of their pool's NodeClaims is gone.
 	informer, err := mgr.GetCache().GetInformer(ctx, &karpv1.NodeClaim{})
 	if err != nil {
 		return err
@@ -154,7 +185,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			obj = tomb.Obj
 		}
 		if nc, ok := obj.(*karpv1.NodeClaim); ok && nc.Labels[karpv1.NodePoolLabelKey] != "" {
-			in.ReleasePool(ctx, nc.Labels[karpv1.NodePoolLabelKey])
+			deferrals.DrainFinished(ctx, nc.Labels[karpv1.NodePoolLabelKey])
 		}
 	}}); err != nil {
 		return err
@@ -179,22 +210,3 @@ type leaderRunnable func(context.Context) error
 
 func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
 func (f leaderRunnable) NeedLeaderElection() bool        { return true }
-
-// deferredCount counts the deferrals recorded on NodeClaims, for the deferred gauge.
-func deferredCount(ctx context.Context, r client.Reader) func() float64 {
-	return func() float64 {
-		var claims karpv1.NodeClaimList
-		if err := r.List(ctx, &claims); err != nil {
-			return 0
-		}
-		n := 0
-		for i := range claims.Items {
-			for _, d := range signal.Deferrals(&claims.Items[i]) {
-				if d.State == signal.StateDeferred {
-					n++
-				}
-			}
-		}
-		return float64(n)
-	}
-}

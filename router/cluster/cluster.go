@@ -176,6 +176,12 @@ func (m *Model) Resolve(ctx context.Context, instanceID string) (Resolved, error
 	return res, nil
 }
 
+// Get reads a cluster-scoped object (a NodePool, an EC2NodeClass) from the model's reader;
+// a missing object leaves obj empty without error.
+func (m *Model) Get(ctx context.Context, name string, obj client.Object) error {
+	return m.get(ctx, name, obj)
+}
+
 // get reads a cluster-scoped object; a missing object leaves obj empty without error.
 func (m *Model) get(ctx context.Context, name string, obj client.Object) error {
 	err := m.reader.Get(ctx, client.ObjectKey{Name: name}, obj, client.UnsafeDisableDeepCopy)
@@ -191,15 +197,34 @@ func (m *Model) get(ctx context.Context, name string, obj client.Object) error {
 // PoolState counts a NodePool's NodeClaims and those being drained: deleted, or signalled
 // by the router and not yet gone.
 func (m *Model) PoolState(ctx context.Context, pool string) (nodes, inFlight int, err error) {
-	var claims karpv1.NodeClaimList
-	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexNodePool: pool}, client.UnsafeDisableDeepCopy); err != nil {
-		return 0, 0, fmt.Errorf("listing nodeclaims of nodepool %s: %w", pool, err)
+	members, err := m.PoolMembers(ctx, pool)
+	if err != nil {
+		return 0, 0, err
 	}
-	for i := range claims.Items {
-		c := &claims.Items[i]
-		if !c.DeletionTimestamp.IsZero() || c.Annotations[AnnotationDrainSignalled] != "" {
+	for _, draining := range members {
+		if draining {
 			inFlight++
 		}
 	}
-	return len(claims.Items), inFlight, nil
+	return len(members), inFlight, nil
+}
+
+// PoolMembers returns a NodePool's NodeClaims by name, each with whether it is being
+// drained (deleted, or signalled by the router and not yet gone).
+func (m *Model) PoolMembers(ctx context.Context, pool string) (map[string]bool, error) {
+	var claims karpv1.NodeClaimList
+	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexNodePool: pool}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing nodeclaims of nodepool %s: %w", pool, err)
+	}
+	members := make(map[string]bool, len(claims.Items))
+	for i := range claims.Items {
+		members[claims.Items[i].Name] = Draining(&claims.Items[i])
+	}
+	return members, nil
+}
+
+// Draining reports whether a NodeClaim is being drained: deleted, or signalled by the
+// router and not yet gone.
+func Draining(nc *karpv1.NodeClaim) bool {
+	return !nc.DeletionTimestamp.IsZero() || nc.Annotations[AnnotationDrainSignalled] != ""
 }

@@ -8,39 +8,38 @@ import (
 	"fmt"
 	"time"
 
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
 )
 
-// Engine decides events.
+// Engine decides events. It is safe for concurrent use: the instances of one event, and
+// several events, may be decided in parallel; drain pacing holds across all of them.
 type Engine struct {
 	model   *cluster.Model
 	checker *checks.Checker // nil: no checks
-	// pending counts drains decided by this engine that the cluster does not show yet,
-	// per NodePool; nil unless tracking is on.
-	pending map[string]int
+	pacer   *pacer
 	// imageListeners are told of every EC2 AMI State Change, to drop what they cached.
-	imageListeners []func(id string)
+	imageListeners []func(ctx context.Context, id, state string)
 }
 
 // Option configures an Engine.
 type Option func(*Engine)
 
-// WithDrainTracking makes the engine count the drains it decides towards each pool's
-// drains in flight, for a replay where nothing is signalled to the cluster.
-func WithDrainTracking() Option { return func(e *Engine) { e.pending = map[string]int{} } }
-
-// WithImageListener registers f to be told the image of every EC2 AMI State Change event
-// (the watchdog drops its cached state of that image).
-func WithImageListener(f func(id string)) Option {
+// WithImageListener registers f to be told the image and state of every EC2 AMI State Change
+// event (the watchdog drops its cached state of that image; the deferral controller releases
+// drains that wait on it).
+func WithImageListener(f func(ctx context.Context, id, state string)) Option {
 	return func(e *Engine) { e.imageListeners = append(e.imageListeners, f) }
 }
 
-// New returns an Engine; checker may be nil to run no pre-signal checks.
+// New returns an Engine; checker may be nil to run no pre-signal checks. Drains it decides
+// count towards their pool's drains in flight until the cluster shows them (or Unreserve).
 func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine {
-	e := &Engine{model: model, checker: checker}
+	e := &Engine{model: model, checker: checker, pacer: newPacer(model)}
 	for _, o := range opts {
 		o(e)
 	}
@@ -70,63 +69,115 @@ type Outcome struct {
 	Problems []string `json:"-"`
 }
 
-// Decide returns one outcome per instance the event names (one for an AMI state change).
-// An error means the cluster could not be read: the event must be retried, not dropped.
+// Decide returns one outcome per instance the event names (one for an AMI state change), in
+// order. An error means the cluster could not be read: the event must be retried, not dropped.
 func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]Outcome, error) {
 	if ev.Kind == event.KindAMIStateChange {
-		if e.checker != nil {
-			e.checker.InvalidateImage(ev.Image.ID)
-		}
-		for _, f := range e.imageListeners {
-			f(ev.Image.ID)
-		}
-		return []Outcome{{Decision: policy.Decision{
-			EventID: ev.ID, Kind: ev.Kind, Action: policy.ActionIgnore,
-			Reason: fmt.Sprintf("image %s is now %s: deferrals waiting on it are checked again", ev.Image.ID, ev.Image.State),
-		}}}, nil
+		return []Outcome{e.ImageChanged(ctx, ev)}, nil
 	}
-	decided := map[string]int{} // drains decided for earlier instances of this same event
 	out := make([]Outcome, 0, len(ev.Instances))
 	for _, id := range ev.Instances {
-		res, err := e.model.Resolve(ctx, id)
+		o, err := e.DecideInstance(ctx, ev, e.Resolve, id, now)
 		if err != nil {
 			return nil, err
 		}
-		tg := policy.Target{InstanceID: id, Found: res.Found(), NodePool: res.PoolName()}
-		if res.Node != nil {
-			tg.Node = res.Node.Name
-		}
-		if res.NodeClaim != nil {
-			tg.NodeClaim = res.NodeClaim.Name
-		}
-		if res.NodePool != nil {
-			tg.Policy = policy.FromAnnotations(res.NodePool.Annotations)
-		} else {
-			tg.Policy = policy.FromAnnotations(nil)
-		}
-		d := policy.Decide(ev, tg, now)
-		// Pool state costs a list of the pool's NodeClaims: read it only when pacing can
-		// hold this decision (a non-urgent drain in a pool that paces), then decide again.
-		if d.Action == policy.ActionDrain && !ev.Urgent() && tg.Policy.MaxConcurrentDrains != nil && tg.NodePool != "" {
-			nodes, inFlight, err := e.model.PoolState(ctx, tg.NodePool)
-			if err != nil {
-				return nil, err
-			}
-			tg.PoolNodes, tg.DrainsInFlight = nodes, inFlight+decided[tg.NodePool]+e.pending[tg.NodePool]
-			d = policy.Decide(ev, tg, now)
-		}
-		if d.Action == policy.ActionDrain && e.checker != nil {
-			d = policy.ApplyChecks(d, ev, tg.Policy, e.runChecks(ctx, ev, res), now)
-		}
-		if d.Action == policy.ActionDrain && tg.NodePool != "" {
-			decided[tg.NodePool]++
-		}
-		out = append(out, Outcome{Decision: d, Resolved: res, Problems: tg.Policy.Problems})
-	}
-	if e.pending != nil {
-		for pool, n := range decided {
-			e.pending[pool] += n
-		}
+		out = append(out, o)
 	}
 	return out, nil
+}
+
+// Resolve looks an instance up in the cluster model.
+func (e *Engine) Resolve(ctx context.Context, id string) (cluster.Resolved, error) {
+	return e.model.Resolve(ctx, id)
+}
+
+// ImageChanged handles an EC2 AMI State Change: cached image states are dropped and the
+// listeners told, so that drains waiting on the image are checked again.
+func (e *Engine) ImageChanged(ctx context.Context, ev event.Event) Outcome {
+	if e.checker != nil {
+		e.checker.InvalidateImage(ev.Image.ID)
+	}
+	for _, f := range e.imageListeners {
+		f(ctx, ev.Image.ID, ev.Image.State)
+	}
+	return Outcome{Decision: policy.Decision{
+		EventID: ev.ID, Kind: ev.Kind, Action: policy.ActionIgnore,
+		Reason: fmt.Sprintf("image %s is now %s: deferrals waiting on it are checked again", ev.Image.ID, ev.Image.State),
+	}}
+}
+
+// DecideInstance decides ev for one instance, resolved through resolve. A drain it returns
+// holds a slot of its pool's max-concurrent-drains until the cluster shows the drain;
+// if the drain is not signalled after all, give the slot back with Unreserve.
+func (e *Engine) DecideInstance(ctx context.Context, ev event.Event, resolve func(context.Context, string) (cluster.Resolved, error), id string, now time.Time) (Outcome, error) {
+	res, err := resolve(ctx, id)
+	if err != nil {
+		return Outcome{}, err
+	}
+	return e.decideResolved(ctx, ev, res, now)
+}
+
+func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster.Resolved, now time.Time) (Outcome, error) {
+	tg := policy.Target{InstanceID: res.InstanceID, Found: res.Found(), NodePool: res.PoolName()}
+	if res.Node != nil {
+		tg.Node = res.Node.Name
+	}
+	if res.NodeClaim != nil {
+		tg.NodeClaim = res.NodeClaim.Name
+	}
+	var annotations map[string]string
+	if res.NodePool != nil {
+		annotations = res.NodePool.Annotations
+	}
+	tg.Policy = policy.FromAnnotations(annotations)
+	var d policy.Decision
+	reserved := false
+	if tg.Found && tg.NodePool != "" && policy.Paced(ev, tg.Policy) {
+		// The pool's size and drains in flight matter only here; deciding and reserving a
+		// slot happen under the pool's lock.
+		var err error
+		reserved, err = e.pacer.decide(ctx, tg.NodePool, tg.NodeClaim, now, func(nodes, inFlight int) bool {
+			tg.PoolNodes, tg.DrainsInFlight = nodes, inFlight
+			d = policy.Decide(ev, tg, now)
+			return d.Action == policy.ActionDrain
+		})
+		if err != nil {
+			return Outcome{}, err
+		}
+	} else {
+		d = policy.Decide(ev, tg, now)
+	}
+	if d.Action == policy.ActionDrain && e.checker != nil {
+		d = policy.ApplyChecks(d, ev, tg.Policy, e.runChecks(ctx, ev, res), now)
+		if reserved && d.Action != policy.ActionDrain {
+			e.pacer.unreserve(tg.NodePool, tg.NodeClaim)
+		}
+	}
+	return Outcome{Decision: d, Resolved: res, Problems: tg.Policy.Problems}, nil
+}
+
+// Unreserve gives back the pacing slot of a drain that was decided but not signalled.
+func (e *Engine) Unreserve(pool, nodeClaim string) {
+	if pool != "" && nodeClaim != "" {
+		e.pacer.unreserve(pool, nodeClaim)
+	}
+}
+
+// DrainFinished tells the engine that one of pool's drains is over (its NodeClaim is gone),
+// so that the next pacing decision reads the pool again.
+func (e *Engine) DrainFinished(pool string) { e.pacer.invalidate(pool) }
+
+// FreeDrains returns how many more drains pool's max-concurrent-drains allows now, for
+// releasing drains held by pacing; ok is false when the pool does not pace.
+func (e *Engine) FreeDrains(ctx context.Context, pool string, now time.Time) (n int, ok bool, err error) {
+	np := &karpv1.NodePool{}
+	if err := e.model.Get(ctx, pool, np); err != nil {
+		return 0, false, err
+	}
+	p := policy.FromAnnotations(np.Annotations)
+	if p.MaxConcurrentDrains == nil {
+		return 0, false, nil
+	}
+	n, err = e.pacer.free(ctx, pool, now, p.DrainLimit)
+	return n, true, err
 }

@@ -13,6 +13,9 @@ const (
 	SignalErrors         = "health_router_signal_errors_total"                 // labels: mode
 	AWSCalls             = "health_router_aws_calls_total"                     // labels: api, result
 	CheckResults         = "health_router_checks_results_total"                // labels: check, result
+	AlreadyRecorded      = "health_router_decision_already_recorded_total"     // instances of a redelivered event whose outcome was recorded
+	ForwardUnconfirmed   = "health_router_signal_forward_unconfirmed_total"    // forwards Karpenter did not act on; the NodeClaim was deleted instead
+	Redecisions          = "health_router_deferral_redecisions_total"          // labels: hold
 
 	// Watchdog gauges: Karpenter states users otherwise find by accident.
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool
@@ -31,6 +34,7 @@ const (
 	LabelResult    = "result"
 	LabelCheck     = "check"
 	LabelNodeClass = "nodeclass"
+	LabelHold      = "hold"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the

@@ -10,6 +10,11 @@ type Router struct {
 	Decisions    *prometheus.CounterVec
 	SignalErrors *prometheus.CounterVec
 	CheckResults *prometheus.CounterVec
+	// AlreadyRecorded counts instances skipped on a redelivery: their outcome was recorded
+	// before (progress that survives a retry).
+	AlreadyRecorded    prometheus.Counter
+	ForwardUnconfirmed prometheus.Counter
+	Redecisions        *prometheus.CounterVec
 }
 
 // NewRouter creates the collectors and registers them with reg. deferred reports the
@@ -35,8 +40,17 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		CheckResults: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: CheckResults, Help: "Pre-signal check outcomes, by check and result (passed, failed, unavailable).",
 		}, []string{LabelCheck, LabelResult}),
+		AlreadyRecorded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: AlreadyRecorded, Help: "Instances of a redelivered event (or of a maintenance reported by both AWS Health and EC2's instance status) not decided again: their outcome is recorded on the NodeClaim.",
+		}),
+		ForwardUnconfirmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: ForwardUnconfirmed, Help: "Drains forwarded to Karpenter's queue that Karpenter did not act on within the confirmation bound; the router deleted the NodeClaim instead.",
+		}),
+		Redecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: Redecisions, Help: "Deferrals decided again when due or released, by what they waited for (hold).",
+		}, []string{LabelHold}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults,
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now, as recorded on NodeClaims."}, deferred))
 	return m
 }

@@ -87,6 +87,12 @@ func ParseReplay(args []string, getenv func(string) string, now time.Time) (repl
 	return o, nil
 }
 
+// Defaults of the Kubernetes client limits: Karpenter's own.
+const (
+	DefaultKubeClientQPS   = 200
+	DefaultKubeClientBurst = 300
+)
+
 // Run is the configuration of `health-router run`.
 type Run struct {
 	QueueURL           string
@@ -114,6 +120,15 @@ type Run struct {
 	CloudWatchInterval time.Duration
 	ClusterName        string
 	LogLevel           slog.Level
+
+	// KubeClientQPS and KubeClientBurst limit every Kubernetes client the router makes (the
+	// cache, writes, Events), however it finds its kubeconfig.
+	KubeClientQPS   float64
+	KubeClientBurst int
+	// InstanceParallelism is how many instances of one event are carried out at once.
+	InstanceParallelism int
+	// ForwardConfirmTimeout is how long Karpenter has to act on a forwarded drain.
+	ForwardConfirmTimeout time.Duration
 }
 
 // ParseRun parses `health-router run` flags and validates them.
@@ -143,10 +158,22 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	fs.DurationVar(&o.CloudWatchInterval, "cloudwatch-interval", time.Minute, "how often CloudWatch metrics are published")
 	fs.StringVar(&o.ClusterName, "cluster-name", "", "cluster name, the ClusterName dimension of the CloudWatch metrics (required with --cloudwatch-metrics)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.Float64Var(&o.KubeClientQPS, "kube-client-qps", DefaultKubeClientQPS, "requests per second each Kubernetes client may make (as Karpenter's default), however the kubeconfig is found")
+	fs.IntVar(&o.KubeClientBurst, "kube-client-burst", DefaultKubeClientBurst, "burst of requests each Kubernetes client may make above --kube-client-qps")
+	fs.IntVar(&o.InstanceParallelism, "instance-parallelism", 16, "instances of one event decided and carried out at once (1-256)")
+	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}
 	switch {
+	case o.KubeClientQPS <= 0:
+		return o, fmt.Errorf("--kube-client-qps %g: want a positive rate", o.KubeClientQPS)
+	case o.KubeClientBurst < 1:
+		return o, fmt.Errorf("--kube-client-burst %d: want at least 1", o.KubeClientBurst)
+	case o.InstanceParallelism < 1 || o.InstanceParallelism > 256:
+		return o, fmt.Errorf("--instance-parallelism %d: want 1 to 256", o.InstanceParallelism)
+	case o.ForwardConfirmTimeout < time.Second:
+		return o, fmt.Errorf("--forward-confirm-timeout %s: want at least 1s", o.ForwardConfirmTimeout)
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":

@@ -62,3 +62,46 @@ func TestEnvName(t *testing.T) {
 		t.Errorf("EnvName = %s", got)
 	}
 }
+
+func TestParseRun(t *testing.T) {
+	req := []string{"--queue-url", "q", "--dead-letter-queue-url", "dlq"}
+	o, err := ParseRun(req, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.KubeClientQPS != 200 || o.KubeClientBurst != 300 || o.InstanceParallelism != 16 || o.ForwardConfirmTimeout != 20*time.Second || o.Signal != "delete-nodeclaim" {
+		t.Errorf("defaults: %+v", o)
+	}
+	o, err = ParseRun(append(req, "--karpenter-queue-url", "k", "--kube-client-qps", "50"), env(map[string]string{"HEALTH_ROUTER_KUBE_CLIENT_BURST": "75", "HEALTH_ROUTER_KUBE_CLIENT_QPS": "9"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.KubeClientQPS != 50 || o.KubeClientBurst != 75 || o.Signal != "forward" {
+		t.Errorf("flags and fallbacks: %+v", o)
+	}
+}
+
+func TestParseRunErrorsNameTheFlag(t *testing.T) {
+	req := []string{"--queue-url", "q", "--dead-letter-queue-url", "dlq"}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dead-letter-queue-url", "dlq"}, "--queue-url"},
+		{[]string{"--queue-url", "q"}, "--dead-letter-queue-url"},
+		{[]string{"--queue-url", "q", "--dead-letter-queue-url", "q"}, "must differ"},
+		{append(req, "--kube-client-qps", "0"), "--kube-client-qps"},
+		{append(req, "--kube-client-burst", "0"), "--kube-client-burst"},
+		{append(req, "--instance-parallelism", "0"), "--instance-parallelism"},
+		{append(req, "--forward-confirm-timeout", "10ms"), "--forward-confirm-timeout"},
+		{append(req, "--signal", "forward"), "--karpenter-queue-url"},
+		{append(req, "--signal", "smoke"), "--signal"},
+		{append(req, "--workers", "0"), "--workers"},
+		{append(req, "--log-level", "loud"), "--log-level"},
+	} {
+		_, err := ParseRun(tt.args, env(nil))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: error %v, want one naming %s", tt.args, err, tt.want)
+		}
+	}
+}

@@ -9,11 +9,26 @@ import (
 
 // Recheck intervals of decisions that wait on live state rather than on a time.
 const (
-	// PacingRecheck is how soon a drain held by max-concurrent-drains is decided again; the
-	// live router also releases it as soon as one of the pool's drains finishes.
-	PacingRecheck = time.Minute
+	// PacingRecheck is how soon a drain held by max-concurrent-drains, in an event with no
+	// deadline, is decided again at the latest. The live router releases held drains as soon
+	// as one of the pool's drains finishes (and checks each pool that holds drains this often),
+	// so this bounds only what a missed release could cost; a drain with a deadline waits at
+	// most until deadline minus drain-lead.
+	PacingRecheck = 10 * time.Minute
 	// CheckRecheck is how soon a drain held by a failed pre-signal check is checked again.
 	CheckRecheck = 5 * time.Minute
+)
+
+// Hold says what a deferred decision waits for; the live router releases a deferral early
+// when what it waits on changes (a pool's drain finishes, an image becomes available).
+type Hold string
+
+const (
+	HoldWindow       Hold = "window"        // the pool's next maintenance window
+	HoldDeadline     Hold = "deadline"      // deadline minus drain-lead (no window, or it opens too late)
+	HoldRestartGrace Hold = "restart-grace" // a stopped instance may run again
+	HoldPacing       Hold = "pacing"        // max-concurrent-drains: a drain of the pool must finish
+	HoldCheck        Hold = "check"         // a pre-signal check failed or could not answer
 )
 
 // Target is the instance an event names, as the cluster model resolved it.
@@ -40,8 +55,11 @@ type Decision struct {
 	NodeClaim  string     `json:"nodeclaim,omitempty"`
 	NodePool   string     `json:"nodepool,omitempty"`
 	Action     Action     `json:"action"`
-	// Until is when a deferred event is decided again.
-	Until    time.Time `json:"until,omitzero"`
+	// Until is when a deferred event is decided again (at the latest: a Hold on live state
+	// can end earlier).
+	Until time.Time `json:"until,omitzero"`
+	// Hold is what a deferred event waits for.
+	Hold     Hold      `json:"hold,omitempty"`
 	Deadline time.Time `json:"deadline,omitzero"`
 	Reason   string    `json:"reason"`
 	Warnings []string  `json:"warnings,omitempty"`
@@ -159,7 +177,7 @@ func ApplyChecks(d Decision, ev event.Event, p Policy, checks []Check, now time.
 	if ok && latest.Before(until) {
 		until = latest
 	}
-	d.Action, d.Until = ActionDefer, until
+	d.Action, d.Until, d.Hold = ActionDefer, until, HoldCheck
 	d.Reason = fmt.Sprintf("drain held until the replacement is sound (%s); re-checked at %s", what, stamp(until))
 	return d
 }
@@ -171,7 +189,7 @@ func deferStop(d Decision, ev event.Event, p Policy, now time.Time, chose string
 	if !now.Before(until) {
 		return d.with(ActionDrain, "%s: instance %s and not running again within restart-grace %s", chose, ev.State, p.RestartGrace)
 	}
-	d.Until = until
+	d.Until, d.Hold = until, HoldRestartGrace
 	return d.with(ActionDefer, "%s: instance %s; waiting until %s (restart-grace %s) for it to run again", chose, ev.State, stamp(until), p.RestartGrace)
 }
 
@@ -188,24 +206,24 @@ func deferToWindow(d Decision, ev event.Event, p Policy, now time.Time, chose st
 		}
 		next := p.Window.Next(now)
 		if hasDeadline && (next.IsZero() || !next.Before(latest)) {
-			d.Until = latest
+			d.Until, d.Hold = latest, HoldDeadline
 			return d.with(ActionDefer, "%s: the next maintenance window (%s) opens after deadline %s minus drain-lead %s; draining at %s", chose, stamp(next), stamp(ev.Deadline), p.DrainLead, stamp(latest))
 		}
 		if next.IsZero() {
 			return d.with(ActionDrain, "%s: maintenance window %q never opens and the event has no deadline", chose, p.Window.Schedule)
 		}
-		d.Until = next
+		d.Until, d.Hold = next, HoldWindow
 		return d.with(ActionDefer, "%s: waiting for the maintenance window at %s", chose, stamp(next))
 	}
 	if hasDeadline {
-		d.Until = latest
+		d.Until, d.Hold = latest, HoldDeadline
 		return d.with(ActionDefer, "%s: no maintenance window; draining at deadline %s minus drain-lead %s", chose, stamp(ev.Deadline), p.DrainLead)
 	}
 	return d.with(ActionDrain, "%s: nothing to wait for (no maintenance window, no deadline)", chose)
 }
 
 // pace holds a non-urgent drain while the pool has max-concurrent-drains in flight, until
-// one finishes or deadline minus drain-lead is reached.
+// one finishes (the live router releases it then) or deadline minus drain-lead is reached.
 func pace(d Decision, ev event.Event, tg Target, now time.Time) Decision {
 	limit, limited := tg.Policy.DrainLimit(tg.PoolNodes)
 	if !limited || tg.DrainsInFlight < limit {
@@ -217,12 +235,18 @@ func pace(d Decision, ev event.Event, tg Target, now time.Time) Decision {
 		return d
 	}
 	until := now.Add(PacingRecheck)
-	if hasDeadline && latest.Before(until) {
+	if hasDeadline {
 		until = latest
 	}
-	d.Action, d.Until = ActionDefer, until
-	d.Reason = fmt.Sprintf("%s; held by max-concurrent-drains %s (%d of %d nodes, %d in flight) until a drain finishes", d.Reason, tg.Policy.MaxConcurrentDrains.String(), limit, tg.PoolNodes, tg.DrainsInFlight)
+	d.Action, d.Until, d.Hold = ActionDefer, until, HoldPacing
+	d.Reason = fmt.Sprintf("%s; held by max-concurrent-drains %s (%d of %d nodes, %d in flight) until a drain finishes, at the latest %s", d.Reason, tg.Policy.MaxConcurrentDrains.String(), limit, tg.PoolNodes, tg.DrainsInFlight, stamp(until))
 	return d
+}
+
+// Paced reports whether pacing can hold a decision of ev under p: a non-urgent event in a
+// pool with max-concurrent-drains. Only then does the caller need the pool's state.
+func Paced(ev event.Event, p Policy) bool {
+	return p.MaxConcurrentDrains != nil && !ev.Urgent()
 }
 
 // latestSafe is the deadline minus drain-lead: the last moment a deferred event may wait.

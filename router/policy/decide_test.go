@@ -107,7 +107,17 @@ func TestDecide(t *testing.T) {
 			t := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})
 			t.DrainsInFlight = 1
 			return t
+		}(), action: ActionDefer, until: week.Add(-DefaultDrainLead), reason: "max-concurrent-drains"},
+		{name: "pacing holds an event with no deadline for at most PacingRecheck", ev: event.Event{ID: "rb", Kind: event.KindRebalance, Time: now}, tg: func() Target {
+			t := target(map[string]string{ActionKey(event.KindRebalance): "drain", AnnotationMaxConcurrentDrains: "1"})
+			t.DrainsInFlight = 1
+			return t
 		}(), action: ActionDefer, until: now.Add(PacingRecheck), reason: "max-concurrent-drains"},
+		{name: "pacing percent of a pool of one node", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: func() Target {
+			t := target(map[string]string{AnnotationMaxConcurrentDrains: "10%"})
+			t.PoolNodes = 1
+			return t
+		}(), action: ActionDrain},
 		{name: "pacing percent under limit", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: func() Target {
 			t := target(map[string]string{AnnotationMaxConcurrentDrains: "34%"})
 			t.DrainsInFlight = 2
@@ -211,5 +221,62 @@ func TestApplyChecks(t *testing.T) {
 	ign := Decide(instanceEvent(event.KindRebalance, ""), target(nil), now)
 	if d := ApplyChecks(ign, instanceEvent(event.KindRebalance, ""), p, []Check{fail}, now); d.Action != ActionIgnore {
 		t.Errorf("checks changed a non-drain: %+v", d)
+	}
+}
+
+// TestHolds: every deferral says what it waits for, so the live router can release it early.
+func TestHolds(t *testing.T) {
+	week := now.Add(7 * 24 * time.Hour)
+	paced := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})
+	paced.DrainsInFlight = 1
+	windowed := target(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "1h"})
+	stop := event.Event{ID: "st", Kind: event.KindStateChange, State: event.StateStopping, Time: now}
+	tests := []struct {
+		name string
+		ev   event.Event
+		tg   Target
+		want Hold
+	}{
+		{"window", scheduled(event.ScheduledInstanceRetirement, week), windowed, HoldWindow},
+		{"deadline without a window", scheduled(event.ScheduledInstanceRetirement, week), target(map[string]string{AnnotationAction: "defer"}), HoldDeadline},
+		{"window opens too late", scheduled(event.ScheduledInstanceRetirement, now.Add(3*time.Hour)), func() Target {
+			t := windowed
+			t.Policy = FromAnnotations(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "0 2 1 1 *", AnnotationWindowDuration: "1h"})
+			return t
+		}(), HoldDeadline},
+		{"restart grace", stop, target(map[string]string{ActionKey(event.KindStateChange): "defer"}), HoldRestartGrace},
+		{"pacing", scheduled(event.ScheduledInstanceRetirement, week), paced, HoldPacing},
+		{"a drain holds nothing", scheduled(event.ScheduledInstanceRetirement, week), target(nil), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(tt.ev, tt.tg, now)
+			if d.Hold != tt.want {
+				t.Errorf("hold %q, want %q (%s: %s)", d.Hold, tt.want, d.Action, d.Reason)
+			}
+		})
+	}
+	d := ApplyChecks(Decide(scheduled(event.ScheduledInstanceRetirement, week), target(nil), now), scheduled(event.ScheduledInstanceRetirement, week), target(nil).Policy,
+		[]Check{{Name: "ami", Reason: "ami-1 is pending"}}, now)
+	if d.Action != ActionDefer || d.Hold != HoldCheck {
+		t.Errorf("failed check: %s hold %q", d.Action, d.Hold)
+	}
+}
+
+func TestPaced(t *testing.T) {
+	limited := FromAnnotations(map[string]string{AnnotationMaxConcurrentDrains: "20%"})
+	for _, tt := range []struct {
+		ev   event.Event
+		p    Policy
+		want bool
+	}{
+		{scheduled(event.ScheduledInstanceRetirement, now), limited, true},
+		{event.Event{Kind: event.KindSpotInterruption}, limited, false},
+		{event.Event{Kind: event.KindStateChange, State: event.StateTerminated}, limited, false},
+		{scheduled(event.ScheduledInstanceRetirement, now), FromAnnotations(nil), false},
+	} {
+		if got := Paced(tt.ev, tt.p); got != tt.want {
+			t.Errorf("Paced(%s %s) = %v, want %v", tt.ev.Kind, tt.ev.State, got, tt.want)
+		}
 	}
 }

@@ -85,7 +85,7 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 		clk := clock.RealClock{}
 		checker = checks.NewChecker(checks.NewAMI(answers, clk), checks.NewReservations(answers, clk), o.Gates)
 	}
-	eng := engine.New(cluster.New(snap), checker, engine.WithDrainTracking())
+	eng := engine.New(cluster.New(snap), checker)
 
 	bodies, err := readEvents(o.EventsPath)
 	if err != nil {

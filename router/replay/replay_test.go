@@ -72,7 +72,7 @@ func TestReplayDemo(t *testing.T) {
 		{"8a2d1f63", "i-0fedcba9876543210", policy.ActionDefer, "2026-11-28T02:00:00Z", "maintenance window"},
 		{"9b3e2a74", "i-07c3e1d2b4a596870", policy.ActionDefer, "2026-11-22T08:00:00Z", "opens after deadline"},
 		{"ac4f3b85", "i-0fedcba9876543210", policy.ActionDrain, "", "system-maintenance=drain"},
-		{"ac4f3b85", "i-01234abcd5678ef90", policy.ActionDefer, "2026-11-21T12:01:00Z", "max-concurrent-drains 1 (1 of 3 nodes, 1 in flight)"},
+		{"ac4f3b85", "i-01234abcd5678ef90", policy.ActionDefer, "2026-11-29T23:00:00Z", "max-concurrent-drains 1 (1 of 3 nodes, 1 in flight) until a drain finishes"},
 		{"ac4f3b85", "i-0aa11bb22cc33dd44", policy.ActionDefer, "2026-11-21T12:05:00Z", "ami-0e1f2a3b4c5d6e7f8 is pending"},
 		{"bd5a4c96", "i-0d4c3b2a190817263", policy.ActionDefer, "", "cr-0a1b2c3d4e5f60718 has no room"},
 		{"1e5527d7", "i-0b662ef9931388ba0", policy.ActionDrain, "", "two-minute notice"},

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -50,6 +51,7 @@ const (
 	ReasonDeferralCancelled  = "HealthEventDeferralCancelled"
 	ReasonInvalidAnnotation  = "HealthRouterInvalidAnnotation"
 	ReasonReplacementUnsound = "HealthEventReplacementUnsound"
+	ReasonForwardUnconfirmed = "HealthEventForwardUnconfirmed"
 )
 
 // actions are the Event actions of each reason.
@@ -64,8 +66,10 @@ const (
 	StateSuperseded = "superseded" // a newer update of the same Health event replaced it
 )
 
-// Deferral is one deferred event, as recorded in the NodeClaim's healthrouter.io/deferred
-// annotation (a JSON list).
+// Deferral is one deferred event for one instance, as recorded in the NodeClaim's
+// healthrouter.io/deferred annotation (a JSON list). The record is the deferral's durable
+// home: it holds the event itself, so the router decides it again at Until (or when its Hold
+// ends) with nothing kept in SQS.
 type Deferral struct {
 	EventID string     `json:"event_id"`
 	Key     string     `json:"key"` // the Health eventArn, or the event ID
@@ -73,6 +77,38 @@ type Deferral struct {
 	Until   time.Time  `json:"until"`
 	Reason  string     `json:"reason"`
 	State   string     `json:"state"`
+	// Hold is what the deferral waits for; Image the image a check hold waits on.
+	Hold  policy.Hold `json:"hold,omitempty"`
+	Image string      `json:"image,omitempty"`
+	// Match identifies a scheduled maintenance whichever source reported it (AWS Health or
+	// EC2's instance status): "<scheduled type>@<not-before, RFC 3339>".
+	Match string `json:"match,omitempty"`
+	// Event is the event's body restricted to this instance, as forwarded to Karpenter.
+	Event json.RawMessage `json:"event,omitempty"`
+}
+
+// Active reports whether the deferral still waits (not cancelled or superseded).
+func (d Deferral) Active() bool { return d.State == StateDeferred }
+
+// Match returns the identity of a scheduled maintenance across its sources, or "" for
+// other events: the same instance, scheduled type and not-before are the same maintenance.
+func Match(ev event.Event) string {
+	if ev.Kind != event.KindScheduledChange || ev.Health == nil || ev.Health.Scheduled == "" || ev.Deadline.IsZero() {
+		return ""
+	}
+	return string(ev.Health.Scheduled) + "@" + ev.Deadline.UTC().Truncate(time.Second).Format(time.RFC3339)
+}
+
+// Recorded returns the NodeClaim's record of ev (by event ID, or the same scheduled
+// maintenance), if any: an event recorded already needs no new decision.
+func Recorded(nc *karpv1.NodeClaim, ev event.Event) (Deferral, bool) {
+	match := Match(ev)
+	for _, d := range Deferrals(nc) {
+		if d.EventID == ev.ID || (match != "" && d.Match == match) {
+			return d, true
+		}
+	}
+	return Deferral{}, false
 }
 
 // DeferralKey identifies an event across its updates: the Health eventArn, else its ID.
@@ -110,49 +146,113 @@ type sendAPI interface {
 	SendMessage(context.Context, *sqs.SendMessageInput, ...func(*sqs.Options)) (*sqs.SendMessageOutput, error)
 }
 
+// recentTTL is how long a signalled drain is remembered in memory: longer than the cache
+// takes to show the drain-signalled annotation, so that a duplicate of the event handled
+// meanwhile does not signal again.
+const recentTTL = 10 * time.Minute
+
 // Signaller carries out decisions.
 type Signaller struct {
 	kube     client.Client // writes; reads through the cache
-	fresh    client.Reader // uncached reads, before writes that must not race
+	fresh    client.Reader // uncached reads, only after a write conflicted
 	mode     Mode
 	sqs      sendAPI
 	queueURL string // Karpenter's interruption queue, for ModeForward
 	recorder events.EventRecorder
 	clock    clock.Clock
 	locks    keymutex.KeyMutex // one drain at a time per instance: duplicates signal once
+	recentMu sync.Mutex
+	recent   map[string]time.Time // instance -> when this process signalled its drain
 }
 
 // New returns a Signaller. sqsClient and karpenterQueueURL are used in ModeForward only.
 func New(kube client.Client, fresh client.Reader, mode Mode, sqsClient sendAPI, karpenterQueueURL string, recorder events.EventRecorder, clk clock.Clock) *Signaller {
-	return &Signaller{kube: kube, fresh: fresh, mode: mode, sqs: sqsClient, queueURL: karpenterQueueURL, recorder: recorder, clock: clk, locks: keymutex.NewHashed(0)}
+	return &Signaller{kube: kube, fresh: fresh, mode: mode, sqs: sqsClient, queueURL: karpenterQueueURL, recorder: recorder, clock: clk,
+		locks: keymutex.NewHashed(0), recent: map[string]time.Time{}}
 }
 
 // Mode returns the signalling mode.
 func (s *Signaller) Mode() Mode { return s.mode }
 
+// Via returns how a drain of ev is signalled: forwarded to Karpenter's queue only for what
+// Karpenter's interruption controller acts on (Spot and capacity-reservation interruptions,
+// AWS Health scheduled changes, state changes); a rebalance recommendation (Karpenter only
+// records it), an instance-status finding of the router's own poller, and everything in
+// delete-nodeclaim mode delete the NodeClaim.
+func (s *Signaller) Via(ev event.Event) Mode {
+	if s.mode != ModeForward {
+		return ModeDeleteNodeClaim
+	}
+	switch {
+	case ev.Source == "aws.ec2" && (ev.Kind == event.KindSpotInterruption || ev.Kind == event.KindCapacityReservation || ev.Kind == event.KindStateChange):
+		return ModeForward
+	case ev.Source == "aws.health" && ev.Kind == event.KindScheduledChange:
+		return ModeForward
+	}
+	return ModeDeleteNodeClaim
+}
+
+func (s *Signaller) signalledRecently(id string) bool {
+	s.recentMu.Lock()
+	defer s.recentMu.Unlock()
+	now := s.clock.Now()
+	for k, t := range s.recent {
+		if now.Sub(t) > recentTTL {
+			delete(s.recent, k)
+		}
+	}
+	_, ok := s.recent[id]
+	return ok
+}
+
+func (s *Signaller) remember(id string) {
+	s.recentMu.Lock()
+	defer s.recentMu.Unlock()
+	s.recent[id] = s.clock.Now()
+}
+
+// DrainStamp is the value of the drain-signalled annotation: "<event id> <RFC 3339> <via>".
+func DrainStamp(eventID string, at time.Time, via Mode) string {
+	return eventID + " " + at.UTC().Format(time.RFC3339) + " " + string(via)
+}
+
+// ParseDrainStamp reads a drain-signalled annotation; via is empty in stamps written before
+// it was recorded.
+func ParseDrainStamp(v string) (eventID string, at time.Time, via Mode, ok bool) {
+	f := strings.Fields(v)
+	if len(f) < 2 {
+		return "", time.Time{}, "", false
+	}
+	at, err := time.Parse(time.RFC3339, f[1])
+	if err != nil {
+		return "", time.Time{}, "", false
+	}
+	if len(f) > 2 {
+		via = Mode(f[2])
+	}
+	return f[0], at, via, true
+}
+
+// Drain, Defer and Ignore take quiet to leave out the per-instance Kubernetes Events: a bulk
+// event is summarised on its NodePools instead (Summary).
+
 // Drain signals Karpenter to drain the instance. It returns already=true, and signals
 // nothing, when the instance is already being drained (by this event or another): the
-// NodeClaim is being deleted or carries the router's drain-signalled annotation.
-func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved) (already bool, err error) {
+// NodeClaim is being deleted or carries the router's drain-signalled annotation. It reads
+// the NodeClaim from the cache; the per-instance lock and an in-memory note of recent drains
+// cover the moment before the cache shows a drain this process signalled.
+func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) (already bool, err error) {
 	s.locks.LockKey(d.InstanceID)
 	defer func() { _ = s.locks.UnlockKey(d.InstanceID) }()
 
-	var claim *karpv1.NodeClaim
-	if res.NodeClaim != nil {
-		claim = &karpv1.NodeClaim{}
-		err := s.fresh.Get(ctx, client.ObjectKeyFromObject(res.NodeClaim), claim)
-		switch {
-		case apierrors.IsNotFound(err):
-			return true, nil // gone: nothing left to drain
-		case err != nil:
-			return false, fmt.Errorf("reading nodeclaim %s: %w", res.NodeClaim.Name, err)
-		case !claim.DeletionTimestamp.IsZero() || claim.Annotations[cluster.AnnotationDrainSignalled] != "":
-			return true, nil
-		}
+	claim := res.NodeClaim
+	if claim != nil && (cluster.Draining(claim) || s.signalledRecently(d.InstanceID)) {
+		return true, nil
 	}
-	switch s.mode {
+	via := s.Via(ev)
+	switch via {
 	case ModeForward:
-		body, err := Restrict(ev.Body, d.InstanceID)
+		body, err := forwardBody(ev, d.InstanceID)
 		if err != nil {
 			return false, err
 		}
@@ -163,15 +263,16 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		if claim == nil {
 			return false, fmt.Errorf("instance %s has a Node but no NodeClaim: nothing to delete", d.InstanceID)
 		}
-		if err := s.kube.Delete(ctx, claim); err != nil && !apierrors.IsNotFound(err) {
+		if err := s.kube.Delete(ctx, claim.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
 			return false, fmt.Errorf("deleting nodeclaim %s: %w", claim.Name, err)
 		}
 	}
+	s.remember(d.InstanceID)
 	if claim != nil {
-		stamp := ev.ID + " " + s.clock.Now().UTC().Format(time.RFC3339)
+		stamp := DrainStamp(ev.ID, s.clock.Now(), via)
 		err := s.update(ctx, claim, func(nc *karpv1.NodeClaim) bool {
 			ds := Deferrals(nc)
-			ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.Key == DeferralKey(ev) })
+			ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.Key == DeferralKey(ev) || x.EventID == ev.ID })
 			setDeferrals(nc, ds)
 			nc.Annotations[cluster.AnnotationDrainSignalled] = stamp
 			return true
@@ -183,7 +284,9 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 			return false, nil
 		}
 	}
-	s.event(res, eventType(d), ReasonDrained, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
+	if !quiet {
+		s.event(res, eventType(d), ReasonDrained, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
+	}
 	if res.NodeClass != nil {
 		for _, c := range d.Checks {
 			if !c.Passed {
@@ -194,23 +297,53 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 	return false, nil
 }
 
-// Defer records the deferral on the NodeClaim. changed is false when the same deferral was
-// already recorded (a redelivery), so that Events are not repeated.
-func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved) (changed bool, err error) {
+// forwardBody is the body forwarded to Karpenter for one instance.
+func forwardBody(ev event.Event, instanceID string) ([]byte, error) {
+	return Restrict(ev.Body, instanceID)
+}
+
+// Fallback deletes a NodeClaim whose forwarded drain Karpenter did not act on within the
+// confirmation bound, and says so with a Warning Event. The drain-signalled annotation then
+// names delete-nodeclaim, so the NodeClaim is not confirmed again.
+func (s *Signaller) Fallback(ctx context.Context, nc *karpv1.NodeClaim, waited time.Duration) error {
+	if err := s.kube.Delete(ctx, nc.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting nodeclaim %s after an unconfirmed forward: %w", nc.Name, err)
+	}
+	id, _, _, _ := ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
+	if err := s.update(ctx, nc, func(c *karpv1.NodeClaim) bool {
+		c.Annotations[cluster.AnnotationDrainSignalled] = DrainStamp(id, s.clock.Now(), ModeDeleteNodeClaim)
+		return true
+	}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("recording the fallback on nodeclaim %s: %w", nc.Name, err)
+	}
+	s.recorder.Eventf(nc, nil, corev1.EventTypeWarning, ReasonForwardUnconfirmed, "Drain",
+		"Karpenter did not act on the forwarded event %s within %s (no deletion of this NodeClaim): deleted the NodeClaim instead", id, waited.Round(time.Second))
+	return nil
+}
+
+// Defer records the deferral on the NodeClaim, with the event restricted to the instance so
+// that the router can decide it again with nothing held elsewhere. changed is false when the
+// same deferral was already recorded (a redelivery), so that Events are not repeated. An
+// instance with no NodeClaim has nowhere to hold a deferral: ok is false, nothing is written.
+func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) (changed bool, err error) {
 	if res.NodeClaim == nil {
-		s.event(res, corev1.EventTypeNormal, ReasonDeferred, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
-		return true, nil
+		return false, fmt.Errorf("instance %s has no NodeClaim to hold its deferral", d.InstanceID)
+	}
+	body, err := forwardBody(ev, d.InstanceID)
+	if err != nil {
+		return false, err
 	}
 	key := DeferralKey(ev)
+	entry := Deferral{EventID: ev.ID, Key: key, Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: StateDeferred,
+		Hold: d.Hold, Image: holdImage(d), Match: Match(ev), Event: body}
 	err = s.update(ctx, res.NodeClaim, func(nc *karpv1.NodeClaim) bool {
 		ds := Deferrals(nc)
-		entry := Deferral{EventID: ev.ID, Key: key, Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: StateDeferred}
 		found := false
 		for i := range ds {
 			switch {
 			case ds[i].EventID == ev.ID:
 				found = true
-				if ds[i] == entry {
+				if sameDeferral(ds[i], entry) {
 					return false
 				}
 				ds[i] = entry
@@ -228,22 +361,44 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 	if err != nil {
 		return false, fmt.Errorf("recording deferral on nodeclaim %s: %w", res.NodeClaim.Name, err)
 	}
-	if changed {
+	if changed && !quiet {
 		s.event(res, eventType(d), ReasonDeferred, "%s (%s) deferred until %s: %s", ev.Kind, ev.ID, d.Until.UTC().Format(time.RFC3339), summary(d))
 	}
 	return changed, nil
 }
 
+func sameDeferral(a, b Deferral) bool {
+	return a.EventID == b.EventID && a.Key == b.Key && a.Kind == b.Kind && a.Until.Equal(b.Until) && a.Reason == b.Reason &&
+		a.State == b.State && a.Hold == b.Hold && a.Image == b.Image && a.Match == b.Match && string(a.Event) == string(b.Event)
+}
+
+// holdImage is the image a drain held by the AMI check waits on.
+func holdImage(d policy.Decision) string {
+	if d.Hold != policy.HoldCheck {
+		return ""
+	}
+	for _, c := range d.Checks {
+		if c.Name == "ami" && !c.Passed && c.Evidence["image"] != "" {
+			return c.Evidence["image"]
+		}
+	}
+	return ""
+}
+
 // Ignore records an ignored event, and cancels the deferrals it ends: a closed Health event
-// cancels its own; a running instance cancels deferred state changes.
-func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved) error {
-	if d.Cancel && res.NodeClaim != nil {
+// cancels its own; a running instance cancels deferred state changes. A deferral of this
+// same event that is now ignored (its pool's policy changed) is removed.
+func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) error {
+	if res.NodeClaim != nil {
 		var cancelled []string
 		err := s.update(ctx, res.NodeClaim, func(nc *karpv1.NodeClaim) bool {
 			ds := Deferrals(nc)
+			n := len(ds)
+			ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.EventID == ev.ID && x.Active() })
+			removed := len(ds) != n
 			cancelled = cancelled[:0]
 			for i := range ds {
-				if ds[i].State != StateDeferred {
+				if !d.Cancel || ds[i].State != StateDeferred {
 					continue
 				}
 				closedHealth := ev.Health != nil && ds[i].Key == DeferralKey(ev)
@@ -253,23 +408,61 @@ func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decisio
 					cancelled = append(cancelled, ds[i].EventID)
 				}
 			}
-			if len(cancelled) == 0 {
+			if len(cancelled) == 0 && !removed {
 				return false
 			}
 			setDeferrals(nc, ds)
 			return true
 		})
 		if err != nil {
-			return fmt.Errorf("cancelling deferrals on nodeclaim %s: %w", res.NodeClaim.Name, err)
+			return fmt.Errorf("updating deferrals on nodeclaim %s: %w", res.NodeClaim.Name, err)
 		}
 		if len(cancelled) > 0 {
 			s.event(res, corev1.EventTypeNormal, ReasonDeferralCancelled, "%s (%s) cancels deferred %s: %s", ev.Kind, ev.ID, strings.Join(cancelled, ", "), d.Reason)
 			return nil
 		}
 	}
-	s.event(res, eventType(d), ReasonIgnored, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
+	if !quiet {
+		s.event(res, eventType(d), ReasonIgnored, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
+	}
 	return nil
 }
+
+// Prune removes the ended deferrals (cancelled, superseded) whose time has passed: they are
+// kept until then only so that a late duplicate of their event is recognised.
+func (s *Signaller) Prune(ctx context.Context, nc *karpv1.NodeClaim, now time.Time) error {
+	return s.update(ctx, nc, func(c *karpv1.NodeClaim) bool {
+		ds := Deferrals(c)
+		n := len(ds)
+		ds = slices.DeleteFunc(ds, func(x Deferral) bool { return !x.Active() && !now.Before(x.Until) })
+		if len(ds) == n {
+			return false
+		}
+		setDeferrals(c, ds)
+		return true
+	})
+}
+
+// Summary posts one Event on a NodePool for the instances of one event that got the same
+// action: a bulk event (an AZ-wide maintenance naming thousands) is summarised, not told
+// twice per instance; each instance's record stays on its NodeClaim.
+func (s *Signaller) Summary(pool *karpv1.NodePool, ev event.Event, action policy.Action, n int, example policy.Decision) {
+	if pool == nil || n == 0 {
+		return
+	}
+	reason := map[policy.Action]string{policy.ActionDrain: ReasonDrained, policy.ActionDefer: ReasonDeferred, policy.ActionIgnore: ReasonIgnored}[action]
+	if reason == "" {
+		return
+	}
+	typ := corev1.EventTypeNormal
+	if len(example.Warnings) > 0 {
+		typ = corev1.EventTypeWarning
+	}
+	s.recorder.Eventf(pool, nil, typ, reason, actions[reason], "%s (%s): %d instances of this pool %s; for example %s: %s",
+		ev.Kind, ev.ID, n, pastTense[action], example.InstanceID, summary(example))
+}
+
+var pastTense = map[policy.Action]string{policy.ActionDrain: "drained", policy.ActionDefer: "deferred", policy.ActionIgnore: "ignored"}
 
 // PolicyProblems posts a Warning Event on the NodePool for each ignored annotation.
 func (s *Signaller) PolicyProblems(res cluster.Resolved, problems []string) {
@@ -281,22 +474,31 @@ func (s *Signaller) PolicyProblems(res cluster.Resolved, problems []string) {
 	}
 }
 
-// update applies mutate to a fresh copy of the NodeClaim and patches it with an optimistic
-// lock, retrying on conflict; mutate returns false when there is nothing to change.
+// update applies mutate to a copy of the NodeClaim as the caller (the cache) has it and
+// patches it with an optimistic lock; on a conflict it reads the NodeClaim fresh and tries
+// again. mutate returns false when there is nothing to change. One write per instance,
+// and a read only when someone else wrote first.
 func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*karpv1.NodeClaim) bool) error {
+	cur := nc
+	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur := &karpv1.NodeClaim{}
-		if err := s.fresh.Get(ctx, client.ObjectKeyFromObject(nc), cur); err != nil {
-			return err
+		if !first {
+			fresh := &karpv1.NodeClaim{}
+			if err := s.fresh.Get(ctx, client.ObjectKeyFromObject(nc), fresh); err != nil {
+				return err
+			}
+			cur = fresh
 		}
+		first = false
 		base := cur.DeepCopy()
-		if cur.Annotations == nil {
-			cur.Annotations = map[string]string{}
+		next := cur.DeepCopy()
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
 		}
-		if !mutate(cur) {
+		if !mutate(next) {
 			return nil
 		}
-		return s.kube.Patch(ctx, cur, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		return s.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 	})
 }
 

@@ -35,6 +35,7 @@ import (
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/bench/gen"
 	"github.com/health-router/health-router/test/harness"
@@ -184,7 +185,8 @@ func endToEnd(ctx context.Context, c *gen.Cluster, n, nodes int, now time.Time) 
 	sig := signal.New(kube, kube, signal.ModeForward, q, karpURL, &events.FakeRecorder{}, clock.RealClock{})
 	m := metrics.NewRouter(prometheus.NewRegistry(), func() float64 { return 0 })
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	in := intake.New(intake.Config{QueueURL: routerURL, DeadLetterQueueURL: dlqURL, Workers: workers, Visibility: 60 * time.Second, WaitTime: time.Second}, q, eng, sig, m, nil, clock.RealClock{}, log)
+	pipe := pipeline.New(eng, sig, m, nil, clock.RealClock{}, log, 0)
+	in := intake.New(intake.Config{QueueURL: routerURL, DeadLetterQueueURL: dlqURL, Workers: workers, Visibility: 60 * time.Second, WaitTime: time.Second}, q, pipe, m, nil, clock.RealClock{}, log)
 	before := counter.total()
 	runCtx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)

@@ -1,0 +1,80 @@
+package cluster
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+)
+
+// What the cache keeps: the router's memory grows with what it reads, not with what
+// Kubernetes stores. A Node in a real cluster carries ~40 status.images, conditions,
+// addresses, managedFields and annotations the router never reads (together several KiB);
+// the router reads a Node's name, labels and provider ID, and a NodeClaim's metadata,
+// provider ID, NodeClass reference and conditions (the watchdog).
+
+// labelPrefixes are the label namespaces the router reads: the NodePool label, and the
+// well-known labels an EC2NodeClass's AMI requirements can name (kubernetes.io/arch,
+// karpenter.k8s.aws/instance-gpu-count, ...). A Node's own custom labels are dropped.
+var labelPrefixes = []string{"kubernetes.io/", "karpenter.sh/", "karpenter.k8s.aws/", "node.kubernetes.io/", "topology.kubernetes.io/", "beta.kubernetes.io/", "topology.k8s.aws/"}
+
+func keepLabel(k string) bool {
+	for _, p := range labelPrefixes {
+		if strings.HasPrefix(k, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func trimLabels(labels map[string]string) map[string]string {
+	for k := range labels {
+		if !keepLabel(k) {
+			delete(labels, k)
+		}
+	}
+	return labels
+}
+
+// TrimNode is the cache transform of Nodes: name, labels the router reads, provider ID,
+// deletion timestamp. It changes obj in place (the informer's own copy) and returns it.
+func TrimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	n.ManagedFields = nil
+	n.Annotations = nil
+	n.Labels = trimLabels(n.Labels)
+	n.Spec = corev1.NodeSpec{ProviderID: n.Spec.ProviderID}
+	n.Status = corev1.NodeStatus{}
+	return n, nil
+}
+
+// TrimNodeClaim is the cache transform of NodeClaims: metadata (annotations hold the
+// router's own records), labels the router reads, the NodeClass reference, provider ID and
+// condition types, statuses and times (the watchdog's Empty and Drifted).
+func TrimNodeClaim(obj any) (any, error) {
+	nc, ok := obj.(*karpv1.NodeClaim)
+	if !ok {
+		return obj, nil
+	}
+	nc.ManagedFields = nil
+	nc.Labels = trimLabels(nc.Labels)
+	nc.Spec = karpv1.NodeClaimSpec{NodeClassRef: nc.Spec.NodeClassRef}
+	conds := nc.Status.Conditions
+	for i := range conds {
+		conds[i].Message = ""
+	}
+	nc.Status = karpv1.NodeClaimStatus{ProviderID: nc.Status.ProviderID, Conditions: conds}
+	return nc, nil
+}
+
+// DropManagedFields is the cache transform of every other object the router caches.
+func DropManagedFields(obj any) (any, error) {
+	if o, ok := obj.(metav1.Object); ok {
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
+}

@@ -1,0 +1,365 @@
+// Package deferral holds deferred events where Kubernetes keeps them: each deferral is a
+// record on its instance's NodeClaim (healthrouter.io/deferred), and this controller requeues
+// each NodeClaim until its earliest record is due, then decides that instance again — the
+// shape of Karpenter's own controllers (Reconcile, RequeueAfter). Nothing waits in SQS: the
+// intake deletes a message once every instance's outcome is recorded.
+//
+// Holds on live state end early: a drain held by pacing is released when one of its pool's
+// drains finishes (only as many as the pool's limit then allows), a drain held by the AMI
+// check when the image becomes available. The controller also confirms forwarded drains:
+// a NodeClaim that Karpenter has not started deleting within the bound is deleted by the
+// router, with a Warning Event.
+package deferral
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/pipeline"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/signal"
+)
+
+// IndexHeldOn indexes NodeClaims by what their active deferrals wait on: "pool/<nodepool>"
+// for drains held by pacing, "image/<ami>" for drains held by the AMI check.
+const IndexHeldOn = "healthrouter.io/held-on"
+
+// DefaultConfirmTimeout is how long Karpenter has to start deleting a NodeClaim whose drain
+// was forwarded to its queue. Karpenter long-polls its queue and acts within a second or two;
+// past this bound the message was lost or refused (a body it cannot parse is deleted
+// unread), and the router deletes the NodeClaim itself.
+const DefaultConfirmTimeout = 20 * time.Second
+
+// maxConcurrentReconciles bounds the deferrals decided at once when many come due together
+// (a window opening over thousands of deferred instances).
+const maxConcurrentReconciles = 8
+
+// HeldOn returns the index values of a NodeClaim: what its active deferrals wait on.
+func HeldOn(o client.Object) []string {
+	nc, ok := o.(*karpv1.NodeClaim)
+	if !ok || nc.Annotations[cluster.AnnotationDeferred] == "" {
+		return nil
+	}
+	var keys []string
+	for _, d := range signal.Deferrals(nc) {
+		switch {
+		case !d.Active():
+		case d.Hold == policy.HoldPacing:
+			keys = append(keys, PoolKey(nc.Labels[karpv1.NodePoolLabelKey]))
+		case d.Hold == policy.HoldCheck && d.Image != "":
+			keys = append(keys, ImageKey(d.Image))
+		}
+	}
+	return keys
+}
+
+// PoolKey and ImageKey are IndexHeldOn values.
+func PoolKey(pool string) string   { return "pool/" + pool }
+func ImageKey(image string) string { return "image/" + image }
+
+// Controller decides deferrals again when they come due.
+type Controller struct {
+	kube     client.Reader // the cache
+	pipeline *pipeline.Pipeline
+	engine   *engine.Engine
+	signal   *signal.Signaller
+	metrics  *metrics.Router
+	clock    clock.WithTicker
+	log      *slog.Logger
+	confirm  time.Duration
+	wake     chan ctrlevent.TypedGenericEvent[client.Object]
+
+	mu       sync.Mutex
+	released map[string]bool // NodeClaims whose pacing or check hold was released
+	active   map[string]int  // NodeClaim -> active deferrals, for the gauge
+}
+
+// New returns a Controller; confirm <= 0 means DefaultConfirmTimeout.
+func New(kube client.Reader, p *pipeline.Pipeline, eng *engine.Engine, sig *signal.Signaller, m *metrics.Router, clk clock.WithTicker, log *slog.Logger, confirm time.Duration) *Controller {
+	if confirm <= 0 {
+		confirm = DefaultConfirmTimeout
+	}
+	return &Controller{kube: kube, pipeline: p, engine: eng, signal: sig, metrics: m, clock: clk, log: log, confirm: confirm,
+		wake: make(chan ctrlevent.TypedGenericEvent[client.Object], 1024), released: map[string]bool{}, active: map[string]int{}}
+}
+
+// SetupWithManager registers the controller (leader only, as every controller) and the
+// index it releases holds through.
+func (c *Controller) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &karpv1.NodeClaim{}, IndexHeldOn, HeldOn); err != nil {
+		return fmt.Errorf("indexing nodeclaims by %s: %w", IndexHeldOn, err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).Named("deferral").
+		For(&karpv1.NodeClaim{}, builder.WithPredicates(recorded())).
+		WatchesRawSource(source.Channel(c.wake, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrentReconciles}).
+		Complete(c)
+}
+
+// recorded passes only NodeClaims that carry (or carried) a deferral or a drain stamp:
+// the controller has nothing to do with the others, however many the cluster has.
+func recorded() predicate.Funcs {
+	has := func(o client.Object) bool {
+		if o == nil {
+			return false
+		}
+		a := o.GetAnnotations()
+		return a[cluster.AnnotationDeferred] != "" || a[cluster.AnnotationDrainSignalled] != ""
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e ctrlevent.CreateEvent) bool { return has(e.Object) },
+		UpdateFunc:  func(e ctrlevent.UpdateEvent) bool { return has(e.ObjectNew) || has(e.ObjectOld) },
+		DeleteFunc:  func(e ctrlevent.DeleteEvent) bool { return has(e.Object) },
+		GenericFunc: func(e ctrlevent.GenericEvent) bool { return true },
+	}
+}
+
+// Deferred returns the number of active deferrals, for the gauge.
+func (c *Controller) Deferred() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, k := range c.active {
+		n += k
+	}
+	return float64(n)
+}
+
+// Reconcile decides a NodeClaim's due deferrals again, prunes the ended ones, confirms a
+// forwarded drain, and requeues the NodeClaim at its next deferral.
+func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	nc := &karpv1.NodeClaim{}
+	if err := c.kube.Get(ctx, req.NamespacedName, nc); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.forget(req.Name)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	now := c.clock.Now()
+	if !nc.DeletionTimestamp.IsZero() {
+		c.forget(nc.Name) // being drained: its deferrals end with it
+		return reconcile.Result{}, nil
+	}
+	if _, at, via, ok := signal.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
+		c.forget(nc.Name)
+		if via != signal.ModeForward {
+			return reconcile.Result{}, nil
+		}
+		if waited := now.Sub(at); waited < c.confirm {
+			return reconcile.Result{RequeueAfter: c.confirm - waited}, nil
+		}
+		c.log.Warn("Karpenter did not act on a forwarded drain: deleting the NodeClaim", "nodeclaim", nc.Name, "waited", now.Sub(at))
+		if err := c.signal.Fallback(ctx, nc, now.Sub(at)); err != nil {
+			return reconcile.Result{}, err
+		}
+		c.metrics.ForwardUnconfirmed.Inc()
+		return reconcile.Result{}, nil
+	}
+
+	c.mu.Lock()
+	released := c.released[nc.Name]
+	delete(c.released, nc.Name)
+	c.mu.Unlock()
+	var next time.Time
+	later := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	ended, active := false, 0
+	for _, d := range signal.Deferrals(nc) {
+		if !d.Active() {
+			if now.Before(d.Until) {
+				later(d.Until)
+			} else {
+				ended = true
+			}
+			continue
+		}
+		due := !now.Before(d.Until) || (released && (d.Hold == policy.HoldPacing || d.Hold == policy.HoldCheck))
+		if !due {
+			active++
+			later(d.Until)
+			continue
+		}
+		dec, err := c.pipeline.Redecide(ctx, nc, d)
+		if err != nil {
+			return reconcile.Result{}, fmt.Errorf("deciding deferral %s of nodeclaim %s again: %w", d.EventID, nc.Name, err)
+		}
+		if dec.Action == policy.ActionDefer {
+			active++
+			later(dec.Until)
+		}
+	}
+	if ended {
+		if err := c.signal.Prune(ctx, nc, now); err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, fmt.Errorf("pruning ended deferrals of nodeclaim %s: %w", nc.Name, err)
+		}
+	}
+	c.mu.Lock()
+	if active > 0 {
+		c.active[nc.Name] = active
+	} else {
+		delete(c.active, nc.Name)
+	}
+	c.mu.Unlock()
+	if next.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{RequeueAfter: max(next.Sub(now), time.Second)}, nil
+}
+
+func (c *Controller) forget(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.active, name)
+	delete(c.released, name)
+}
+
+// DrainFinished is called when a NodeClaim of pool is gone: pacing reads the pool again and
+// releases as many held drains as the pool's limit now allows.
+func (c *Controller) DrainFinished(ctx context.Context, pool string) {
+	c.engine.DrainFinished(pool)
+	if err := c.ReleasePool(ctx, pool); err != nil {
+		c.log.Error("releasing drains held by pacing", "nodepool", pool, "err", err)
+	}
+}
+
+// ReleasePool releases, oldest first, as many of pool's drains held by pacing as its
+// max-concurrent-drains allows now: each recheck costs what it releases, not a pass over
+// every held instance.
+func (c *Controller) ReleasePool(ctx context.Context, pool string) error {
+	free, paced, err := c.engine.FreeDrains(ctx, pool, c.clock.Now())
+	if err != nil || !paced || free == 0 {
+		return err
+	}
+	held, err := c.held(ctx, PoolKey(pool))
+	if err != nil {
+		return err
+	}
+	sort.Slice(held, func(i, j int) bool {
+		if !held[i].until.Equal(held[j].until) {
+			return held[i].until.Before(held[j].until)
+		}
+		return held[i].nc.Name < held[j].nc.Name
+	})
+	c.release(held[:min(free, len(held))])
+	return nil
+}
+
+// ReleaseImage releases the drains held by the AMI check on image (it became available).
+func (c *Controller) ReleaseImage(ctx context.Context, image string) error {
+	held, err := c.held(ctx, ImageKey(image))
+	if err != nil {
+		return err
+	}
+	c.release(held)
+	return nil
+}
+
+// ImageChanged is the engine's image listener: an image that became available releases the
+// drains waiting on it.
+func (c *Controller) ImageChanged(ctx context.Context, id, state string) {
+	if state != "available" {
+		return
+	}
+	if err := c.ReleaseImage(ctx, id); err != nil {
+		c.log.Error("releasing drains held on an image", "image", id, "err", err)
+	}
+}
+
+type heldClaim struct {
+	nc    *karpv1.NodeClaim
+	until time.Time
+}
+
+func (c *Controller) held(ctx context.Context, key string) ([]heldClaim, error) {
+	var claims karpv1.NodeClaimList
+	if err := c.kube.List(ctx, &claims, client.MatchingFields{IndexHeldOn: key}); err != nil {
+		return nil, fmt.Errorf("listing nodeclaims held on %s: %w", key, err)
+	}
+	out := make([]heldClaim, 0, len(claims.Items))
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		h := heldClaim{nc: nc}
+		for _, d := range signal.Deferrals(nc) {
+			if d.Active() && (h.until.IsZero() || d.Until.Before(h.until)) {
+				h.until = d.Until
+			}
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+func (c *Controller) release(held []heldClaim) {
+	for _, h := range held {
+		c.mu.Lock()
+		c.released[h.nc.Name] = true
+		c.mu.Unlock()
+		c.wake <- ctrlevent.TypedGenericEvent[client.Object]{Object: h.nc}
+	}
+}
+
+// Rechecker releases, every interval, the drains held by pacing in every pool that paces: a
+// safety net for a finished drain whose deletion was missed (a restart, a watch gap).
+type Rechecker struct {
+	c        *Controller
+	pools    client.Reader
+	interval time.Duration
+}
+
+// NewRechecker returns the periodic release of paced drains.
+func (c *Controller) NewRechecker(pools client.Reader, interval time.Duration) *Rechecker {
+	return &Rechecker{c: c, pools: pools, interval: interval}
+}
+
+// NeedLeaderElection: only the leader releases.
+func (r *Rechecker) NeedLeaderElection() bool { return true }
+
+// Start runs until ctx is done.
+func (r *Rechecker) Start(ctx context.Context) error {
+	t := r.c.clock.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+		}
+		var pools karpv1.NodePoolList
+		if err := r.pools.List(ctx, &pools); err != nil {
+			r.c.log.Error("listing nodepools to release paced drains", "err", err)
+			continue
+		}
+		for i := range pools.Items {
+			if pools.Items[i].Annotations[policy.AnnotationMaxConcurrentDrains] == "" {
+				continue
+			}
+			if err := r.c.ReleasePool(ctx, pools.Items[i].Name); err != nil {
+				r.c.log.Error("releasing drains held by pacing", "nodepool", pools.Items[i].Name, "err", err)
+			}
+		}
+	}
+}

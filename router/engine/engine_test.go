@@ -1,0 +1,203 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/policy"
+)
+
+var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+// poolSpec is one NodePool of a test cluster: its annotations, its nodes, and how many of
+// them are already being drained (the first ones: deleted or signalled).
+type poolSpec struct {
+	annotations map[string]string
+	nodes       int
+	draining    int
+}
+
+// testCluster builds a snapshot of the pools; instance IDs are i-<pool>-<n>, NodeClaims
+// <pool>-<n>.
+func testCluster(t testing.TB, pools map[string]poolSpec) *cluster.Model {
+	t.Helper()
+	var objs []client.Object
+	for name, p := range pools {
+		objs = append(objs, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: p.annotations}})
+		for i := 0; i < p.nodes; i++ {
+			pid := "aws:///eu-west-1a/" + instance(name, i)
+			labels := map[string]string{karpv1.NodePoolLabelKey: name}
+			claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", name, i), Labels: labels, Annotations: map[string]string{}}, Status: karpv1.NodeClaimStatus{ProviderID: pid}}
+			if i < p.draining {
+				claim.Annotations[cluster.AnnotationDrainSignalled] = "earlier " + now.Format(time.RFC3339)
+			}
+			objs = append(objs, claim, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%s-%d", name, i), Labels: labels}, Spec: corev1.NodeSpec{ProviderID: pid}})
+		}
+	}
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := cluster.NewSnapshot(scheme, objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cluster.New(snap)
+}
+
+func instance(pool string, i int) string { return fmt.Sprintf("i-%s%013d", pool[:4], i) }
+
+func retirement(ids ...string) event.Event {
+	start := now.Add(7 * 24 * time.Hour)
+	return event.Event{ID: "ret-1", Kind: event.KindScheduledChange, Time: now, Deadline: start, Instances: ids,
+		Health: &event.Health{EventARN: "arn:aws:health:eu-west-1::event/EC2/RET/1", TypeCode: "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", Status: event.HealthUpcoming, Scheduled: event.ScheduledInstanceRetirement, Start: start}}
+}
+
+func spot(id string) event.Event {
+	return event.Event{ID: "spot-" + id, Kind: event.KindSpotInterruption, Time: now, Deadline: now.Add(2 * time.Minute), Instances: []string{id}}
+}
+
+func actions(outs []Outcome) []policy.Action {
+	var a []policy.Action
+	for _, o := range outs {
+		a = append(a, o.Action)
+	}
+	return a
+}
+
+func TestPacing(t *testing.T) {
+	drain, deferred := policy.ActionDrain, policy.ActionDefer
+	tests := []struct {
+		name string
+		pool poolSpec
+		// event names these node indexes of the pool
+		instances []int
+		spot      bool
+		want      []policy.Action
+	}{
+		{name: "integer limit, several instances of one event", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "2"}, nodes: 10},
+			instances: []int{0, 1, 2, 3}, want: []policy.Action{drain, drain, deferred, deferred}},
+		{name: "integer limit with drains already in flight", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "2"}, nodes: 10, draining: 1},
+			instances: []int{5, 6, 7}, want: []policy.Action{drain, deferred, deferred}},
+		{name: "limit reached by drains in flight", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "1"}, nodes: 4, draining: 1},
+			instances: []int{2}, want: []policy.Action{deferred}},
+		// The bug: the pool's size was read only after a first drain, and 20% of 0 nodes is
+		// 0, so every drain of a percentage-paced pool was deferred.
+		{name: "percentage of the pool's size, first decision", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "20%"}, nodes: 10},
+			instances: []int{0, 1, 2}, want: []policy.Action{drain, drain, deferred}},
+		{name: "percentage rounds up: 10% of 5 nodes is 1", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "10%"}, nodes: 5},
+			instances: []int{0, 1}, want: []policy.Action{drain, deferred}},
+		{name: "percentage with drains in flight", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "30%"}, nodes: 10, draining: 2},
+			instances: []int{4, 5}, want: []policy.Action{drain, deferred}},
+		{name: "0 holds every non-urgent drain", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "0"}, nodes: 3},
+			instances: []int{0}, want: []policy.Action{deferred}},
+		{name: "no limit", pool: poolSpec{nodes: 3, draining: 2},
+			instances: []int{0, 1, 2}, want: []policy.Action{drain, drain, drain}},
+		{name: "urgent kinds pass the limit", pool: poolSpec{annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "1"}, nodes: 4, draining: 1},
+			instances: []int{2}, spot: true, want: []policy.Action{drain}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			eng := New(testCluster(t, map[string]poolSpec{"kafka": tt.pool}), nil)
+			var ids []string
+			for _, i := range tt.instances {
+				ids = append(ids, instance("kafka", i))
+			}
+			var outs []Outcome
+			if tt.spot {
+				o, err := eng.Decide(context.Background(), spot(ids[0]), now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs = o
+			} else {
+				o, err := eng.Decide(context.Background(), retirement(ids...), now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs = o
+			}
+			if got := actions(outs); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				for _, o := range outs {
+					t.Logf("%s: %s: %s", o.InstanceID, o.Action, o.Reason)
+				}
+				t.Fatalf("actions %v, want %v", got, tt.want)
+			}
+			for _, o := range outs {
+				if o.Action == policy.ActionDefer && (o.Hold != policy.HoldPacing || !o.Until.Equal(now.Add(7*24*time.Hour-policy.DefaultDrainLead))) {
+					t.Errorf("%s held %q until %s", o.InstanceID, o.Hold, o.Until)
+				}
+			}
+		})
+	}
+}
+
+// TestPacingAcrossEvents: drains decided for one event count against the next event's, and
+// a slot given back (the drain was not signalled) is free again.
+func TestPacingAcrossEvents(t *testing.T) {
+	eng := New(testCluster(t, map[string]poolSpec{"kafka": {annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "1"}, nodes: 3}}), nil)
+	ctx := context.Background()
+	first, _ := eng.Decide(ctx, retirement(instance("kafka", 0)), now)
+	second, _ := eng.Decide(ctx, retirement(instance("kafka", 1)), now)
+	if first[0].Action != policy.ActionDrain || second[0].Action != policy.ActionDefer {
+		t.Fatalf("first %s, second %s", first[0].Action, second[0].Action)
+	}
+	eng.Unreserve("kafka", first[0].NodeClaim)
+	third, _ := eng.Decide(ctx, retirement(instance("kafka", 1)), now)
+	if third[0].Action != policy.ActionDrain {
+		t.Errorf("after the slot was given back: %s (%s)", third[0].Action, third[0].Reason)
+	}
+	free, ok, err := eng.FreeDrains(ctx, "kafka", now)
+	if err != nil || !ok || free != 0 {
+		t.Errorf("FreeDrains = %d, %v, %v; want 0 free", free, ok, err)
+	}
+	if _, ok, _ := eng.FreeDrains(ctx, "nope", now); ok {
+		t.Error("a pool that does not exist paces")
+	}
+}
+
+// TestPacingInParallel: instances decided concurrently never exceed the pool's limit.
+func TestPacingInParallel(t *testing.T) {
+	const nodes, limit = 400, 7
+	eng := New(testCluster(t, map[string]poolSpec{"kafka": {annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: fmt.Sprint(limit)}, nodes: nodes}}), nil)
+	var ids []string
+	for i := 0; i < nodes; i++ {
+		ids = append(ids, instance("kafka", i))
+	}
+	ev := retirement(ids...)
+	var mu sync.Mutex
+	drains := 0
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < nodes; i += 16 {
+				o, err := eng.DecideInstance(context.Background(), ev, eng.Resolve, ids[i], now)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if o.Action == policy.ActionDrain {
+					mu.Lock()
+					drains++
+					mu.Unlock()
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if drains != limit {
+		t.Errorf("%d drains decided in parallel, want exactly %d", drains, limit)
+	}
+}

@@ -1,0 +1,251 @@
+// Package pipeline decides an event for every instance it names and carries each outcome
+// out. SQS messages (router/intake), the instance-status poller (router/poller) and
+// deferrals coming due (router/deferral) all take this one path.
+//
+// An event's outcome per instance is recorded on the instance's NodeClaim (a deferral
+// record, or the drain-signalled stamp), so progress survives a retry: a redelivered event
+// skips the instances it recorded already, and a retried bulk event never starts over.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/utils/clock"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/signal"
+)
+
+// BulkInstances is the most instances an event may name and still get Kubernetes Events per
+// instance; a larger one (an AZ-wide maintenance) gets one summary Event per NodePool and
+// action, and each instance's outcome stays on its NodeClaim.
+const BulkInstances = 10
+
+// DefaultParallelism is how many instances of one event are decided and carried out at once:
+// enough to keep a polite client limit (200 requests/s) busy over API server round trips,
+// bounded so that one bulk event cannot take every connection.
+const DefaultParallelism = 16
+
+// Publisher receives decisions for the CloudWatch dashboard; nil-safe.
+type Publisher interface {
+	Decision(kind, action string)
+}
+
+// Pipeline decides and carries out events.
+type Pipeline struct {
+	engine    *engine.Engine
+	signal    *signal.Signaller
+	metrics   *metrics.Router
+	publisher Publisher
+	clock     clock.PassiveClock
+	log       *slog.Logger
+	parallel  int
+}
+
+// New returns a Pipeline; publisher may be nil, parallel < 1 means DefaultParallelism.
+func New(eng *engine.Engine, sig *signal.Signaller, m *metrics.Router, publisher Publisher, clk clock.PassiveClock, log *slog.Logger, parallel int) *Pipeline {
+	if parallel < 1 {
+		parallel = DefaultParallelism
+	}
+	return &Pipeline{engine: eng, signal: sig, metrics: m, publisher: publisher, clock: clk, log: log, parallel: parallel}
+}
+
+// Result counts an event's outcomes by action, and the instances skipped because their
+// outcome was recorded before.
+type Result struct {
+	Actions         map[policy.Action]int
+	AlreadyRecorded int
+}
+
+// Handle decides ev for each instance and carries the outcomes out; it implements the
+// poller's handler. It returns nil once every instance's outcome is recorded.
+func (p *Pipeline) Handle(ctx context.Context, ev event.Event) error {
+	_, err := p.Process(ctx, ev)
+	return err
+}
+
+// Process decides ev for each instance it names, in parallel, and carries the outcomes out.
+// An error means some instances must be tried again (those recorded meanwhile are skipped
+// then); the others' outcomes stand.
+func (p *Pipeline) Process(ctx context.Context, ev event.Event) (Result, error) {
+	res := Result{Actions: map[policy.Action]int{}}
+	if ev.Kind == event.KindAMIStateChange {
+		o := p.engine.ImageChanged(ctx, ev)
+		res.Actions[o.Action]++
+		return res, nil
+	}
+	bulk := newSummary(len(ev.Instances) > BulkInstances)
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	var g errgroup.Group // not WithContext: one instance's failure must not stop the others' progress
+	g.SetLimit(p.parallel)
+	for _, id := range ev.Instances {
+		g.Go(func() error {
+			action, recorded, err := p.instance(ctx, ev, id, bulk, false, nil)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("instance %s: %w", id, err))
+			case recorded:
+				res.AlreadyRecorded++
+			default:
+				res.Actions[action]++
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	bulk.post(p.signal, ev)
+	return res, errors.Join(errs...)
+}
+
+// Redecide decides one due (or released) deferral of a NodeClaim again and carries the new
+// outcome out. It returns the new decision (a defer carries its next Until).
+func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec signal.Deferral) (policy.Decision, error) {
+	ev, err := event.Parse(rec.Event)
+	if err != nil {
+		return policy.Decision{}, fmt.Errorf("deferral %s on nodeclaim %s holds an event that does not parse: %w", rec.EventID, nc.Name, err)
+	}
+	id := cluster.InstanceID(nc.Status.ProviderID)
+	if id == "" && len(ev.Instances) == 1 {
+		id = ev.Instances[0]
+	}
+	ev.Instances = []string{id}
+	p.metrics.Redecisions.WithLabelValues(string(rec.Hold)).Inc()
+	var d policy.Decision
+	_, _, err = p.instance(ctx, ev, id, newSummary(false), true, &d)
+	return d, err
+}
+
+// instance decides ev for one instance and carries the outcome out; recorded is true
+// when the instance's outcome was recorded before (nothing was decided).
+func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk *summary, redecide bool, out *policy.Decision) (policy.Action, bool, error) {
+	resolved, err := p.engine.Resolve(ctx, id)
+	if err != nil {
+		return "", false, err
+	}
+	log := p.log.With("event_id", ev.ID, "kind", ev.Kind, "instance", id)
+	if nc := resolved.NodeClaim; nc != nil && !redecide {
+		if rec, ok := signal.Recorded(nc, ev); ok {
+			log.Debug("outcome recorded already", "nodeclaim", nc.Name, "state", rec.State, "recorded_event", rec.EventID)
+			p.metrics.AlreadyRecorded.Inc()
+			return "", true, nil
+		}
+		if stamped, _, _, ok := signal.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok && stamped == ev.ID {
+			p.metrics.AlreadyRecorded.Inc()
+			return "", true, nil
+		}
+	}
+	o, err := p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }, id, p.clock.Now())
+	if err != nil {
+		return "", false, err
+	}
+	d := o.Decision
+	if d.Action == policy.ActionDefer && o.Resolved.NodeClaim == nil {
+		// A deferral lives on the NodeClaim; an instance without one is not Karpenter's.
+		d.Action, d.Hold = policy.ActionSkip, ""
+		d.Reason = "would defer (" + d.Reason + "), but the instance has no NodeClaim: Karpenter does not manage it"
+	}
+	if out != nil {
+		*out = d
+	}
+	ilog := log.With("node", d.Node, "nodepool", d.NodePool, "action", d.Action)
+	p.metrics.Decisions.WithLabelValues(string(ev.Kind), string(d.Action), d.NodePool).Inc()
+	if p.publisher != nil {
+		p.publisher.Decision(string(ev.Kind), string(d.Action))
+	}
+	for _, c := range d.Checks {
+		p.metrics.CheckResults.WithLabelValues(c.Name, checkResult(c)).Inc()
+	}
+	p.signal.PolicyProblems(o.Resolved, o.Problems)
+	quiet := bulk.quiet
+	switch d.Action {
+	case policy.ActionDrain:
+		var already bool
+		already, err = p.signal.Drain(ctx, ev, d, o.Resolved, quiet)
+		if err == nil {
+			ilog.Info("drain signalled", "reason", d.Reason, "already_draining", already, "via", p.signal.Via(ev))
+		} else {
+			p.engine.Unreserve(d.NodePool, d.NodeClaim)
+		}
+	case policy.ActionDefer:
+		_, err = p.signal.Defer(ctx, ev, d, o.Resolved, quiet)
+		if err == nil {
+			ilog.Info("deferred", "until", d.Until, "hold", d.Hold, "reason", d.Reason)
+		}
+	case policy.ActionIgnore:
+		err = p.signal.Ignore(ctx, ev, d, o.Resolved, quiet)
+		if err == nil {
+			ilog.Info("ignored", "reason", d.Reason)
+		}
+	case policy.ActionSkip:
+		ilog.Info("skipped", "reason", d.Reason)
+	}
+	if err != nil {
+		p.metrics.SignalErrors.WithLabelValues(string(p.signal.Via(ev))).Inc()
+		return "", false, fmt.Errorf("carrying out %s: %w", d.Action, err)
+	}
+	bulk.add(o.Resolved.NodePool, d)
+	return d.Action, false, nil
+}
+
+func checkResult(c policy.Check) string {
+	switch {
+	case c.Passed:
+		return "passed"
+	case c.Unavailable:
+		return "unavailable"
+	}
+	return "failed"
+}
+
+// summary gathers a bulk event's outcomes per NodePool and action, for one Event each.
+type summary struct {
+	quiet bool
+	mu    sync.Mutex
+	pools map[string]*karpv1.NodePool
+	count map[string]map[policy.Action]int
+	first map[string]map[policy.Action]policy.Decision
+}
+
+func newSummary(quiet bool) *summary {
+	return &summary{quiet: quiet, pools: map[string]*karpv1.NodePool{}, count: map[string]map[policy.Action]int{}, first: map[string]map[policy.Action]policy.Decision{}}
+}
+
+func (s *summary) add(pool *karpv1.NodePool, d policy.Decision) {
+	if !s.quiet || pool == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.count[pool.Name] == nil {
+		s.pools[pool.Name] = pool
+		s.count[pool.Name] = map[policy.Action]int{}
+		s.first[pool.Name] = map[policy.Action]policy.Decision{}
+	}
+	if s.count[pool.Name][d.Action] == 0 {
+		s.first[pool.Name][d.Action] = d
+	}
+	s.count[pool.Name][d.Action]++
+}
+
+func (s *summary) post(sig *signal.Signaller, ev event.Event) {
+	for name, byAction := range s.count {
+		for action, n := range byAction {
+			sig.Summary(s.pools[name], ev, action, n, s.first[name][action])
+		}
+	}
+}

@@ -1,0 +1,309 @@
+package signal
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/policy"
+)
+
+var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+type sentMessages struct{ bodies []string }
+
+func (s *sentMessages) SendMessage(_ context.Context, in *sqs.SendMessageInput, _ ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
+	s.bodies = append(s.bodies, aws.ToString(in.MessageBody))
+	return &sqs.SendMessageOutput{MessageId: aws.String("m")}, nil
+}
+
+const healthBody = `{"version":"0","id":"h1","detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":["i-0a1b2c3d4e5f6000a","i-0a1b2c3d4e5f6000b"],"detail":{"eventArn":"arn:aws:health:eu-west-1::event/EC2/RET/1","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":"Sat, 28 Nov 2026 10:00:00 GMT","affectedEntities":[{"entityValue":"i-0a1b2c3d4e5f6000a"},{"entityValue":"i-0a1b2c3d4e5f6000b"}]}}`
+
+type rig struct {
+	kube     client.Client
+	sent     *sentMessages
+	recorder *events.FakeRecorder
+	clock    *clocktesting.FakeClock
+	claim    *karpv1.NodeClaim
+}
+
+func newRig(t *testing.T, mode Mode) (*Signaller, *rig) {
+	t.Helper()
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kafka-a", Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}},
+		Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-0a1b2c3d4e5f6000a"}}
+	r := &rig{kube: fake.NewClientBuilder().WithScheme(scheme).WithObjects(claim).Build(), sent: &sentMessages{},
+		recorder: events.NewFakeRecorder(100), clock: clocktesting.NewFakeClock(now)}
+	r.claim = r.get(t)
+	return New(r.kube, r.kube, mode, r.sent, "karpenter", r.recorder, r.clock), r
+}
+
+func (r *rig) get(t *testing.T) *karpv1.NodeClaim {
+	t.Helper()
+	nc := &karpv1.NodeClaim{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-a"}, nc); err != nil {
+		t.Fatal(err)
+	}
+	return nc
+}
+
+func (r *rig) resolved(t *testing.T) cluster.Resolved {
+	return cluster.Resolved{InstanceID: "i-0a1b2c3d4e5f6000a", NodeClaim: r.get(t)}
+}
+
+func parse(t *testing.T, body string) event.Event {
+	t.Helper()
+	ev, err := event.Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func TestVia(t *testing.T) {
+	spotEv := event.Event{Source: "aws.ec2", Kind: event.KindSpotInterruption}
+	tests := []struct {
+		mode Mode
+		ev   event.Event
+		want Mode
+	}{
+		{ModeForward, spotEv, ModeForward},
+		{ModeForward, event.Event{Source: "aws.ec2", Kind: event.KindCapacityReservation}, ModeForward},
+		{ModeForward, event.Event{Source: "aws.ec2", Kind: event.KindStateChange}, ModeForward},
+		{ModeForward, event.Event{Source: "aws.health", Kind: event.KindScheduledChange}, ModeForward},
+		// Karpenter only records a rebalance recommendation: deleting the NodeClaim drains.
+		{ModeForward, event.Event{Source: "aws.ec2", Kind: event.KindRebalance}, ModeDeleteNodeClaim},
+		// A finding of the router's own poller is nothing Karpenter's queue parses.
+		{ModeForward, event.Event{Source: "healthrouter.io", Kind: event.KindScheduledChange}, ModeDeleteNodeClaim},
+		{ModeDeleteNodeClaim, spotEv, ModeDeleteNodeClaim},
+	}
+	for _, tt := range tests {
+		s := &Signaller{mode: tt.mode}
+		if got := s.Via(tt.ev); got != tt.want {
+			t.Errorf("%s mode, %s %s: %s, want %s", tt.mode, tt.ev.Source, tt.ev.Kind, got, tt.want)
+		}
+	}
+}
+
+func TestDrainForwardsOnceAndStamps(t *testing.T) {
+	s, r := newRig(t, ModeForward)
+	ev := parse(t, healthBody)
+	d := policy.Decision{EventID: ev.ID, InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain, Reason: "drain"}
+	stale := r.resolved(t) // the cache, before the stamp shows
+	already, err := s.Drain(context.Background(), ev, d, stale, false)
+	if err != nil || already {
+		t.Fatalf("drain: already %v, err %v", already, err)
+	}
+	if len(r.sent.bodies) != 1 || strings.Contains(r.sent.bodies[0], "i-0a1b2c3d4e5f6000b") || !strings.Contains(r.sent.bodies[0], "i-0a1b2c3d4e5f6000a") {
+		t.Fatalf("forwarded %v", r.sent.bodies)
+	}
+	id, at, via, ok := ParseDrainStamp(r.get(t).Annotations[cluster.AnnotationDrainSignalled])
+	if !ok || id != "h1" || !at.Equal(now) || via != ModeForward {
+		t.Errorf("stamp %q", r.get(t).Annotations[cluster.AnnotationDrainSignalled])
+	}
+	// A duplicate handled while the cache is still stale signals nothing.
+	if already, err := s.Drain(context.Background(), ev, d, stale, false); err != nil || !already || len(r.sent.bodies) != 1 {
+		t.Errorf("duplicate: already %v, err %v, %d forwarded", already, err, len(r.sent.bodies))
+	}
+}
+
+func TestDrainRebalanceDeletesInForwardMode(t *testing.T) {
+	s, r := newRig(t, ModeForward)
+	ev := event.Event{ID: "rb1", Source: "aws.ec2", Kind: event.KindRebalance, Instances: []string{"i-0a1b2c3d4e5f6000a"}}
+	if _, err := s.Drain(context.Background(), ev, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}, r.resolved(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.sent.bodies) != 0 {
+		t.Errorf("forwarded a rebalance Karpenter would only record: %v", r.sent.bodies)
+	}
+	nc := &karpv1.NodeClaim{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-a"}, nc); err == nil {
+		t.Errorf("nodeclaim not deleted: %+v", nc.ObjectMeta)
+	}
+	if len(r.recorder.Events) != 0 {
+		t.Errorf("quiet drain posted %d Events", len(r.recorder.Events))
+	}
+}
+
+func TestDeferRecordsTheEvent(t *testing.T) {
+	s, r := newRig(t, ModeForward)
+	ev := parse(t, healthBody)
+	until := now.Add(24 * time.Hour)
+	d := policy.Decision{EventID: ev.ID, InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer, Until: until, Hold: policy.HoldWindow, Reason: "window"}
+	changed, err := s.Defer(context.Background(), ev, d, r.resolved(t), false)
+	if err != nil || !changed {
+		t.Fatalf("defer: changed %v, err %v", changed, err)
+	}
+	ds := Deferrals(r.get(t))
+	if len(ds) != 1 || ds[0].Hold != policy.HoldWindow || !ds[0].Until.Equal(until) || ds[0].Match != "instance-retirement@2026-11-28T10:00:00Z" {
+		t.Fatalf("record %+v", ds)
+	}
+	// The record holds the event restricted to the instance, and it parses back.
+	back, err := event.Parse(ds[0].Event)
+	if err != nil || len(back.Instances) != 1 || back.Instances[0] != "i-0a1b2c3d4e5f6000a" || back.ID != "h1" {
+		t.Errorf("recorded event: %v %+v", err, back)
+	}
+	if rec, ok := Recorded(r.get(t), ev); !ok || rec.EventID != "h1" {
+		t.Error("Recorded does not find the deferral")
+	}
+	// A redelivery changes nothing and posts no Event.
+	events := len(r.recorder.Events)
+	if changed, err := s.Defer(context.Background(), ev, d, r.resolved(t), false); err != nil || changed || len(r.recorder.Events) != events {
+		t.Errorf("redelivery: changed %v, err %v", changed, err)
+	}
+	// A newer update of the same Health event supersedes it.
+	upd := ev
+	upd.ID = "h2"
+	if _, err := s.Defer(context.Background(), upd, d, r.resolved(t), true); err != nil {
+		t.Fatal(err)
+	}
+	ds = Deferrals(r.get(t))
+	if len(ds) != 2 || ds[0].State != StateSuperseded || ds[1].State != StateDeferred {
+		t.Errorf("after an update: %+v", ds)
+	}
+	// The drain of the newer update removes both records.
+	if _, err := s.Drain(context.Background(), upd, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}, r.resolved(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if ds := Deferrals(r.get(t)); len(ds) != 0 {
+		t.Errorf("records left after the drain: %+v", ds)
+	}
+}
+
+func TestDeferWithoutNodeClaimFails(t *testing.T) {
+	s, _ := newRig(t, ModeDeleteNodeClaim)
+	ev := parse(t, healthBody)
+	if _, err := s.Defer(context.Background(), ev, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer}, cluster.Resolved{InstanceID: "i-0a1b2c3d4e5f6000a"}, false); err == nil {
+		t.Error("a deferral with no NodeClaim to hold it was accepted")
+	}
+}
+
+func TestMatchAcrossSources(t *testing.T) {
+	health := parse(t, healthBody)
+	polled := event.Event{ID: "p1", Kind: event.KindScheduledChange, Deadline: health.Deadline.Add(300 * time.Millisecond),
+		Health: &event.Health{Scheduled: event.ScheduledInstanceRetirement}}
+	if Match(health) == "" || Match(health) != Match(polled) {
+		t.Errorf("Match %q vs %q", Match(health), Match(polled))
+	}
+	other := polled
+	other.Health = &event.Health{Scheduled: event.ScheduledInstanceReboot}
+	if Match(other) == Match(health) {
+		t.Error("a reboot matches a retirement")
+	}
+	if Match(event.Event{Kind: event.KindSpotInterruption}) != "" {
+		t.Error("a spot interruption has a maintenance identity")
+	}
+}
+
+func TestIgnoreCancelsAndRemoves(t *testing.T) {
+	s, r := newRig(t, ModeDeleteNodeClaim)
+	stop := event.Event{ID: "s1", Source: "aws.ec2", Kind: event.KindStateChange, State: event.StateStopping, Time: now,
+		Body: []byte(`{"version":"0","id":"s1","detail-type":"EC2 Instance State-change Notification","source":"aws.ec2","account":"123456789012","time":"2026-11-21T12:00:00Z","region":"eu-west-1","resources":[],"detail":{"instance-id":"i-0a1b2c3d4e5f6000a","state":"stopping"}}`)}
+	if _, err := s.Defer(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer, Until: now.Add(15 * time.Minute), Hold: policy.HoldRestartGrace}, r.resolved(t), false); err != nil {
+		t.Fatal(err)
+	}
+	running := event.Event{ID: "r1", Kind: event.KindStateChange, State: event.StateRunning}
+	if err := s.Ignore(context.Background(), running, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionIgnore, Cancel: true}, r.resolved(t), false); err != nil {
+		t.Fatal(err)
+	}
+	ds := Deferrals(r.get(t))
+	if len(ds) != 1 || ds[0].State != StateCancelled || ds[0].Active() {
+		t.Fatalf("after running: %+v", ds)
+	}
+	// Pruned only once its time has passed.
+	if err := s.Prune(context.Background(), r.get(t), now); err != nil || len(Deferrals(r.get(t))) != 1 {
+		t.Errorf("pruned early: %v", err)
+	}
+	if err := s.Prune(context.Background(), r.get(t), now.Add(16*time.Minute)); err != nil || len(Deferrals(r.get(t))) != 0 {
+		t.Errorf("not pruned after its time: %v %+v", err, Deferrals(r.get(t)))
+	}
+	// A deferral re-decided as ignored (the pool's policy changed) is removed.
+	if _, err := s.Defer(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer, Until: now.Add(time.Hour)}, r.resolved(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ignore(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionIgnore}, r.resolved(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if ds := Deferrals(r.get(t)); len(ds) != 0 {
+		t.Errorf("ignored deferral kept: %+v", ds)
+	}
+}
+
+// TestUpdateRereadsOnConflict: a write starts from the cached object; when someone else wrote
+// first (a stale resourceVersion), it reads fresh and applies the change again.
+func TestUpdateRereadsOnConflict(t *testing.T) {
+	s, r := newRig(t, ModeDeleteNodeClaim)
+	stale := r.get(t)
+	other := r.get(t)
+	other.Annotations = map[string]string{"someone": "else"}
+	if err := r.kube.Update(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.update(context.Background(), stale, func(nc *karpv1.NodeClaim) bool { nc.Annotations["mine"] = "1"; return true }); err != nil {
+		t.Fatal(err)
+	}
+	got := r.get(t).Annotations
+	if got["mine"] != "1" || got["someone"] != "else" {
+		t.Errorf("annotations %v", got)
+	}
+}
+
+func TestFallbackDeletesAndRestamps(t *testing.T) {
+	s, r := newRig(t, ModeForward)
+	nc := r.get(t)
+	nc.Finalizers = []string{"karpenter.sh/termination"} // held, as Karpenter's finalizer holds it
+	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: DrainStamp("h1", now, ModeForward)}
+	if err := r.kube.Update(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Fallback(context.Background(), r.get(t), 25*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	got := r.get(t)
+	if got.DeletionTimestamp.IsZero() {
+		t.Error("not deleted")
+	}
+	if _, _, via, _ := ParseDrainStamp(got.Annotations[cluster.AnnotationDrainSignalled]); via != ModeDeleteNodeClaim {
+		t.Errorf("stamp %q", got.Annotations[cluster.AnnotationDrainSignalled])
+	}
+	select {
+	case e := <-r.recorder.Events:
+		if !strings.Contains(e, ReasonForwardUnconfirmed) {
+			t.Errorf("event %q", e)
+		}
+	default:
+		t.Error("no Warning Event")
+	}
+}
+
+func TestDrainStampRoundTrip(t *testing.T) {
+	for _, v := range []string{DrainStamp("e1", now, ModeForward), "e1 2026-11-21T12:00:00Z"} {
+		id, at, _, ok := ParseDrainStamp(v)
+		if !ok || id != "e1" || !at.Equal(now) {
+			t.Errorf("%q: %s %s %v", v, id, at, ok)
+		}
+	}
+	if _, _, _, ok := ParseDrainStamp("garbage"); ok {
+		t.Error("garbage parsed")
+	}
+	b, _ := json.Marshal(Deferral{EventID: "x"})
+	if strings.Contains(string(b), "hold") || strings.Contains(string(b), `"event"`) {
+		t.Errorf("empty optional fields written: %s", b)
+	}
+}
