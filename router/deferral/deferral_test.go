@@ -1,0 +1,253 @@
+package deferral
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/pipeline"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/signal"
+)
+
+var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+type rig struct {
+	c     *Controller
+	kube  client.Client
+	clock *clocktesting.FakeClock
+	m     *metrics.Router
+}
+
+func instanceID(i int) string { return fmt.Sprintf("i-0a1b2c3d4e5f6%04d", i) }
+
+// retirementBody is a Health retirement of one instance, deadline start.
+func retirementBody(id string, start time.Time) []byte {
+	return []byte(fmt.Sprintf(`{"version":"0","id":"ret-%s","detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-20T10:00:00Z","region":"eu-west-1","resources":["%s"],"detail":{"eventArn":"arn:aws:health:eu-west-1::event/EC2/RET/%s","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":"%s","affectedEntities":[{"entityValue":"%s"}]}}`,
+		id, id, id, start.UTC().Format(time.RFC1123), id))
+}
+
+// newRig builds a pool of n NodeClaims; each claim i gets the deferral records recs(i).
+func newRig(t *testing.T, poolAnnotations map[string]string, n int, recs func(i int) []signal.Deferral) *rig {
+	t.Helper()
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := []client.Object{&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: poolAnnotations}}}
+	for i := 0; i < n; i++ {
+		labels := map[string]string{karpv1.NodePoolLabelKey: "kafka"}
+		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("kafka-%d", i), Labels: labels, Annotations: map[string]string{},
+			Finalizers: []string{"karpenter.sh/termination"}}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/" + instanceID(i)}}
+		if rs := recs(i); len(rs) > 0 {
+			b := fmt.Sprint(mustJSON(t, rs))
+			nc.Annotations[cluster.AnnotationDeferred] = b
+		}
+		objs = append(objs, nc, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%d", i), Labels: labels}, Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + instanceID(i)}})
+	}
+	b := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...)
+	for _, ix := range cluster.Indexes() {
+		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
+	}
+	kube := b.WithIndex(&karpv1.NodeClaim{}, IndexHeldOn, HeldOn).Build()
+	clk := clocktesting.NewFakeClock(now)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m := metrics.NewRouter(prometheus.NewRegistry(), func() float64 { return 0 })
+	eng := engine.New(cluster.New(kube), nil)
+	sig := signal.New(kube, kube, signal.ModeDeleteNodeClaim, nil, "", events.NewFakeRecorder(1000), clk)
+	p := pipeline.New(eng, sig, m, nil, clk, log, 4)
+	return &rig{c: New(kube, p, eng, sig, m, clk, log, 20*time.Second), kube: kube, clock: clk, m: m}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := jsonMarshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func (r *rig) reconcile(t *testing.T, name string) reconcile.Result {
+	t.Helper()
+	res, err := r.c.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
+	if err != nil {
+		t.Fatalf("reconcile %s: %v", name, err)
+	}
+	return res
+}
+
+func (r *rig) claim(t *testing.T, name string) *karpv1.NodeClaim {
+	t.Helper()
+	nc := &karpv1.NodeClaim{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: name}, nc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		t.Fatal(err)
+	}
+	return nc
+}
+
+func deferral(i int, until time.Time, hold policy.Hold, deadline time.Time) signal.Deferral {
+	return signal.Deferral{EventID: "ret-" + instanceID(i), Key: "arn:aws:health:eu-west-1::event/EC2/RET/" + instanceID(i), Kind: event.KindScheduledChange,
+		Until: until, Reason: "r", State: signal.StateDeferred, Hold: hold, Event: retirementBody(instanceID(i), deadline)}
+}
+
+func TestReconcileRequeuesUntilDueThenDrains(t *testing.T) {
+	deadline := now.Add(2 * time.Hour)
+	r := newRig(t, map[string]string{policy.AnnotationAction: "defer"}, 1, func(i int) []signal.Deferral {
+		return []signal.Deferral{deferral(i, deadline.Add(-policy.DefaultDrainLead), policy.HoldDeadline, deadline)}
+	})
+	res := r.reconcile(t, "kafka-0")
+	if res.RequeueAfter != time.Hour {
+		t.Errorf("requeue after %s, want 1h (deadline minus drain-lead)", res.RequeueAfter)
+	}
+	if r.c.Deferred() != 1 {
+		t.Errorf("deferred gauge %v", r.c.Deferred())
+	}
+	if nc := r.claim(t, "kafka-0"); nc == nil || !nc.DeletionTimestamp.IsZero() {
+		t.Fatal("drained before its time")
+	}
+	r.clock.Step(time.Hour)
+	r.reconcile(t, "kafka-0")
+	if nc := r.claim(t, "kafka-0"); nc == nil || nc.DeletionTimestamp.IsZero() {
+		t.Fatal("not drained when due")
+	}
+	if got := testutil.ToFloat64(r.m.Redecisions.WithLabelValues("deadline")); got != 1 {
+		t.Errorf("redecisions %v", got)
+	}
+}
+
+// TestReleasePoolReleasesOnlyWhatTheLimitAllows: with max-concurrent-drains 2 and one drain in
+// flight, a release lets exactly one held drain go, the oldest.
+func TestReleasePoolReleasesOnlyWhatTheLimitAllows(t *testing.T) {
+	deadline := now.Add(72 * time.Hour)
+	r := newRig(t, map[string]string{policy.AnnotationMaxConcurrentDrains: "2"}, 6, func(i int) []signal.Deferral {
+		if i == 0 {
+			return nil
+		}
+		// held until deadline - lead; claim 3 has the earliest until
+		until := deadline.Add(-policy.DefaultDrainLead).Add(time.Duration(i) * time.Minute)
+		if i == 3 {
+			until = until.Add(-time.Hour)
+		}
+		return []signal.Deferral{deferral(i, until, policy.HoldPacing, deadline)}
+	})
+	// claim 0 is draining
+	nc := r.claim(t, "kafka-0")
+	nc.Annotations = map[string]string{}
+	nc.Annotations[cluster.AnnotationDrainSignalled] = signal.DrainStamp("x", now, signal.ModeDeleteNodeClaim)
+	if err := r.kube.Update(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.ReleasePool(context.Background(), "kafka"); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.c.wake) != 1 {
+		t.Fatalf("%d released, want 1", len(r.c.wake))
+	}
+	released := (<-r.c.wake).Object.GetName()
+	if released != "kafka-3" {
+		t.Errorf("released %s, want the oldest held (kafka-3)", released)
+	}
+	r.reconcile(t, released)
+	if nc := r.claim(t, released); nc == nil || nc.DeletionTimestamp.IsZero() {
+		t.Fatal("released drain not carried out")
+	}
+	// A held claim reconciled without a release (an unrelated update) stays held.
+	r.reconcile(t, "kafka-4")
+	if nc := r.claim(t, "kafka-4"); !nc.DeletionTimestamp.IsZero() {
+		t.Error("a held drain went without a release")
+	}
+	// Now two are in flight: a release lets none go.
+	if err := r.c.ReleasePool(context.Background(), "kafka"); err != nil || len(r.c.wake) != 0 {
+		t.Errorf("released %d with the pool at its limit (%v)", len(r.c.wake), err)
+	}
+}
+
+func TestConfirmForwardFallsBack(t *testing.T) {
+	r := newRig(t, nil, 1, func(int) []signal.Deferral { return nil })
+	nc := r.claim(t, "kafka-0")
+	nc.Annotations = map[string]string{}
+	nc.Annotations[cluster.AnnotationDrainSignalled] = signal.DrainStamp("spot-1", now, signal.ModeForward)
+	if err := r.kube.Update(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if res := r.reconcile(t, "kafka-0"); res.RequeueAfter != 20*time.Second {
+		t.Errorf("requeue %s, want the confirmation bound", res.RequeueAfter)
+	}
+	r.clock.Step(21 * time.Second)
+	r.reconcile(t, "kafka-0")
+	if nc := r.claim(t, "kafka-0"); nc == nil || nc.DeletionTimestamp.IsZero() {
+		t.Fatal("an unconfirmed forward was not followed by a delete")
+	}
+	if got := testutil.ToFloat64(r.m.ForwardUnconfirmed); got != 1 {
+		t.Errorf("unconfirmed metric %v", got)
+	}
+	// Confirmed (Karpenter deleted it): nothing more to do.
+	if res := r.reconcile(t, "kafka-0"); res.RequeueAfter != 0 {
+		t.Errorf("requeued a NodeClaim being deleted: %s", res.RequeueAfter)
+	}
+}
+
+func TestEndedRecordsArePrunedAfterTheirTime(t *testing.T) {
+	r := newRig(t, nil, 1, func(i int) []signal.Deferral {
+		d := deferral(i, now.Add(time.Minute), policy.HoldRestartGrace, now.Add(time.Hour))
+		d.State = signal.StateCancelled
+		return []signal.Deferral{d}
+	})
+	if res := r.reconcile(t, "kafka-0"); res.RequeueAfter != time.Minute {
+		t.Errorf("requeue %s", res.RequeueAfter)
+	}
+	if r.c.Deferred() != 0 {
+		t.Errorf("a cancelled deferral counted as held")
+	}
+	r.clock.Step(time.Minute)
+	r.reconcile(t, "kafka-0")
+	nc := r.claim(t, "kafka-0")
+	if len(signal.Deferrals(nc)) != 0 || !nc.DeletionTimestamp.IsZero() {
+		t.Errorf("cancelled record: %+v, deleting %v", signal.Deferrals(nc), !nc.DeletionTimestamp.IsZero())
+	}
+}
+
+func TestHeldOn(t *testing.T) {
+	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}, Annotations: map[string]string{}}}
+	recs := []signal.Deferral{
+		{EventID: "a", State: signal.StateDeferred, Hold: policy.HoldPacing},
+		{EventID: "b", State: signal.StateDeferred, Hold: policy.HoldCheck, Image: "ami-1"},
+		{EventID: "c", State: signal.StateCancelled, Hold: policy.HoldCheck, Image: "ami-2"},
+		{EventID: "d", State: signal.StateDeferred, Hold: policy.HoldWindow},
+	}
+	nc.Annotations[cluster.AnnotationDeferred] = mustJSON(t, recs)
+	got := HeldOn(nc)
+	if fmt.Sprint(got) != "[pool/kafka image/ami-1]" {
+		t.Errorf("HeldOn = %v", got)
+	}
+	if HeldOn(&karpv1.NodeClaim{}) != nil {
+		t.Error("a NodeClaim with no records is held on something")
+	}
+}
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
