@@ -28,7 +28,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -64,7 +66,16 @@ func main() {
 	}
 }
 
+// quietLogs routes controller-runtime's logs (envtest, the client, the cache) to w at warning
+// level and above. Without a logger set before envtest and the first client exist,
+// controller-runtime prints a stack trace ("log.SetLogger(...) was never called") 30 s
+// after start, which on a cold machine is before the demo shows anything.
+func quietLogs(w io.Writer) {
+	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
 func run() error {
+	quietLogs(os.Stderr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	root, err := repoRoot()
@@ -79,7 +90,9 @@ func run() error {
 	defer stopMoto()
 
 	step("starting kube-apiserver and etcd (envtest) with the Karpenter CRDs")
-	assets, err := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh")).Output()
+	bins := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh"))
+	bins.Stderr = os.Stderr // the first build's progress
+	assets, err := bins.Output()
 	if err != nil {
 		return fmt.Errorf("envtest binaries: %w", err)
 	}
