@@ -244,20 +244,20 @@ func createQueue(ctx context.Context, c *sqs.Client, name string) (string, error
 // registerImages registers the available images of aws.yaml in moto and maps their demo
 // IDs to moto's.
 func registerImages(ctx context.Context, c *ec2.Client, path string) (map[string]string, error) {
-	af, err := replay.LoadAWSFile(path)
+	af, err := replay.LoadAWS(path)
 	if err != nil {
 		return nil, err
 	}
 	ids := map[string]string{}
 	for _, im := range af.Images {
-		if im.State != "available" {
+		if im.State != ec2types.ImageStateAvailable {
 			continue
 		}
-		out, err := c.RegisterImage(ctx, &ec2.RegisterImageInput{Name: aws.String(im.Name), Architecture: ec2types.ArchitectureValues(im.Architecture), RootDeviceName: aws.String("/dev/xvda")})
+		out, err := c.RegisterImage(ctx, &ec2.RegisterImageInput{Name: im.Name, Architecture: im.Architecture, RootDeviceName: aws.String("/dev/xvda")})
 		if err != nil {
 			return nil, err
 		}
-		ids[im.ID] = aws.ToString(out.ImageId)
+		ids[aws.ToString(im.ImageId)] = aws.ToString(out.ImageId)
 	}
 	return ids, nil
 }
