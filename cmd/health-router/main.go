@@ -86,7 +86,7 @@ func run(ctx context.Context, name string, args []string, stdout, stderr io.Writ
 		if err != nil {
 			return err
 		}
-		return runDoctor(ctx, o, stdout)
+		return runDoctor(ctx, o, stdout, stderr)
 	case "status":
 		o, err := options.ParseStatus(args[1:], os.Getenv, time.Now().UTC())
 		if err != nil {

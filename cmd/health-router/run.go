@@ -45,7 +45,14 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-func runDoctor(ctx context.Context, o options.Doctor, stdout io.Writer) error {
+// warnOnly gives controller-runtime a logger for the one-shot commands: its warnings reach
+// stderr, and without a logger it prints a stack trace once 30 s have passed.
+func warnOnly(stderr io.Writer) {
+	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
+func runDoctor(ctx context.Context, o options.Doctor, stdout, stderr io.Writer) error {
+	warnOnly(stderr)
 	restCfg, err := kubeConfig(o.Kubeconfig)
 	if err != nil {
 		return err
@@ -62,8 +69,7 @@ func runDoctor(ctx context.Context, o options.Doctor, stdout io.Writer) error {
 }
 
 func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) error {
-	// controller-runtime's warnings go to stderr; without a logger it prints a stack trace.
-	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	warnOnly(stderr)
 	restCfg, err := kubeConfig(o.Kubeconfig)
 	if err != nil {
 		return err
