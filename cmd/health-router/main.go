@@ -3,6 +3,10 @@
 //
 //	health-router run --queue-url URL --dead-letter-queue-url URL [--karpenter-queue-url URL] ...
 //	health-router replay --cluster CLUSTER.yaml --events PATH [--aws AWS.yaml] [--now RFC3339] [-o table|json]
+//	health-router status [--nodepool NAME] [-o table|json]
+//
+// Installed as kubectl-health_router (a copy or a symlink), it is a kubectl plugin:
+// kubectl health-router status.
 package main
 
 import (
@@ -13,6 +17,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 	_ "time/tzdata" // window schedules name zones (CRON_TZ=...); do not depend on the image's tzdata
@@ -21,20 +27,24 @@ import (
 	"github.com/health-router/health-router/router/replay"
 )
 
-const usage = `usage: health-router <command> [flags]
+const usage = `usage: %[1]s <command> [flags]
 
 commands:
   run      consume the intake queue, decide, and signal Karpenter (in the cluster)
   doctor   check a live setup (queues, rules, Karpenter's own handling, RBAC, feature gates)
   replay   decide recorded events against a cluster snapshot (no AWS, no cluster needed)
+  status   per NodePool: policy, window, deferred events, drains in flight, check holds
 
-Run "health-router <command> -h" for a command's flags. Every flag has an environment
+Run "%[1]s <command> -h" for a command's flags. Every flag has an environment
 fallback: --queue-url is also HEALTH_ROUTER_QUEUE_URL.
 `
 
+// pluginBinary is the name kubectl looks for to run "kubectl health-router".
+const pluginBinary = "kubectl-health_router"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	err := run(ctx, programName(os.Args[0]), os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -45,9 +55,17 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// programName is how the user called us: "kubectl health-router" through the plugin binary.
+func programName(arg0 string) string {
+	if strings.TrimSuffix(filepath.Base(arg0), ".exe") == pluginBinary {
+		return "kubectl health-router"
+	}
+	return "health-router"
+}
+
+func run(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprintf(stderr, usage, name)
 		return errors.New("no command")
 	}
 	switch args[0] {
@@ -68,11 +86,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return runDoctor(ctx, o, stdout)
+		return runDoctor(ctx, o, stdout, stderr)
+	case "status":
+		o, err := options.ParseStatus(args[1:], os.Getenv, time.Now().UTC())
+		if err != nil {
+			return err
+		}
+		return runStatus(ctx, o, stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprintf(stdout, usage, name)
 		return nil
 	}
-	fmt.Fprint(stderr, usage)
+	fmt.Fprintf(stderr, usage, name)
 	return fmt.Errorf("unknown command %q", args[0])
 }

@@ -7,13 +7,18 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/health-router/health-router/router/app"
+	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/status"
 )
 
 func runRouter(ctx context.Context, o options.Run, stderr io.Writer) error {
@@ -40,7 +45,14 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-func runDoctor(ctx context.Context, o options.Doctor, stdout io.Writer) error {
+// warnOnly gives controller-runtime a logger for the one-shot commands: its warnings reach
+// stderr, and without a logger it prints a stack trace once 30 s have passed.
+func warnOnly(stderr io.Writer) {
+	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
+func runDoctor(ctx context.Context, o options.Doctor, stdout, stderr io.Writer) error {
+	warnOnly(stderr)
 	restCfg, err := kubeConfig(o.Kubeconfig)
 	if err != nil {
 		return err
@@ -54,4 +66,28 @@ func runDoctor(ctx context.Context, o options.Doctor, stdout io.Writer) error {
 		return errors.New("doctor found problems (FAIL above)")
 	}
 	return nil
+}
+
+func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) error {
+	warnOnly(stderr)
+	restCfg, err := kubeConfig(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return err
+	}
+	kube, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("connecting to the cluster: %w", err)
+	}
+	rep, err := status.Read(ctx, kube, o.Now, o.NodePool)
+	if err != nil {
+		return err
+	}
+	if o.Output == "json" {
+		return rep.WriteJSON(stdout)
+	}
+	return rep.WriteTable(stdout)
 }

@@ -2,9 +2,14 @@ package replay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"io"
 	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -13,7 +18,16 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// AWSFile is the --aws file: what EC2 would answer the pre-signal checks.
+// AWSFile is what --aws holds: what EC2 would answer the pre-signal checks. The path is a
+// file or a directory of files, each in one of two forms.
+//
+// What the AWS CLI prints, as is (JSON; EC2's own field names):
+//
+//	aws ec2 describe-images --image-ids ami-... --output json > images.json
+//	aws ec2 describe-capacity-reservations --output json > reservations.json
+//
+// or a short YAML written by hand, whose keys are EC2's fields in camelCase, with id for
+// ImageId or CapacityReservationId:
 //
 //	images:
 //	  - id: ami-0c55b159cbfafe1f0
@@ -24,52 +38,214 @@ import (
 //	  - id: cr-0a1b2c3d4e5f60718
 //	    state: active                      # active | expired | cancelled | pending | failed ...
 //	    instanceType: m7i.2xlarge          # optional
+//	    availabilityZone: eu-west-1a       # optional; any other EC2 field is accepted too
 //	    totalInstanceCount: 4
 //	    availableInstanceCount: 1
 //
-// An image or reservation not listed does not exist, as EC2 would say.
+// Any field of EC2's Image or CapacityReservation is accepted in both forms; a field EC2
+// does not have is refused, naming it. An image or reservation not listed does not exist,
+// as EC2 would say.
 type AWSFile struct {
-	Images []struct {
-		ID           string `json:"id"`
-		Name         string `json:"name,omitempty"`
-		State        string `json:"state"`
-		Architecture string `json:"architecture,omitempty"`
-	} `json:"images"`
-	CapacityReservations []struct {
-		ID                     string `json:"id"`
-		State                  string `json:"state"`
-		InstanceType           string `json:"instanceType,omitempty"`
-		TotalInstanceCount     int32  `json:"totalInstanceCount"`
-		AvailableInstanceCount int32  `json:"availableInstanceCount"`
-	} `json:"capacityReservations"`
+	Images               []ec2types.Image
+	CapacityReservations []ec2types.CapacityReservation
 }
 
-// LoadAWSFile reads an --aws file.
-func LoadAWSFile(path string) (*AWSFile, error) {
-	f, err := os.Open(path)
+// ec2Kind describes one top-level list of an --aws file: its key (as the CLI prints it),
+// the EC2 type of its entries, and the EC2 field that the short form's id stands for.
+type ec2Kind struct {
+	key     string
+	idField string
+	fields  map[string]bool // EC2's field names, lower case: JSON decoding ignores case as well
+	states  []string
+}
+
+func newEC2Kind(key, idField string, shape any, states []string) ec2Kind {
+	k := ec2Kind{key: key, idField: idField, fields: map[string]bool{}, states: states}
+	t := reflect.TypeOf(shape)
+	for i := 0; i < t.NumField(); i++ {
+		if f := t.Field(i); f.IsExported() {
+			k.fields[strings.ToLower(f.Name)] = true
+		}
+	}
+	return k
+}
+
+var (
+	imageKind       = newEC2Kind("Images", "ImageId", ec2types.Image{}, enumStrings(ec2types.ImageState("").Values()))
+	reservationKind = newEC2Kind("CapacityReservations", "CapacityReservationId", ec2types.CapacityReservation{}, enumStrings(ec2types.CapacityReservationState("").Values()))
+)
+
+func enumStrings[T ~string](vs []T) []string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = string(v)
+	}
+	return out
+}
+
+// LoadAWS reads --aws: one file, or every file of a directory (hidden files left out).
+func LoadAWS(path string) (*AWSFile, error) {
+	info, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	b, err := io.ReadAll(f)
+	files := []string{path}
+	if info.IsDir() {
+		entries, err := os.ReadDir(path)
+		if err != nil {
+			return nil, err
+		}
+		files = nil
+		for _, e := range entries {
+			if !e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+				files = append(files, filepath.Join(path, e.Name()))
+			}
+		}
+		if len(files) == 0 {
+			return nil, fmt.Errorf("%s: no files in the directory", path)
+		}
+	}
+	a := &AWSFile{}
+	seen := map[string]string{} // ID -> the file that listed it
+	for _, f := range files {
+		if err := a.load(f, seen); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// load adds one file's images and reservations to a; seen catches an ID listed twice.
+func (a *AWSFile) load(path string, seen map[string]string) error {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var a AWSFile
-	if err := yaml.UnmarshalStrict(b, &a); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	js, err := yaml.YAMLToJSON(b) // JSON is YAML: one decoder for both forms
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	for _, im := range a.Images {
-		if im.ID == "" || im.State == "" {
-			return nil, fmt.Errorf("%s: every image needs an id and a state", path)
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(js, &top); err != nil || top == nil {
+		return fmt.Errorf("%s: want an object with Images or CapacityReservations (the output of aws ec2 describe-images or describe-capacity-reservations --output json, or the short YAML)", path)
+	}
+	found := false
+	for _, key := range sortedKeys(top) {
+		raw := top[key]
+		switch strings.ToLower(key) {
+		case "images":
+			entries, err := decodeEntries(path, key, imageKind, raw)
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				var im ec2types.Image
+				if err := decodeEntry(e, &im); err != nil {
+					return err
+				}
+				if err := e.check(aws.ToString(im.ImageId), string(im.State), seen); err != nil {
+					return err
+				}
+				a.Images = append(a.Images, im)
+			}
+			found = true
+		case "capacityreservations":
+			entries, err := decodeEntries(path, key, reservationKind, raw)
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				var cr ec2types.CapacityReservation
+				if err := decodeEntry(e, &cr); err != nil {
+					return err
+				}
+				if err := e.check(aws.ToString(cr.CapacityReservationId), string(cr.State), seen); err != nil {
+					return err
+				}
+				a.CapacityReservations = append(a.CapacityReservations, cr)
+			}
+			found = true
+		case "nexttoken":
+			// The CLI pages by itself; a token left in the output means a --max-items cut.
+		default:
+			return fmt.Errorf("%s: unknown key %q: want Images (aws ec2 describe-images) or CapacityReservations (aws ec2 describe-capacity-reservations)", path, key)
 		}
 	}
-	for _, cr := range a.CapacityReservations {
-		if cr.ID == "" || cr.State == "" {
-			return nil, fmt.Errorf("%s: every capacity reservation needs an id and a state", path)
-		}
+	if !found {
+		return fmt.Errorf("%s: no Images or CapacityReservations", path)
 	}
-	return &a, nil
+	return nil
+}
+
+// entry is one image or reservation as read, before it is decoded into EC2's type.
+type entry struct {
+	where string // file and position, for messages
+	kind  ec2Kind
+	body  []byte // JSON, with the short form's id renamed to EC2's field
+}
+
+// decodeEntries splits a list into entries, checking every field name against EC2's.
+// key is the list's name as the file spells it (Images, images), for messages.
+func decodeEntries(path, key string, kind ec2Kind, raw json.RawMessage) ([]entry, error) {
+	var list []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("%s: %s: want a list of objects: %w", path, key, err)
+	}
+	out := make([]entry, 0, len(list))
+	for i, fields := range list {
+		where := fmt.Sprintf("%s: %s[%d]", path, key, i)
+		for _, name := range sortedKeys(fields) {
+			l := strings.ToLower(name)
+			if l == "id" {
+				if _, dup := fields[kind.idField]; dup {
+					return nil, fmt.Errorf("%s: both id and %s", where, kind.idField)
+				}
+				fields[kind.idField] = fields[name]
+				delete(fields, name)
+				continue
+			}
+			if !kind.fields[l] {
+				return nil, fmt.Errorf("%s: unknown field %q: EC2's %s has no such field (want id or %s, state, ... as EC2 names them)", where, name, strings.TrimSuffix(kind.key, "s"), kind.idField)
+			}
+		}
+		body, err := json.Marshal(fields)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		out = append(out, entry{where: where, kind: kind, body: body})
+	}
+	return out, nil
+}
+
+func decodeEntry(e entry, v any) error {
+	if err := json.Unmarshal(e.body, v); err != nil {
+		return fmt.Errorf("%s: %w", e.where, err)
+	}
+	return nil
+}
+
+// check asks for the two fields the checks read, a state EC2 knows, and an ID listed once.
+func (e entry) check(id, state string, seen map[string]string) error {
+	if id == "" || state == "" {
+		return fmt.Errorf("%s: needs an id (%s) and a state", e.where, e.kind.idField)
+	}
+	if !slices.Contains(e.kind.states, state) {
+		return fmt.Errorf("%s (%s): state %q: EC2's states are %s", e.where, id, state, strings.Join(e.kind.states, ", "))
+	}
+	if prev, ok := seen[id]; ok {
+		return fmt.Errorf("%s: %s is listed twice (also at %s)", e.where, id, prev)
+	}
+	seen[id] = e.where
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // ec2Answers answers DescribeImages and DescribeCapacityReservations from an AWSFile, with
@@ -84,16 +260,11 @@ func (a *ec2Answers) DescribeImages(_ context.Context, in *ec2.DescribeImagesInp
 	a.calls["DescribeImages"]++
 	out := &ec2.DescribeImagesOutput{}
 	for _, id := range in.ImageIds {
-		found := false
-		for _, im := range a.file.Images {
-			if im.ID == id {
-				found = true
-				out.Images = append(out.Images, ec2types.Image{ImageId: aws.String(im.ID), Name: aws.String(im.Name), State: ec2types.ImageState(im.State), Architecture: ec2types.ArchitectureValues(im.Architecture)})
-			}
-		}
-		if !found {
+		i := slices.IndexFunc(a.file.Images, func(im ec2types.Image) bool { return aws.ToString(im.ImageId) == id })
+		if i < 0 {
 			return nil, &smithy.GenericAPIError{Code: "InvalidAMIID.NotFound", Message: fmt.Sprintf("The image id '[%s]' does not exist", id)}
 		}
+		out.Images = append(out.Images, a.file.Images[i])
 	}
 	return out, nil
 }
@@ -102,20 +273,13 @@ func (a *ec2Answers) DescribeCapacityReservations(_ context.Context, in *ec2.Des
 	a.calls["DescribeCapacityReservations"]++
 	out := &ec2.DescribeCapacityReservationsOutput{}
 	for _, id := range in.CapacityReservationIds {
-		found := false
-		for _, cr := range a.file.CapacityReservations {
-			if cr.ID == id {
-				found = true
-				out.CapacityReservations = append(out.CapacityReservations, ec2types.CapacityReservation{
-					CapacityReservationId: aws.String(cr.ID), State: ec2types.CapacityReservationState(cr.State),
-					InstanceType: aws.String(cr.InstanceType), TotalInstanceCount: aws.Int32(cr.TotalInstanceCount),
-					AvailableInstanceCount: aws.Int32(cr.AvailableInstanceCount),
-				})
-			}
-		}
-		if !found {
+		i := slices.IndexFunc(a.file.CapacityReservations, func(cr ec2types.CapacityReservation) bool {
+			return aws.ToString(cr.CapacityReservationId) == id
+		})
+		if i < 0 {
 			return nil, &smithy.GenericAPIError{Code: "InvalidCapacityReservationId.NotFound", Message: fmt.Sprintf("The capacity reservation ID '%s' does not exist", id)}
 		}
+		out.CapacityReservations = append(out.CapacityReservations, a.file.CapacityReservations[i])
 	}
 	return out, nil
 }

@@ -30,7 +30,7 @@ import (
 type Options struct {
 	ClusterFile string
 	EventsPath  string
-	AWSFile     string // optional; without it no pre-signal check runs
+	AWSFile     string // optional (a file or a directory, see AWSFile); without it no pre-signal check runs
 	Now         time.Time
 	Gates       featuregate.FeatureGate
 	Output      string // table | json
@@ -77,7 +77,7 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 	}
 	var checker *checks.Checker
 	if o.AWSFile != "" {
-		af, err := LoadAWSFile(o.AWSFile)
+		af, err := LoadAWS(o.AWSFile)
 		if err != nil {
 			return fmt.Errorf("--aws: %w", err)
 		}

@@ -187,7 +187,7 @@ func TestReplayJSONLines(t *testing.T) {
 func TestLoadAWSFileStrict(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "aws.yaml")
 	os.WriteFile(path, []byte("images:\n  - id: ami-1\n    stat: available\n"), 0o644)
-	if _, err := LoadAWSFile(path); err == nil {
+	if _, err := LoadAWS(path); err == nil {
 		t.Error("a misspelt field was accepted")
 	}
 }

@@ -146,7 +146,9 @@ func KubeAPIServer(t testing.TB) *rest.Config {
 func KubeEnv(t testing.TB) *envtest.Environment {
 	t.Helper()
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		out, err := exec.Command(repoPath("test/tools/envtest-bins.sh")).Output()
+		bins := exec.Command(repoPath("test/tools/envtest-bins.sh"))
+		bins.Stderr = os.Stderr // the first build's progress
+		out, err := bins.Output()
 		if err != nil {
 			t.Fatalf("building envtest binaries: %v", err)
 		}

@@ -16,11 +16,29 @@ if [[ -x $cache/kube-apiserver && -x $cache/etcd ]]; then
   exit 0
 fi
 
+command -v go >/dev/null || { echo "envtest-bins.sh: go is not on PATH (needed to build kube-apiserver and etcd)" >&2; exit 1; }
+
+# One build at a time: a second caller (make demo while make test builds) waits for the
+# first one's result instead of starting its own build.
+mkdir -p "$cache"
+exec 9>"$cache.lock"
+if ! flock -n 9; then
+  echo "envtest: another process is building kube-apiserver and etcd into $cache; waiting for it" >&2
+  flock 9
+fi
+if [[ -x $cache/kube-apiserver && -x $cache/etcd ]]; then
+  echo "$cache"
+  exit 0
+fi
+
 export GOTOOLCHAIN=${GOTOOLCHAIN_ENVTEST:-auto}
 export GOFLAGS=-mod=mod
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$cache"
+start=$SECONDS
+# progress reports a step on stderr with the time since the build began (stdout carries
+# only the directory).
+progress() { printf 'envtest: [%3dm%02ds] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$*" >&2; }
 
 staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
   cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
@@ -45,11 +63,17 @@ import (
 )
 GO
 cd "$work"
-echo "building kube-apiserver and etcd v${K8S_VERSION} into $cache (first run only, a few minutes)" >&2
+echo "envtest: first run on this machine: building the test control plane from source (Go module proxy)" >&2
+echo "envtest:   kube-apiserver v${K8S_VERSION} and etcd ${ETCD_VERSION} into $cache" >&2
+echo "envtest:   this takes several minutes (about 15 on 2 cores); later runs reuse the cached binaries at once" >&2
+progress "fetching modules (k8s.io/kubernetes v${K8S_VERSION}, go.etcd.io/etcd/server/v3 ${ETCD_VERSION})"
 go mod tidy -e >/dev/null 2>&1 || true
 go get k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION} go.etcd.io/etcd/server/v3@${ETCD_VERSION} >&2
+progress "compiling kube-apiserver (the long step)"
 go build -trimpath -ldflags=-s -o "$cache/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+progress "compiling etcd"
 go build -trimpath -ldflags=-s -o "$cache/etcd.tmp" go.etcd.io/etcd/server/v3
 mv "$cache/kube-apiserver.tmp" "$cache/kube-apiserver"
 mv "$cache/etcd.tmp" "$cache/etcd"
+progress "done: cached in $cache (delete that directory to rebuild)"
 echo "$cache"

@@ -28,7 +28,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -64,7 +66,16 @@ func main() {
 	}
 }
 
+// quietLogs routes controller-runtime's logs (envtest, the client, the cache) to w at warning
+// level and above. Without a logger set before envtest and the first client exist,
+// controller-runtime prints a stack trace ("log.SetLogger(...) was never called") 30 s
+// after start, which on a cold machine is before the demo shows anything.
+func quietLogs(w io.Writer) {
+	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
 func run() error {
+	quietLogs(os.Stderr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	root, err := repoRoot()
@@ -79,7 +90,9 @@ func run() error {
 	defer stopMoto()
 
 	step("starting kube-apiserver and etcd (envtest) with the Karpenter CRDs")
-	assets, err := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh")).Output()
+	bins := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh"))
+	bins.Stderr = os.Stderr // the first build's progress
+	assets, err := bins.Output()
 	if err != nil {
 		return fmt.Errorf("envtest binaries: %w", err)
 	}
@@ -231,20 +244,20 @@ func createQueue(ctx context.Context, c *sqs.Client, name string) (string, error
 // registerImages registers the available images of aws.yaml in moto and maps their demo
 // IDs to moto's.
 func registerImages(ctx context.Context, c *ec2.Client, path string) (map[string]string, error) {
-	af, err := replay.LoadAWSFile(path)
+	af, err := replay.LoadAWS(path)
 	if err != nil {
 		return nil, err
 	}
 	ids := map[string]string{}
 	for _, im := range af.Images {
-		if im.State != "available" {
+		if im.State != ec2types.ImageStateAvailable {
 			continue
 		}
-		out, err := c.RegisterImage(ctx, &ec2.RegisterImageInput{Name: aws.String(im.Name), Architecture: ec2types.ArchitectureValues(im.Architecture), RootDeviceName: aws.String("/dev/xvda")})
+		out, err := c.RegisterImage(ctx, &ec2.RegisterImageInput{Name: im.Name, Architecture: im.Architecture, RootDeviceName: aws.String("/dev/xvda")})
 		if err != nil {
 			return nil, err
 		}
-		ids[im.ID] = aws.ToString(out.ImageId)
+		ids[aws.ToString(im.ImageId)] = aws.ToString(out.ImageId)
 	}
 	return ids, nil
 }

@@ -1,0 +1,39 @@
+package options
+
+import (
+	"flag"
+	"fmt"
+	"time"
+)
+
+// Status is the configuration of `health-router status` (also `kubectl health-router status`).
+type Status struct {
+	Kubeconfig string
+	NodePool   string
+	Now        time.Time
+	Output     string
+}
+
+// ParseStatus parses `health-router status` flags; now is the default of --now.
+func ParseStatus(args []string, getenv func(string) string, now time.Time) (Status, error) {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	o := Status{Now: now}
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: $KUBECONFIG, in-cluster, or ~/.kube/config)")
+	fs.StringVar(&o.NodePool, "nodepool", "", "show this NodePool only (default: every NodePool)")
+	nowFlag := fs.String("now", "", "the time to report at, RFC 3339 (default: the current time): for the window and the until-times")
+	fs.StringVar(&o.Output, "o", "table", "output: table or json")
+	if err := parse(fs, args, getenv); err != nil {
+		return o, err
+	}
+	if o.Output != "table" && o.Output != "json" {
+		return o, fmt.Errorf("-o %q: want table or json", o.Output)
+	}
+	if *nowFlag != "" {
+		t, err := time.Parse(time.RFC3339, *nowFlag)
+		if err != nil {
+			return o, fmt.Errorf("--now %q: want RFC 3339, such as 2026-11-21T12:00:00Z", *nowFlag)
+		}
+		o.Now = t
+	}
+	return o, nil
+}

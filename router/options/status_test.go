@@ -1,0 +1,45 @@
+package options
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseStatus(t *testing.T) {
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want Status
+		err  string
+	}{
+		{name: "defaults", want: Status{Now: now, Output: "table"}},
+		{name: "flags", args: []string{"--kubeconfig", "/k", "--nodepool", "kafka", "--now", "2026-11-28T02:30:00Z", "-o", "json"},
+			want: Status{Kubeconfig: "/k", NodePool: "kafka", Now: time.Date(2026, 11, 28, 2, 30, 0, 0, time.UTC), Output: "json"}},
+		{name: "environment, the command line wins", args: []string{"--nodepool", "web"},
+			env:  map[string]string{"HEALTH_ROUTER_KUBECONFIG": "/env", "HEALTH_ROUTER_NODEPOOL": "kafka", "HEALTH_ROUTER_NOW": "2026-11-22T00:00:00Z", "HEALTH_ROUTER_O": "json"},
+			want: Status{Kubeconfig: "/env", NodePool: "web", Now: now.Add(12 * time.Hour), Output: "json"}},
+		{name: "bad output", args: []string{"-o", "yaml"}, err: "-o"},
+		{name: "bad now", args: []string{"--now", "saturday"}, err: "--now"},
+		{name: "bad now from the environment", env: map[string]string{"HEALTH_ROUTER_NOW": "saturday"}, err: "--now"},
+		{name: "an argument", args: []string{"kafka"}, err: "unexpected argument"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseStatus(tc.args, env(tc.env), now)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
