@@ -79,13 +79,13 @@ type Deferred struct {
 	Reason string `json:"reason"`
 }
 
-// Holds of a deferral.
+// Holds of a deferral, as policy names them; HoldOther for a record that says none.
 const (
-	HoldWindow       = "window"
-	HoldDeadline     = "deadline"
-	HoldRestartGrace = "restart-grace"
-	HoldPacing       = "pacing"
-	HoldCheck        = "check"
+	HoldWindow       = string(policy.HoldWindow)
+	HoldDeadline     = string(policy.HoldDeadline)
+	HoldRestartGrace = string(policy.HoldRestartGrace)
+	HoldPacing       = string(policy.HoldPacing)
+	HoldCheck        = string(policy.HoldCheck)
 	HoldOther        = "other"
 )
 
@@ -186,6 +186,10 @@ func parseSignalled(v string) (string, *time.Time) {
 // reason that policy.Decide writes; once signal.Deferral has its hold field, that field is
 // the answer and this reading remains for records written before it.
 func holdOf(d signal.Deferral) string {
+	if d.Hold != "" {
+		return string(d.Hold)
+	}
+	// Records written before the hold was recorded: read it from the reason.
 	r := d.Reason
 	switch {
 	case strings.Contains(r, "drain held until the replacement is sound"):

@@ -116,7 +116,7 @@ func TestStatus(t *testing.T) {
 	if d.Action != policy.ActionDrain {
 		t.Fatalf("spot: %s", d.Reason)
 	}
-	if _, err := sig.Drain(ctx, spot, d, resolved("kafka-a")); err != nil {
+	if _, err := sig.Drain(ctx, spot, d, resolved("kafka-a"), false); err != nil {
 		t.Fatal(err)
 	}
 	// kafka-b: a retirement waits for Saturday's window.
@@ -125,7 +125,7 @@ func TestStatus(t *testing.T) {
 		if d.Action != policy.ActionDefer || !strings.Contains(d.Reason, want) {
 			t.Fatalf("%s: %s (%s), want a deferral: %s", nc, d.Action, d.Reason, want)
 		}
-		if _, err := sig.Defer(ctx, ev, d, resolved(nc)); err != nil {
+		if _, err := sig.Defer(ctx, ev, d, resolved(nc), false); err != nil {
 			t.Fatal(err)
 		}
 	}
