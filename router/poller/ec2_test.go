@@ -1,0 +1,186 @@
+package poller
+
+import (
+	"encoding/xml"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+)
+
+// ec2Status serves DescribeInstanceStatus in EC2's Query protocol, as EC2 answers it: a
+// form-encoded POST with Action=DescribeInstanceStatus, InstanceId.N, IncludeAllInstances
+// and NextToken in; a DescribeInstanceStatusResponse document with instanceStatusSet items
+// (instanceState, systemStatus, instanceStatus with details, eventsSet) and nextToken out;
+// InvalidInstanceID.NotFound when an asked ID does not exist. Moto cannot report scheduled
+// events or impaired status, so the poller's tests use this server.
+type ec2Status struct {
+	mu        sync.Mutex
+	instances map[string]*instance
+	pageSize  int
+	fail      int // answer this many more calls with InternalError (500)
+
+	calls      int
+	asked      [][]string // instance IDs of each call
+	includeAll []bool     // IncludeAllInstances of each call
+	inFlight   int
+	maxFlight  int
+}
+
+type instance struct {
+	state          string // running, stopped, ...
+	instanceStatus string // ok, impaired, ...
+	systemStatus   string
+	impairedSince  time.Time // reported in the details when set
+	events         []scheduledEvent
+}
+
+type scheduledEvent struct {
+	id, code, description string
+	notBefore, notAfter   time.Time
+}
+
+func newEC2Status(t *testing.T) (*ec2Status, *ec2.Client) {
+	s := &ec2Status{instances: map[string]*instance{}, pageSize: 1000}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	cfg := aws.Config{
+		Region:      "eu-west-1",
+		Credentials: credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""),
+		Retryer:     func() aws.Retryer { return aws.NopRetryer{} }, // every call the poller makes is one request
+	}
+	return s, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) })
+}
+
+func (s *ec2Status) add(id string, in *instance) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in.state == "" {
+		in.state = "running"
+	}
+	if in.instanceStatus == "" {
+		in.instanceStatus = "ok"
+	}
+	if in.systemStatus == "" {
+		in.systemStatus = "ok"
+	}
+	s.instances[id] = in
+}
+
+func (s *ec2Status) set(id string, f func(in *instance)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(s.instances[id])
+}
+
+func (s *ec2Status) stats() (calls, maxFlight int, asked [][]string, includeAll []bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls, s.maxFlight, slices.Clone(s.asked), slices.Clone(s.includeAll)
+}
+
+func (s *ec2Status) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil || r.Method != http.MethodPost || r.Form.Get("Action") != "DescribeInstanceStatus" {
+		http.Error(w, "unsupported", http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	s.calls++
+	s.inFlight++
+	s.maxFlight = max(s.maxFlight, s.inFlight)
+	s.mu.Unlock()
+	time.Sleep(5 * time.Millisecond) // long enough for parallel calls to overlap
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight--
+
+	var ids []string
+	for i := 1; r.Form.Has(fmt.Sprintf("InstanceId.%d", i)); i++ {
+		ids = append(ids, r.Form.Get(fmt.Sprintf("InstanceId.%d", i)))
+	}
+	s.asked = append(s.asked, ids)
+	s.includeAll = append(s.includeAll, r.Form.Get("IncludeAllInstances") == "true")
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	if s.fail > 0 {
+		s.fail--
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InternalError</Code><Message>An internal error has occurred</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>`)
+		return
+	}
+	var missing []string
+	for _, id := range ids {
+		if s.instances[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		msg := fmt.Sprintf("The instance ID '%s' does not exist", missing[0])
+		if len(missing) > 1 {
+			msg = fmt.Sprintf("The instance IDs '%s' do not exist", strings.Join(missing, ", "))
+		}
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InvalidInstanceID.NotFound</Code><Message>%s</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>`, msg)
+		return
+	}
+	if len(ids) == 0 { // the poller always names its instances
+		http.Error(w, "the poller must name its instances", http.StatusBadRequest)
+		return
+	}
+	start := 0
+	if tok := r.Form.Get("NextToken"); tok != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(tok, "page-"))
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InvalidParameterValue</Code><Message>Invalid NextToken</Message></Error></Errors><RequestID>x</RequestID></Response>`)
+			return
+		}
+		start = n
+	}
+	end := min(start+s.pageSize, len(ids))
+	var b strings.Builder
+	for _, id := range ids[start:end] {
+		in := s.instances[id]
+		code := map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}[in.state]
+		fmt.Fprintf(&b, `<item><instanceId>%s</instanceId><availabilityZone>eu-west-1a</availabilityZone><availabilityZoneId>euw1-az1</availabilityZoneId><instanceState><code>%d</code><name>%s</name></instanceState>`, id, code, in.state)
+		summary := func(tag, status string) {
+			reach, since := "passed", ""
+			if status == "impaired" {
+				reach = "failed"
+				if !in.impairedSince.IsZero() {
+					since = "<impairedSince>" + in.impairedSince.UTC().Format("2006-01-02T15:04:05.000Z") + "</impairedSince>"
+				}
+			}
+			fmt.Fprintf(&b, `<%s><status>%s</status><details><item><name>reachability</name><status>%s</status>%s</item></details></%s>`, tag, status, reach, since, tag)
+		}
+		summary("systemStatus", in.systemStatus)
+		summary("instanceStatus", in.instanceStatus)
+		if len(in.events) > 0 {
+			b.WriteString("<eventsSet>")
+			for _, e := range in.events {
+				fmt.Fprintf(&b, `<item><instanceEventId>%s</instanceEventId><code>%s</code><description>`, e.id, e.code)
+				_ = xml.EscapeText(&b, []byte(e.description))
+				fmt.Fprintf(&b, `</description><notBefore>%s</notBefore>`, e.notBefore.UTC().Format("2006-01-02T15:04:05.000Z"))
+				if !e.notAfter.IsZero() {
+					fmt.Fprintf(&b, `<notAfter>%s</notAfter>`, e.notAfter.UTC().Format("2006-01-02T15:04:05.000Z"))
+				}
+				b.WriteString(`</item>`)
+			}
+			b.WriteString("</eventsSet>")
+		}
+		b.WriteString("</item>")
+	}
+	next := ""
+	if end < len(ids) {
+		next = fmt.Sprintf("<nextToken>page-%d</nextToken>", end)
+	}
+	fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><DescribeInstanceStatusResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>3be1508e-c444-4fef-89cc-0b1223c4f02f</requestId><instanceStatusSet>%s</instanceStatusSet>%s</DescribeInstanceStatusResponse>`, b.String(), next)
+}
