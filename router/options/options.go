@@ -207,6 +207,9 @@ type Doctor struct {
 	AWSEndpointURL     string
 	Kubeconfig         string
 	Gates              featuregate.MutableFeatureGate
+	// InstanceStatusPoller is the router's --instance-status-poller (same environment
+	// variable), for the takeover check.
+	InstanceStatusPoller bool
 }
 
 // ParseDoctor parses `health-router doctor` flags.
@@ -223,6 +226,7 @@ func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
 	gateFlag := fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
+	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller")
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}
