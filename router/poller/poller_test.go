@@ -18,6 +18,7 @@ import (
 
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/test/harness"
 )
 
 var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
@@ -70,7 +71,7 @@ func (l *lister) set(ids ...string) {
 func id(i int) string { return fmt.Sprintf("i-%017x", 0xa000+i) }
 
 type fixture struct {
-	ec2   *ec2Status
+	ec2   *harness.EC2InstanceStatus
 	list  *lister
 	rec   *recorder
 	clock *clocktesting.FakeClock
@@ -79,7 +80,7 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, opts Options) *fixture {
-	s, c := newEC2Status(t)
+	s, c := harness.NewEC2InstanceStatus(t)
 	f := &fixture{ec2: s, list: &lister{}, rec: &recorder{failOn: map[string]int{}}, clock: clocktesting.NewFakeClock(t0), reg: prometheus.NewRegistry()}
 	opts.Account, opts.Region = "111122223333", "eu-west-1"
 	f.p = New(c, f.list, f.rec, f.clock, slog.New(slog.NewTextHandler(io.Discard, nil)), f.reg, opts)
@@ -104,14 +105,14 @@ func byInstance(evs []event.Event) map[string]event.Event {
 // other clusters that must never be asked about.
 func TestPollScheduledEvents(t *testing.T) {
 	f := newFixture(t, Options{})
-	f.ec2.pageSize = 40
+	f.ec2.PageSize = 40
 	var cluster []string
 	for i := range 250 {
-		f.ec2.add(id(i), &instance{})
+		f.ec2.Add(id(i), &harness.Instance{})
 		cluster = append(cluster, id(i))
 	}
 	for i := 1000; i < 1010; i++ {
-		f.ec2.add(id(i), &instance{events: []scheduledEvent{{id: "instance-event-0other", code: "instance-stop", notBefore: t0.Add(time.Hour)}}})
+		f.ec2.Add(id(i), &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-0other", Code: "instance-stop", NotBefore: t0.Add(time.Hour)}}})
 	}
 	f.list.set(cluster...)
 	week := t0.Add(7 * 24 * time.Hour)
@@ -119,15 +120,15 @@ func TestPollScheduledEvents(t *testing.T) {
 	for i, code := range event.ScheduledTypes {
 		inst := id(10 + 50*i) // spread over the batches
 		want[inst] = code
-		f.ec2.set(inst, func(in *instance) {
-			in.events = []scheduledEvent{{id: fmt.Sprintf("instance-event-%017x", i), code: string(code), description: "The instance is scheduled for " + string(code), notBefore: week.Add(time.Duration(i) * time.Hour), notAfter: week.Add(time.Duration(i+2) * time.Hour)}}
+		f.ec2.Set(inst, func(in *harness.Instance) {
+			in.Events = []harness.ScheduledEvent{{ID: fmt.Sprintf("instance-event-%017x", i), Code: string(code), Description: "The instance is scheduled for " + string(code), NotBefore: week.Add(time.Duration(i) * time.Hour), NotAfter: week.Add(time.Duration(i+2) * time.Hour)}}
 		})
 	}
-	f.ec2.set(id(3), func(in *instance) {
-		in.events = []scheduledEvent{{id: "instance-event-0completed", code: "system-reboot", description: "[Completed] The instance is running on degraded hardware", notBefore: t0.Add(-time.Hour)}}
+	f.ec2.Set(id(3), func(in *harness.Instance) {
+		in.Events = []harness.ScheduledEvent{{ID: "instance-event-0completed", Code: "system-reboot", Description: "[Completed] The instance is running on degraded hardware", NotBefore: t0.Add(-time.Hour)}}
 	})
-	f.ec2.set(id(4), func(in *instance) {
-		in.events = []scheduledEvent{{id: "instance-event-0canceled", code: "instance-retirement", description: "[Canceled] The instance is running on degraded hardware", notBefore: week}}
+	f.ec2.Set(id(4), func(in *harness.Instance) {
+		in.Events = []harness.ScheduledEvent{{ID: "instance-event-0canceled", Code: "instance-retirement", Description: "[Canceled] The instance is running on degraded hardware", NotBefore: week}}
 	})
 
 	if err := f.poll(t); err != nil {
@@ -166,7 +167,7 @@ func TestPollScheduledEvents(t *testing.T) {
 
 	// Call economy: batches of 100 (100, 100, 50), each paged by 40: 3+3+2 calls, at most
 	// DefaultParallelCalls at once, every one with IncludeAllInstances, only cluster instances.
-	calls, maxFlight, asked, includeAll := f.ec2.stats()
+	calls, maxFlight, asked, includeAll := f.ec2.Stats()
 	if calls != 8 {
 		t.Errorf("%d DescribeInstanceStatus calls, want 8", calls)
 	}
@@ -203,8 +204,8 @@ func TestPollScheduledEvents(t *testing.T) {
 		t.Errorf("%d findings handed again", len(again))
 	}
 	// A rescheduled event is a new finding.
-	f.ec2.set(id(10), func(in *instance) {
-		in.events[0].notBefore, in.events[0].notAfter = in.events[0].notBefore.Add(48*time.Hour), in.events[0].notAfter.Add(48*time.Hour)
+	f.ec2.Set(id(10), func(in *harness.Instance) {
+		in.Events[0].NotBefore, in.Events[0].NotAfter = in.Events[0].NotBefore.Add(48*time.Hour), in.Events[0].NotAfter.Add(48*time.Hour)
 	})
 	if err := f.poll(t); err != nil {
 		t.Fatal(err)
@@ -229,9 +230,9 @@ func TestPollScheduledEvents(t *testing.T) {
 func TestPollImpaired(t *testing.T) {
 	f := newFixture(t, Options{})
 	a, b, c := id(1), id(2), id(3)
-	f.ec2.add(a, &instance{instanceStatus: "impaired"})                                        // no impairedSince: from the first poll that sees it
-	f.ec2.add(b, &instance{systemStatus: "impaired", impairedSince: t0.Add(-5 * time.Minute)}) // impaired for 5 minutes already
-	f.ec2.add(c, &instance{})
+	f.ec2.Add(a, &harness.Instance{InstanceStatus: "impaired"})                                        // no ImpairedSince: from the first poll that sees it
+	f.ec2.Add(b, &harness.Instance{SystemStatus: "impaired", ImpairedSince: t0.Add(-5 * time.Minute)}) // impaired for 5 minutes already
+	f.ec2.Add(c, &harness.Instance{})
 	f.list.set(a, b, c)
 
 	step := func(d time.Duration) []event.Event {
@@ -266,9 +267,9 @@ func TestPollImpaired(t *testing.T) {
 		}
 	}
 	// a recovers, then is impaired again: a new impairment, a new finding after two minutes.
-	f.ec2.set(a, func(in *instance) { in.instanceStatus = "ok" })
+	f.ec2.Set(a, func(in *harness.Instance) { in.InstanceStatus = "ok" })
 	step(time.Minute)
-	f.ec2.set(a, func(in *instance) { in.instanceStatus = "impaired" })
+	f.ec2.Set(a, func(in *harness.Instance) { in.InstanceStatus = "impaired" })
 	if evs := step(time.Minute); len(evs) != 0 {
 		t.Errorf("impaired again, at once: %v", evs)
 	}
@@ -287,7 +288,7 @@ func TestPollHandlerError(t *testing.T) {
 	f := newFixture(t, Options{})
 	a, b := id(1), id(2)
 	for _, x := range []string{a, b} {
-		f.ec2.add(x, &instance{events: []scheduledEvent{{id: "instance-event-0" + x[2:], code: "instance-retirement", notBefore: t0.Add(72 * time.Hour)}}})
+		f.ec2.Add(x, &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-0" + x[2:], Code: "instance-retirement", NotBefore: t0.Add(72 * time.Hour)}}})
 	}
 	f.list.set(a, b)
 	f.rec.failOn[a] = 2
@@ -332,24 +333,24 @@ func TestPollHandlerError(t *testing.T) {
 func TestPollDescribeErrors(t *testing.T) {
 	f := newFixture(t, Options{})
 	a, b, gone := id(1), id(2), id(3)
-	f.ec2.add(a, &instance{events: []scheduledEvent{{id: "instance-event-0a", code: "system-maintenance", notBefore: t0.Add(time.Hour)}}})
-	f.ec2.add(b, &instance{})
+	f.ec2.Add(a, &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-0a", Code: "system-maintenance", NotBefore: t0.Add(time.Hour)}}})
+	f.ec2.Add(b, &harness.Instance{})
 	f.list.set(a, b, gone) // gone: a NodeClaim whose instance EC2 no longer knows
-	f.ec2.fail = 1
+	f.ec2.Fail = 1
 	if err := f.poll(t); err == nil || !strings.Contains(err.Error(), "InternalError") {
 		t.Errorf("poll error = %v", err)
 	}
 	if evs := f.rec.take(); len(evs) != 0 {
 		t.Errorf("handed %v without an answer", evs)
 	}
-	calls, _, _, _ := f.ec2.stats()
+	calls, _, _, _ := f.ec2.Stats()
 	if err := f.poll(t); err != nil {
 		t.Fatal(err)
 	}
 	if evs := f.rec.take(); len(evs) != 1 || evs[0].Instances[0] != a {
 		t.Errorf("after the error: %v", evs)
 	}
-	after, _, asked, _ := f.ec2.stats()
+	after, _, asked, _ := f.ec2.Stats()
 	if after-calls != 2 || slices.Contains(asked[len(asked)-1], gone) {
 		t.Errorf("%d calls, last asked %v: want the batch asked again once without %s", after-calls, asked[len(asked)-1], gone)
 	}
@@ -375,7 +376,7 @@ func TestPollDescribeErrors(t *testing.T) {
 // context.
 func TestStart(t *testing.T) {
 	f := newFixture(t, Options{Interval: time.Minute})
-	f.ec2.add(id(1), &instance{})
+	f.ec2.Add(id(1), &harness.Instance{})
 	f.list.set(id(1))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -383,17 +384,17 @@ func TestStart(t *testing.T) {
 	waitCalls := func(n int) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			if calls, _, _, _ := f.ec2.stats(); calls >= n && f.clock.HasWaiters() {
+			if calls, _, _, _ := f.ec2.Stats(); calls >= n && f.clock.HasWaiters() {
 				return
 			}
 		}
-		calls, _, _, _ := f.ec2.stats()
+		calls, _, _, _ := f.ec2.Stats()
 		t.Fatalf("%d calls, want %d", calls, n)
 	}
 	waitCalls(1)
 	f.clock.Step(59 * time.Second)
 	time.Sleep(20 * time.Millisecond)
-	if calls, _, _, _ := f.ec2.stats(); calls != 1 {
+	if calls, _, _, _ := f.ec2.Stats(); calls != 1 {
 		t.Errorf("%d calls before the interval", calls)
 	}
 	f.clock.Step(time.Second)

@@ -1,4 +1,4 @@
-package poller
+package harness
 
 import (
 	"encoding/xml"
@@ -13,21 +13,24 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 )
 
-// ec2Status serves DescribeInstanceStatus in EC2's Query protocol, as EC2 answers it: a
+// EC2InstanceStatus serves DescribeInstanceStatus in EC2's Query protocol, as EC2 answers it: a
 // form-encoded POST with Action=DescribeInstanceStatus, InstanceId.N, IncludeAllInstances
 // and NextToken in; a DescribeInstanceStatusResponse document with instanceStatusSet items
 // (instanceState, systemStatus, instanceStatus with details, eventsSet) and nextToken out;
 // InvalidInstanceID.NotFound when an asked ID does not exist. Moto cannot report scheduled
 // events or impaired status, so the poller's tests use this server.
-type ec2Status struct {
+//
+// Set instances with Add and Set; read what was asked with Stats.
+type EC2InstanceStatus struct {
 	mu        sync.Mutex
-	instances map[string]*instance
-	pageSize  int
-	fail      int // answer this many more calls with InternalError (500)
+	instances map[string]*Instance
+	// PageSize is how many statuses one answer holds before a nextToken.
+	PageSize int
+	// Fail answers this many more calls with InternalError (500).
+	Fail int
 
 	calls      int
 	asked      [][]string // instance IDs of each call
@@ -36,59 +39,65 @@ type ec2Status struct {
 	maxFlight  int
 }
 
-type instance struct {
-	state          string // running, stopped, ...
-	instanceStatus string // ok, impaired, ...
-	systemStatus   string
-	impairedSince  time.Time // reported in the details when set
-	events         []scheduledEvent
+// Instance is what EC2 reports for one instance.
+type Instance struct {
+	State          string // running (the default), stopped, ...
+	InstanceStatus string // ok (the default), impaired, ...
+	SystemStatus   string
+	ImpairedSince  time.Time // reported in the details when set
+	Events         []ScheduledEvent
 }
 
-type scheduledEvent struct {
-	id, code, description string
-	notBefore, notAfter   time.Time
+// ScheduledEvent is one of an instance's scheduled events.
+type ScheduledEvent struct {
+	ID, Code, Description string
+	NotBefore, NotAfter   time.Time
 }
 
-func newEC2Status(t *testing.T) (*ec2Status, *ec2.Client) {
-	s := &ec2Status{instances: map[string]*instance{}, pageSize: 1000}
+// NewEC2InstanceStatus starts the server and returns it with an EC2 client that sends every
+// call to it once (no retries), so that calls can be counted.
+func NewEC2InstanceStatus(t testing.TB) (*EC2InstanceStatus, *ec2.Client) {
+	s := &EC2InstanceStatus{instances: map[string]*Instance{}, PageSize: 1000}
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	cfg := aws.Config{
-		Region:      "eu-west-1",
-		Credentials: credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "secret", ""),
-		Retryer:     func() aws.Retryer { return aws.NopRetryer{} }, // every call the poller makes is one request
-	}
+	cfg := AWSConfig(nil)
+	cfg.Retryer = func() aws.Retryer { return aws.NopRetryer{} }
 	return s, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) })
 }
 
-func (s *ec2Status) add(id string, in *instance) {
+// Add sets what EC2 reports for instance id.
+func (s *EC2InstanceStatus) Add(id string, in *Instance) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if in.state == "" {
-		in.state = "running"
+	if in.State == "" {
+		in.State = "running"
 	}
-	if in.instanceStatus == "" {
-		in.instanceStatus = "ok"
+	if in.InstanceStatus == "" {
+		in.InstanceStatus = "ok"
 	}
-	if in.systemStatus == "" {
-		in.systemStatus = "ok"
+	if in.SystemStatus == "" {
+		in.SystemStatus = "ok"
 	}
 	s.instances[id] = in
 }
 
-func (s *ec2Status) set(id string, f func(in *instance)) {
+// Set changes what EC2 reports for instance id.
+func (s *EC2InstanceStatus) Set(id string, f func(in *Instance)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f(s.instances[id])
 }
 
-func (s *ec2Status) stats() (calls, maxFlight int, asked [][]string, includeAll []bool) {
+// Stats returns the calls answered, the most in flight at once, the instance IDs each call
+// named and whether each asked IncludeAllInstances.
+func (s *EC2InstanceStatus) Stats() (calls, maxFlight int, asked [][]string, includeAll []bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.calls, s.maxFlight, slices.Clone(s.asked), slices.Clone(s.includeAll)
 }
 
-func (s *ec2Status) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP answers one DescribeInstanceStatus call.
+func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil || r.Method != http.MethodPost || r.Form.Get("Action") != "DescribeInstanceStatus" {
 		http.Error(w, "unsupported", http.StatusBadRequest)
 		return
@@ -110,8 +119,8 @@ func (s *ec2Status) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.asked = append(s.asked, ids)
 	s.includeAll = append(s.includeAll, r.Form.Get("IncludeAllInstances") == "true")
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
-	if s.fail > 0 {
-		s.fail--
+	if s.Fail > 0 {
+		s.Fail--
 		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InternalError</Code><Message>An internal error has occurred</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>`)
 		return
@@ -145,32 +154,32 @@ func (s *ec2Status) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		start = n
 	}
-	end := min(start+s.pageSize, len(ids))
+	end := min(start+s.PageSize, len(ids))
 	var b strings.Builder
 	for _, id := range ids[start:end] {
 		in := s.instances[id]
-		code := map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}[in.state]
-		fmt.Fprintf(&b, `<item><instanceId>%s</instanceId><availabilityZone>eu-west-1a</availabilityZone><availabilityZoneId>euw1-az1</availabilityZoneId><instanceState><code>%d</code><name>%s</name></instanceState>`, id, code, in.state)
+		code := map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}[in.State]
+		fmt.Fprintf(&b, `<item><instanceId>%s</instanceId><availabilityZone>eu-west-1a</availabilityZone><availabilityZoneId>euw1-az1</availabilityZoneId><instanceState><code>%d</code><name>%s</name></instanceState>`, id, code, in.State)
 		summary := func(tag, status string) {
 			reach, since := "passed", ""
 			if status == "impaired" {
 				reach = "failed"
-				if !in.impairedSince.IsZero() {
-					since = "<impairedSince>" + in.impairedSince.UTC().Format("2006-01-02T15:04:05.000Z") + "</impairedSince>"
+				if !in.ImpairedSince.IsZero() {
+					since = "<impairedSince>" + in.ImpairedSince.UTC().Format("2006-01-02T15:04:05.000Z") + "</impairedSince>"
 				}
 			}
 			fmt.Fprintf(&b, `<%s><status>%s</status><details><item><name>reachability</name><status>%s</status>%s</item></details></%s>`, tag, status, reach, since, tag)
 		}
-		summary("systemStatus", in.systemStatus)
-		summary("instanceStatus", in.instanceStatus)
-		if len(in.events) > 0 {
+		summary("systemStatus", in.SystemStatus)
+		summary("instanceStatus", in.InstanceStatus)
+		if len(in.Events) > 0 {
 			b.WriteString("<eventsSet>")
-			for _, e := range in.events {
-				fmt.Fprintf(&b, `<item><instanceEventId>%s</instanceEventId><code>%s</code><description>`, e.id, e.code)
-				_ = xml.EscapeText(&b, []byte(e.description))
-				fmt.Fprintf(&b, `</description><notBefore>%s</notBefore>`, e.notBefore.UTC().Format("2006-01-02T15:04:05.000Z"))
-				if !e.notAfter.IsZero() {
-					fmt.Fprintf(&b, `<notAfter>%s</notAfter>`, e.notAfter.UTC().Format("2006-01-02T15:04:05.000Z"))
+			for _, e := range in.Events {
+				fmt.Fprintf(&b, `<item><instanceEventId>%s</instanceEventId><code>%s</code><description>`, e.ID, e.Code)
+				_ = xml.EscapeText(&b, []byte(e.Description))
+				fmt.Fprintf(&b, `</description><notBefore>%s</notBefore>`, e.NotBefore.UTC().Format("2006-01-02T15:04:05.000Z"))
+				if !e.NotAfter.IsZero() {
+					fmt.Fprintf(&b, `<notAfter>%s</notAfter>`, e.NotAfter.UTC().Format("2006-01-02T15:04:05.000Z"))
 				}
 				b.WriteString(`</item>`)
 			}
