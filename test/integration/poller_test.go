@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -179,4 +180,59 @@ func TestPollerDecides(t *testing.T) {
 	if len(asked) != 3 {
 		t.Errorf("%d DescribeInstanceStatus calls for 3 polls of 7 instances, want 3", len(asked))
 	}
+}
+
+// TestClusterInstancesEnvtest lists the cluster's instances through a controller-runtime
+// cache on the envtest API server with Karpenter's CRDs, as the live router does.
+func TestClusterInstancesEnvtest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("envtest suite")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := harness.KubeAPIServer(t)
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := crcache.New(cfg, crcache.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		t.Fatal("cache not synced")
+	}
+	launched := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "web-a"},
+		Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
+			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}}}}
+	launching := launched.DeepCopy()
+	launching.Name = "web-b"
+	for _, nc := range []*karpv1.NodeClaim{launched, launching} {
+		if err := kube.Create(ctx, nc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	launched.Status.ProviderID = "aws:///eu-west-1a/" + instance(2) // its Node has not registered yet
+	if err := kube.Status().Update(ctx, launched); err != nil {
+		t.Fatal(err)
+	}
+	for name, pid := range map[string]string{"node-a": "aws:///eu-west-1a/" + instance(1), "node-c": "aws:///eu-west-1b/" + instance(3), "kind-node": "kind://docker/kind/kind-worker"} {
+		if err := kube.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: pid}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lister := poller.NewClusterInstances(c)
+	want := []string{instance(1), instance(2), instance(3)}
+	var got []string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if got, err = lister.InstanceIDs(ctx); err == nil && slices.Equal(got, want) {
+			return
+		}
+	}
+	t.Errorf("instances %v (%v), want %v: launched NodeClaims and Nodes, no other providers", got, err, want)
 }
