@@ -74,7 +74,7 @@ locals {
         # Read-only, for `health-router doctor`: are our rules there, and are Karpenter's gone?
         Sid      = "InspectRules"
         Effect   = "Allow"
-        Action   = ["events:ListRules", "events:ListTargetsByRule", "events:DescribeRule"]
+        Action   = ["events:ListRules", "events:ListTargetsByRule", "events:ListRuleNamesByTarget", "events:DescribeRule"]
         Resource = "*"
       },
     ],
