@@ -12,10 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/test/harness"
@@ -411,4 +414,38 @@ func TestStart(t *testing.T) {
 	if !f.p.NeedLeaderElection() {
 		t.Error("the poller must run on the leader only")
 	}
+}
+
+// TestPollCallsCounted: the poller's calls are counted by the router's AWS call middleware
+// (as for every client app.Run builds), one per batch of 100 instances, a few at once.
+func TestPollCallsCounted(t *testing.T) {
+	srv, _ := harness.NewEC2InstanceStatus(t)
+	srv.Latency = 20 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	calls := awscalls.NewCounter(reg)
+	cfg := harness.AWSConfig(nil)
+	cfg.APIOptions = append(cfg.APIOptions, awscalls.Middleware(calls, nil))
+	c := ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) })
+	var ids []string
+	for i := range 1000 {
+		srv.Add(id(i), &harness.Instance{})
+		ids = append(ids, id(i))
+	}
+	list := &lister{ids: ids}
+	timed := func(parallel int) time.Duration {
+		p := New(c, list, &recorder{}, clocktesting.NewFakeClock(t0), slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), Options{ParallelCalls: parallel})
+		start := time.Now()
+		if err := p.Poll(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	one, four := timed(1), timed(DefaultParallelCalls)
+	if n := testutil.ToFloat64(calls.WithLabelValues("DescribeInstanceStatus", awscalls.ResultSuccess)); n != 20 {
+		t.Errorf("health_router_aws_calls_total{DescribeInstanceStatus,success} = %v for two polls of 1000 instances, want 20", n)
+	}
+	if calls, maxFlight, _, _ := srv.Stats(); calls != 20 || maxFlight > DefaultParallelCalls {
+		t.Errorf("%d calls, %d at once", calls, maxFlight)
+	}
+	t.Logf("1000 instances, 10 calls of %s: one at a time %s, %d at a time %s (%.1fx)", srv.Latency, one, DefaultParallelCalls, four, float64(one)/float64(four))
 }

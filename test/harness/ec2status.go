@@ -31,6 +31,10 @@ type EC2InstanceStatus struct {
 	PageSize int
 	// Fail answers this many more calls with InternalError (500).
 	Fail int
+	// URL is the server's endpoint, for clients built by the test.
+	URL string
+	// Latency is how long each answer takes (5 ms by default, so parallel calls overlap).
+	Latency time.Duration
 
 	calls      int
 	asked      [][]string // instance IDs of each call
@@ -57,9 +61,10 @@ type ScheduledEvent struct {
 // NewEC2InstanceStatus starts the server and returns it with an EC2 client that sends every
 // call to it once (no retries), so that calls can be counted.
 func NewEC2InstanceStatus(t testing.TB) (*EC2InstanceStatus, *ec2.Client) {
-	s := &EC2InstanceStatus{instances: map[string]*Instance{}, PageSize: 1000}
+	s := &EC2InstanceStatus{instances: map[string]*Instance{}, PageSize: 1000, Latency: 5 * time.Millisecond}
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
+	s.URL = srv.URL
 	cfg := AWSConfig(nil)
 	cfg.Retryer = func() aws.Retryer { return aws.NopRetryer{} }
 	return s, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) })
@@ -106,8 +111,9 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.calls++
 	s.inFlight++
 	s.maxFlight = max(s.maxFlight, s.inFlight)
+	latency := s.Latency
 	s.mu.Unlock()
-	time.Sleep(5 * time.Millisecond) // long enough for parallel calls to overlap
+	time.Sleep(latency)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inFlight--
