@@ -55,6 +55,15 @@ locals {
         Resource = "*"
       },
       {
+        # The router's instance-status poller takes over from Karpenter's (which the
+        # karpenter_deny_instance_status policy below switches off): read-only, and the one
+        # action it needs; DescribeInstanceStatus supports no resource-level scoping.
+        Sid      = "InstanceStatusPoller"
+        Effect   = "Allow"
+        Action   = "ec2:DescribeInstanceStatus"
+        Resource = "*"
+      },
+      {
         Sid       = "Metrics"
         Effect    = "Allow"
         Action    = "cloudwatch:PutMetricData"
@@ -65,7 +74,7 @@ locals {
         # Read-only, for `health-router doctor`: are our rules there, and are Karpenter's gone?
         Sid      = "InspectRules"
         Effect   = "Allow"
-        Action   = ["events:ListRules", "events:ListTargetsByRule", "events:DescribeRule"]
+        Action   = ["events:ListRules", "events:ListTargetsByRule", "events:ListRuleNamesByTarget", "events:DescribeRule"]
         Resource = "*"
       },
     ],
@@ -120,8 +129,10 @@ resource "aws_eks_pod_identity_association" "router" {
 
 # Karpenter v1.12+ polls ec2:DescribeInstanceStatus every minute and drains instances with
 # scheduled events (instance-stop, instance-retirement, system/instance-reboot,
-# system-maintenance) on its own, which would undo every deferral the router makes. An explicit
-# Deny wins over any Allow in Karpenter's controller policy.
+# system-maintenance) on its own, which would undo every deferral the router makes; v1.13+
+# also force-terminates instances impaired for two minutes. An explicit Deny wins over any
+# Allow in Karpenter's controller policy. The router's own poller (statement
+# InstanceStatusPoller above) takes both over, so nothing Karpenter did is lost.
 resource "aws_iam_policy" "karpenter_deny_instance_status" {
   count = var.create_karpenter_deny_policy ? 1 : 0
 

@@ -41,6 +41,7 @@ import (
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/watchdog"
 )
@@ -159,6 +160,15 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	}
 	if err := mgr.Add(deferrals.NewRechecker(mgr.GetClient(), policy.PacingRecheck/10)); err != nil {
 		return err
+	}
+	if o.InstanceStatusPoller {
+		// Karpenter's own poller is off (its role is denied ec2:DescribeInstanceStatus): the
+		// router polls instead, and its findings take the same pipeline as the queue's events.
+		p := poller.New(ec2Client, poller.NewClusterInstances(mgr.GetCache()), pipe, clk, log.With("component", "poller"), reg,
+			poller.Options{Interval: o.InstanceStatusInterval, Account: o.Account, Region: awsCfg.Region})
+		if err := mgr.Add(p); err != nil { // leader only
+			return err
+		}
 	}
 	in := intake.New(intake.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,

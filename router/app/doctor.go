@@ -6,6 +6,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -38,9 +39,10 @@ func Doctor(ctx context.Context, o options.Doctor, restCfg *rest.Config) (doctor
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the cluster: %w", err)
 	}
-	d := doctor.New(sqs.NewFromConfig(awsCfg), eventbridge.NewFromConfig(awsCfg), iam.NewFromConfig(awsCfg), kube)
+	d := doctor.New(sqs.NewFromConfig(awsCfg), eventbridge.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg), iam.NewFromConfig(awsCfg), kube)
 	return d.Run(ctx, doctor.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, KarpenterQueueURL: o.KarpenterQueueURL,
 		KarpenterRoleARN: o.KarpenterRoleARN, KarpenterNamespace: o.KarpenterNamespace, Namespace: o.Namespace, Gates: o.Gates,
+		InstanceStatusPoller: o.InstanceStatusPoller,
 	}), nil
 }

@@ -6,6 +6,7 @@ package doctor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -13,11 +14,13 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authorization/v1"
 	"k8s.io/component-base/featuregate"
@@ -71,6 +74,11 @@ type eventsAPI interface {
 	DescribeRule(context.Context, *eventbridge.DescribeRuleInput, ...func(*eventbridge.Options)) (*eventbridge.DescribeRuleOutput, error)
 }
 
+// ec2API is what doctor asks EC2: whether the router's credentials may poll instance status.
+type ec2API interface {
+	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
+}
+
 type iamAPI interface {
 	SimulatePrincipalPolicy(context.Context, *iam.SimulatePrincipalPolicyInput, ...func(*iam.Options)) (*iam.SimulatePrincipalPolicyOutput, error)
 }
@@ -85,19 +93,23 @@ type Config struct {
 	// Namespace is the router's, for the leader election Lease permissions.
 	Namespace string
 	Gates     featuregate.FeatureGate
+	// InstanceStatusPoller is whether the router runs its instance-status poller
+	// (--instance-status-poller), the half of the takeover that replaces Karpenter's.
+	InstanceStatusPoller bool
 }
 
 // Doctor runs the checks.
 type Doctor struct {
 	sqs    sqsAPI
 	events eventsAPI
-	iam    iamAPI // may be nil
-	kube   client.Client
+	ec2    ec2API
+	iam    iamAPI        // may be nil
+	kube   client.Client // may be nil: the cluster checks then say they could not be made
 }
 
 // New returns a Doctor.
-func New(sqsClient sqsAPI, events eventsAPI, iamClient iamAPI, kube client.Client) *Doctor {
-	return &Doctor{sqs: sqsClient, events: events, iam: iamClient, kube: kube}
+func New(sqsClient sqsAPI, events eventsAPI, ec2Client ec2API, iamClient iamAPI, kube client.Client) *Doctor {
+	return &Doctor{sqs: sqsClient, events: events, ec2: ec2Client, iam: iamClient, kube: kube}
 }
 
 // kinds maps each detail-type the router handles to the kind people know it by.
@@ -123,12 +135,91 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 			d.karpenterRules(ctx, &r, arn)
 		}
 	} else {
-		r = append(r, Item{Unknown, "Karpenter's EventBridge rules", "no --karpenter-queue-url given", "pass Karpenter's --interruption-queue URL to check that no rule feeds it directly"})
+		r = append(r, Item{Unknown, CheckKarpenterRules, "no --karpenter-queue-url given", "pass Karpenter's --interruption-queue URL to check that no rule feeds it directly"})
 	}
 	d.describeInstanceStatus(ctx, &r, c.KarpenterRoleARN)
+	d.routerInstanceStatus(ctx, &r, c.InstanceStatusPoller)
+	takeover(&r)
+	if d.kube == nil {
+		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
+			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"})
+		return r
+	}
 	d.rbac(ctx, &r, c.Namespace)
 	d.gates(ctx, &r, c)
 	return r
+}
+
+// Check names of the takeover from Karpenter's own handling.
+const (
+	CheckKarpenterRules          = "Karpenter's EventBridge rules"
+	CheckKarpenterInstanceStatus = "Karpenter's ec2:DescribeInstanceStatus"
+	CheckRouterInstanceStatus    = "router's instance-status poller"
+	CheckTakeover                = "takeover from Karpenter"
+)
+
+// routerInstanceStatus checks that the router polls instance status itself: the poller is
+// on and the caller's credentials (the router's) may call ec2:DescribeInstanceStatus. It
+// asks EC2 with DryRun, which answers DryRunOperation when allowed and
+// UnauthorizedOperation when not, without describing anything.
+func (d *Doctor) routerInstanceStatus(ctx context.Context, r *Report, enabled bool) {
+	if !enabled {
+		*r = append(*r, Item{Fail, CheckRouterInstanceStatus, "off (--instance-status-poller=false): nobody acts on scheduled events EventBridge misses or on impaired instances once Karpenter's role is denied",
+			"run the router with --instance-status-poller=true (the default)"})
+		return
+	}
+	_, err := d.ec2.DescribeInstanceStatus(ctx, &ec2.DescribeInstanceStatusInput{DryRun: aws.Bool(true), IncludeAllInstances: aws.Bool(true)})
+	allowed, denied := dryRun(err)
+	switch {
+	case allowed:
+		*r = append(*r, Item{OK, CheckRouterInstanceStatus, "on, and the router's credentials may call ec2:DescribeInstanceStatus", ""})
+	case denied:
+		*r = append(*r, Item{Fail, CheckRouterInstanceStatus, fmt.Sprintf("on, but ec2:DescribeInstanceStatus is denied to the router's credentials: %v", err),
+			"grant the router's role ec2:DescribeInstanceStatus (terraform: statement InstanceStatusPoller)"})
+	default:
+		*r = append(*r, Item{Unknown, CheckRouterInstanceStatus, fmt.Sprintf("cannot tell whether the router may call ec2:DescribeInstanceStatus: %v", err), ""})
+	}
+}
+
+// dryRun reads the answer to a DryRun call. Local stand-ins (moto) ignore DryRun and answer;
+// an answer means allowed too.
+func dryRun(err error) (allowed, denied bool) {
+	if err == nil {
+		return true, false
+	}
+	var ae smithy.APIError
+	if !errors.As(err, &ae) {
+		return false, false
+	}
+	switch ae.ErrorCode() {
+	case "DryRunOperation":
+		return true, false
+	case "UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure":
+		return false, true
+	}
+	return false, false
+}
+
+// takeover sums up the takeover from Karpenter's own handling, from the items above: it is
+// complete when Karpenter's rules no longer feed its queue, Karpenter's role is denied
+// ec2:DescribeInstanceStatus, and the router polls instance status itself.
+func takeover(r *Report) {
+	status := map[string]Status{}
+	for _, i := range *r {
+		status[i.Check] = i.Status
+	}
+	rules, karpenter, router := status[CheckKarpenterRules], status[CheckKarpenterInstanceStatus], status[CheckRouterInstanceStatus]
+	switch {
+	case rules == OK && karpenter == OK && router == OK:
+		*r = append(*r, Item{OK, CheckTakeover, "complete: only the router decides queue events, scheduled events and impaired instances, and Karpenter acts on what it sends", ""})
+	case karpenter == OK && router == Fail:
+		*r = append(*r, Item{Fail, CheckTakeover, "lossy: Karpenter no longer polls instance status and the router does not either, so impaired instances are not replaced and scheduled events EventBridge misses are not acted on",
+			"fix the router's instance-status poller (above)"})
+	case rules == Fail || karpenter == Fail || router == Fail:
+		*r = append(*r, Item{Fail, CheckTakeover, "incomplete: see the failed checks above", "deny Karpenter's role ec2:DescribeInstanceStatus, remove its rules, and let the router poll"})
+	default:
+		*r = append(*r, Item{Unknown, CheckTakeover, "cannot tell: some checks above could not be made", "pass --karpenter-queue-url and --karpenter-role-arn"})
+	}
 }
 
 // queue checks a queue is reachable, encrypted, and (for the intake) keeps messages long
@@ -215,14 +306,14 @@ func (d *Doctor) rules(ctx context.Context, r *Report, queueARN string) {
 func (d *Doctor) karpenterRules(ctx context.Context, r *Report, queueARN string) {
 	names, err := d.ruleNames(ctx, queueARN)
 	if err != nil {
-		*r = append(*r, Item{Unknown, "Karpenter's EventBridge rules", fmt.Sprintf("cannot list rules: %v", err), "grant events:ListRuleNamesByTarget"})
+		*r = append(*r, Item{Unknown, CheckKarpenterRules, fmt.Sprintf("cannot list rules: %v", err), "grant events:ListRuleNamesByTarget"})
 		return
 	}
 	if len(names) == 0 {
-		*r = append(*r, Item{OK, "Karpenter's EventBridge rules", "no rule feeds Karpenter's queue directly: only the router does", ""})
+		*r = append(*r, Item{OK, CheckKarpenterRules, "no rule feeds Karpenter's queue directly: only the router does", ""})
 		return
 	}
-	*r = append(*r, Item{Fail, "Karpenter's EventBridge rules", "rules still feed Karpenter's queue directly, so Karpenter acts on events behind the router's back: " + strings.Join(names, ", "),
+	*r = append(*r, Item{Fail, CheckKarpenterRules, "rules still feed Karpenter's queue directly, so Karpenter acts on events behind the router's back: " + strings.Join(names, ", "),
 		"delete those rules, or re-point them at the router's intake queue (terraform/README.md, Karpenter side)"})
 }
 
@@ -244,7 +335,7 @@ func (d *Doctor) ruleNames(ctx context.Context, arn string) ([]string, error) {
 
 // describeInstanceStatus warns when Karpenter's role may still poll scheduled events.
 func (d *Doctor) describeInstanceStatus(ctx context.Context, r *Report, roleARN string) {
-	const check = "Karpenter's ec2:DescribeInstanceStatus"
+	const check = CheckKarpenterInstanceStatus
 	if roleARN == "" || d.iam == nil {
 		*r = append(*r, Item{Unknown, check, "no --karpenter-role-arn given", "Karpenter v1.12+ polls scheduled events with DescribeInstanceStatus; deny it to its controller role (terraform: create_karpenter_deny_policy)"})
 		return

@@ -19,11 +19,14 @@ const (
 	KindStateChange         Kind = "state-change"
 	KindCapacityReservation Kind = "capacity-reservation-interruption"
 	KindAMIStateChange      Kind = "ami-state-change"
-	KindUnknown             Kind = "unknown"
+	// KindInstanceStatus is an instance whose EC2 instance or system status check is
+	// impaired, as the router's instance-status poller finds it (no EventBridge event exists).
+	KindInstanceStatus Kind = "instance-status"
+	KindUnknown        Kind = "unknown"
 )
 
 // InstanceKinds are the kinds that name instances and that a NodePool policy decides on.
-var InstanceKinds = []Kind{KindScheduledChange, KindSpotInterruption, KindRebalance, KindStateChange, KindCapacityReservation}
+var InstanceKinds = []Kind{KindScheduledChange, KindSpotInterruption, KindRebalance, KindStateChange, KindCapacityReservation, KindInstanceStatus}
 
 // ScheduledType is the EC2 scheduled-event type that an AWS Health event code maps to
 // (the codes EC2's DescribeInstanceStatus reports for the same maintenance).
@@ -85,6 +88,8 @@ type Event struct {
 	Image  *Image        `json:"image,omitempty"`
 	// CapacityReservationAction is the capacity-reservation interruption's instance-action.
 	InstanceAction string `json:"instanceAction,omitempty"`
+	// Status is the instance-status finding of an instance-status event.
+	Status *InstanceStatus `json:"instanceStatus,omitempty"`
 
 	// Body is the event exactly as received, for forwarding to Karpenter.
 	Body []byte `json:"-"`

@@ -24,6 +24,7 @@ var parsers = map[key]parser{
 	{"aws.ec2", "EC2 Instance State-change Notification"}:                 parseStateChange,
 	{"aws.ec2", "EC2 Capacity Reservation Instance Interruption Warning"}: parseCapacityReservation,
 	{"aws.ec2", "EC2 AMI State Change"}:                                   parseAMIStateChange,
+	{SourceHealthRouter, DetailTypeInstanceStatus}:                        parseInstanceStatus,
 }
 
 // envelope is the EventBridge wrapper. Version is not required (some documented samples

@@ -21,6 +21,11 @@ const (
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool
 	WatchdogUnavailableImage = "health_router_watchdog_unavailable_images"             // labels: nodeclass
 	WatchdogReservationDrift = "health_router_watchdog_reservation_drift_replacements" // labels: nodepool
+
+	// Instance-status poller (DescribeInstanceStatus, as Karpenter's own poller).
+	PollerPolls     = "health_router_poller_polls_total"    // labels: result (success, describe-error, handle-error)
+	PollerFindings  = "health_router_poller_findings_total" // labels: finding (scheduled-event, impaired); each handed over once
+	PollerInstances = "health_router_poller_instances"      // gauge: cluster instances asked about at the last poll
 )
 
 // Prometheus label names.
@@ -35,6 +40,7 @@ const (
 	LabelCheck     = "check"
 	LabelNodeClass = "nodeclass"
 	LabelHold      = "hold"
+	LabelFinding   = "finding"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the

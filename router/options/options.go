@@ -129,6 +129,10 @@ type Run struct {
 	InstanceParallelism int
 	// ForwardConfirmTimeout is how long Karpenter has to act on a forwarded drain.
 	ForwardConfirmTimeout time.Duration
+	// InstanceStatusPoller runs the router's DescribeInstanceStatus poller (Karpenter's own is
+	// switched off by denying the call to its role); InstanceStatusInterval is its period.
+	InstanceStatusPoller   bool
+	InstanceStatusInterval time.Duration
 }
 
 // ParseRun parses `health-router run` flags and validates them.
@@ -161,6 +165,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	fs.Float64Var(&o.KubeClientQPS, "kube-client-qps", DefaultKubeClientQPS, "requests per second each Kubernetes client may make (as Karpenter's default), however the kubeconfig is found")
 	fs.IntVar(&o.KubeClientBurst, "kube-client-burst", DefaultKubeClientBurst, "burst of requests each Kubernetes client may make above --kube-client-qps")
 	fs.IntVar(&o.InstanceParallelism, "instance-parallelism", 16, "instances of one event decided and carried out at once (1-256)")
+	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "poll ec2:DescribeInstanceStatus for the cluster's instances (scheduled events, impaired status), as Karpenter does since v1.12; needs the permission")
+	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s)")
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
@@ -174,6 +180,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--instance-parallelism %d: want 1 to 256", o.InstanceParallelism)
 	case o.ForwardConfirmTimeout < time.Second:
 		return o, fmt.Errorf("--forward-confirm-timeout %s: want at least 1s", o.ForwardConfirmTimeout)
+	case o.InstanceStatusInterval < 10*time.Second:
+		return o, fmt.Errorf("--instance-status-interval %s: want at least 10s", o.InstanceStatusInterval)
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":
@@ -234,6 +242,9 @@ type Doctor struct {
 	AWSEndpointURL     string
 	Kubeconfig         string
 	Gates              featuregate.MutableFeatureGate
+	// InstanceStatusPoller is the router's --instance-status-poller (same environment
+	// variable), for the takeover check.
+	InstanceStatusPoller bool
 }
 
 // ParseDoctor parses `health-router doctor` flags.
@@ -250,6 +261,7 @@ func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
 	gateFlag := fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
+	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller")
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}

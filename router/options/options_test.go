@@ -69,7 +69,8 @@ func TestParseRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.KubeClientQPS != 200 || o.KubeClientBurst != 300 || o.InstanceParallelism != 16 || o.ForwardConfirmTimeout != 20*time.Second || o.Signal != "delete-nodeclaim" {
+	if o.KubeClientQPS != 200 || o.KubeClientBurst != 300 || o.InstanceParallelism != 16 || o.ForwardConfirmTimeout != 20*time.Second || o.Signal != "delete-nodeclaim" ||
+		!o.InstanceStatusPoller || o.InstanceStatusInterval != time.Minute {
 		t.Errorf("defaults: %+v", o)
 	}
 	o, err = ParseRun(append(req, "--karpenter-queue-url", "k", "--kube-client-qps", "50"), env(map[string]string{"HEALTH_ROUTER_KUBE_CLIENT_BURST": "75", "HEALTH_ROUTER_KUBE_CLIENT_QPS": "9"}))
@@ -94,6 +95,7 @@ func TestParseRunErrorsNameTheFlag(t *testing.T) {
 		{append(req, "--kube-client-burst", "0"), "--kube-client-burst"},
 		{append(req, "--instance-parallelism", "0"), "--instance-parallelism"},
 		{append(req, "--forward-confirm-timeout", "10ms"), "--forward-confirm-timeout"},
+		{append(req, "--instance-status-interval", "1s"), "--instance-status-interval"},
 		{append(req, "--signal", "forward"), "--karpenter-queue-url"},
 		{append(req, "--signal", "smoke"), "--signal"},
 		{append(req, "--workers", "0"), "--workers"},

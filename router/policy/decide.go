@@ -123,6 +123,10 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 		return d.with(ActionDrain, "%s: %s", chose, urgentWhat(ev))
 	}
 
+	if ev.Kind == event.KindInstanceStatus {
+		return decideImpaired(d, ev, tg, now, action, chose)
+	}
+
 	switch action {
 	case ActionIgnore:
 		return d.with(ActionIgnore, "%s: %s", chose, ignoreWhat(ev))
@@ -180,6 +184,37 @@ func ApplyChecks(d Decision, ev event.Event, p Policy, checks []Check, now time.
 	d.Action, d.Until, d.Hold = ActionDefer, until, HoldCheck
 	d.Reason = fmt.Sprintf("drain held until the replacement is sound (%s); re-checked at %s", what, stamp(until))
 	return d
+}
+
+// decideImpaired decides an instance whose status check is impaired. Karpenter (v1.13+)
+// force-terminates it after two minutes, and the poller reports it only then: drain is the
+// default. Ignore is honoured with a warning. Defer has nothing to wait for (AWS sets no
+// deadline, and an impaired instance is not serving), so it drains, with a warning; the
+// pool's max-concurrent-drains still paces it, as Cluster API's maxUnhealthy stops a
+// cascade of repairs.
+func decideImpaired(d Decision, ev event.Event, tg Target, now time.Time, action Action, chose string) Decision {
+	what := "instance status check impaired"
+	if ev.Status != nil {
+		what = fmt.Sprintf("instance status %s, system status %s, impaired since %s", orUnknown(ev.Status.InstanceStatus), orUnknown(ev.Status.SystemStatus), stamp(ev.Status.ImpairedSince))
+	}
+	switch action {
+	case ActionIgnore:
+		d.Warnings = append(d.Warnings, "an impaired instance is left in place; Karpenter would have replaced it")
+		return d.with(ActionIgnore, "%s: %s; the node is left in place", chose, what)
+	case ActionDefer:
+		d.Warnings = append(d.Warnings, "an impaired instance cannot be deferred: it is not serving and AWS sets no deadline to wait for")
+		d = d.with(ActionDrain, "%s overridden: %s, draining now", chose, what)
+	default:
+		d = d.with(ActionDrain, "%s: %s", chose, what)
+	}
+	return pace(d, ev, tg, now)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 // deferStop holds a stopping or stopped instance for restart-grace after the event, in case

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -278,5 +279,94 @@ func TestPaced(t *testing.T) {
 		if got := Paced(tt.ev, tt.p); got != tt.want {
 			t.Errorf("Paced(%s %s) = %v, want %v", tt.ev.Kind, tt.ev.State, got, tt.want)
 		}
+	}
+}
+func impaired() event.Event {
+	return event.Event{
+		ID: "healthrouter.io/instance-status/i-0a1b2c3d4e5f60718/impaired/2026-11-21T11:57:00Z", Kind: event.KindInstanceStatus, Time: now,
+		Status: &event.InstanceStatus{InstanceStatus: "impaired", SystemStatus: "ok", ImpairedSince: now.Add(-3 * time.Minute)},
+	}
+}
+
+func TestDecideInstanceStatus(t *testing.T) {
+	saturdays := map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h", AnnotationAction: "defer"}
+	paced := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})
+	paced.DrainsInFlight = 1
+	tests := []struct {
+		name    string
+		tg      Target
+		action  Action
+		until   time.Time
+		reason  string
+		warning string
+	}{
+		{name: "default drains, as Karpenter", tg: target(nil), action: ActionDrain, reason: "no annotation"},
+		{name: "explicit drain", tg: target(map[string]string{ActionKey(event.KindInstanceStatus): "drain"}), action: ActionDrain, reason: "healthrouter.io/action.instance-status=drain"},
+		{name: "ignore honoured with a warning", tg: target(map[string]string{ActionKey(event.KindInstanceStatus): "ignore"}), action: ActionIgnore, reason: "left in place", warning: "Karpenter would have replaced it"},
+		{name: "pool-wide ignore applies", tg: target(map[string]string{AnnotationAction: "ignore"}), action: ActionIgnore, warning: "Karpenter would have replaced it"},
+		{name: "defer drains with a warning", tg: target(map[string]string{ActionKey(event.KindInstanceStatus): "defer"}), action: ActionDrain, reason: "overridden", warning: "cannot be deferred"},
+		{name: "defer does not wait for a window", tg: target(saturdays), action: ActionDrain, warning: "cannot be deferred"},
+		{name: "kind key beats pool default", tg: target(map[string]string{AnnotationAction: "ignore", ActionKey(event.KindInstanceStatus): "drain"}), action: ActionDrain},
+		{name: "paced by max-concurrent-drains", tg: paced, action: ActionDefer, until: now.Add(PacingRecheck), reason: "max-concurrent-drains"},
+		{name: "not in cluster", tg: Target{InstanceID: "i-0fedcba9876543210"}, action: ActionSkip},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(impaired(), tt.tg, now)
+			if d.Action != tt.action {
+				t.Fatalf("action = %s (%s), want %s", d.Action, d.Reason, tt.action)
+			}
+			if !d.Until.Equal(tt.until) {
+				t.Errorf("until = %v, want %v", d.Until, tt.until)
+			}
+			if !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("reason %q does not mention %q", d.Reason, tt.reason)
+			}
+			if tt.warning != "" && !strings.Contains(strings.Join(d.Warnings, "; "), tt.warning) {
+				t.Errorf("warnings %q do not mention %q", d.Warnings, tt.warning)
+			}
+			if tt.warning == "" && len(d.Warnings) > 0 {
+				t.Errorf("unexpected warnings %q", d.Warnings)
+			}
+			if d.Kind != event.KindInstanceStatus || !d.Deadline.IsZero() {
+				t.Errorf("kind %q deadline %v", d.Kind, d.Deadline)
+			}
+		})
+	}
+}
+
+// TestDecideInstanceStatusFinding: a scheduled event the poller found is decided exactly as
+// the AWS Health event of the same maintenance, by the same annotations.
+func TestDecideInstanceStatusFinding(t *testing.T) {
+	week := now.Add(7 * 24 * time.Hour)
+	for _, typ := range event.ScheduledTypes {
+		_, finding, err := event.StatusFinding{InstanceID: "i-0a1b2c3d4e5f60718", Finding: event.FindingScheduledEvent, Time: now,
+			Code: typ, EventID: "instance-event-0d59937288b749b32", NotBefore: week}.Event()
+		if err != nil {
+			t.Fatal(err)
+		}
+		health := scheduled(typ, week)
+		for _, ann := range []map[string]string{
+			nil,
+			{ScheduledActionKey(typ): "ignore"},
+			{ScheduledActionKey(typ): "defer"},
+			{ActionKey(event.KindScheduledChange): "defer", AnnotationDrainLead: "6h"},
+			{AnnotationAction: "defer", AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"},
+		} {
+			a, b := Decide(finding, target(ann), now), Decide(health, target(ann), now)
+			if a.Action != b.Action || !a.Until.Equal(b.Until) {
+				t.Errorf("%s %v: finding %s until %v, Health event %s until %v", typ, ann, a.Action, a.Until, b.Action, b.Until)
+			}
+		}
+	}
+}
+
+func TestInstanceStatusAnnotation(t *testing.T) {
+	if !slices.Contains(Annotations(), "healthrouter.io/action.instance-status") {
+		t.Error("healthrouter.io/action.instance-status is not a known annotation")
+	}
+	p := FromAnnotations(map[string]string{"healthrouter.io/action.instance-status": "ignore"})
+	if p.Kinds[event.KindInstanceStatus] != ActionIgnore || len(p.Problems) > 0 {
+		t.Errorf("policy = %+v", p)
 	}
 }

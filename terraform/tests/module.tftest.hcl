@@ -126,6 +126,14 @@ run "defaults" {
     error_message = "no Karpenter or KMS permission unless asked for"
   }
   assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "InstanceStatusPoller"]).Action == "ec2:DescribeInstanceStatus" && one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "InstanceStatusPoller"]).Effect == "Allow"
+    error_message = "the router's instance-status poller needs ec2:DescribeInstanceStatus, and that action only"
+  }
+  assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if contains(flatten([s.Action]), "ec2:DescribeInstanceStatus")]) == 1
+    error_message = "ec2:DescribeInstanceStatus is granted in one statement only"
+  }
+  assert {
     condition     = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : !contains(flatten([s.Action]), "sqs:*") && !contains(flatten([s.Action]), "*")])
     error_message = "no wildcard actions in the router policy"
   }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	ebtypes "github.com/aws/aws-sdk-go-v2/service/eventbridge/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -102,7 +103,7 @@ func TestDoctor(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		return doctor.New(sqsc, ebc, nil, kube).Run(ctx, doctor.Config{
+		return doctor.New(sqsc, ebc, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(url) }), nil, kube).Run(ctx, doctor.Config{
 			QueueURL: queue, DeadLetterQueueURL: dlqURL, KarpenterQueueURL: karpURL,
 			KarpenterNamespace: "kube-system", Namespace: "health-router", Gates: g,
 		})
