@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -143,7 +142,7 @@ func DeferralState(nc *karpv1.NodeClaim, ev event.Event) string {
 
 // sendAPI is the part of SQS the forward mode uses.
 type sendAPI interface {
-	SendMessage(context.Context, *sqs.SendMessageInput, ...func(*sqs.Options)) (*sqs.SendMessageOutput, error)
+	SendMessageBatch(context.Context, *sqs.SendMessageBatchInput, ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
 }
 
 // recentTTL is how long a signalled drain is remembered in memory: longer than the cache
@@ -156,8 +155,7 @@ type Signaller struct {
 	kube     client.Client // writes; reads through the cache
 	fresh    client.Reader // uncached reads, only after a write conflicted
 	mode     Mode
-	sqs      sendAPI
-	queueURL string // Karpenter's interruption queue, for ModeForward
+	forward  *batcher // to Karpenter's interruption queue, for ModeForward
 	recorder events.EventRecorder
 	clock    clock.Clock
 	locks    keymutex.KeyMutex // one drain at a time per instance: duplicates signal once
@@ -167,8 +165,12 @@ type Signaller struct {
 
 // New returns a Signaller. sqsClient and karpenterQueueURL are used in ModeForward only.
 func New(kube client.Client, fresh client.Reader, mode Mode, sqsClient sendAPI, karpenterQueueURL string, recorder events.EventRecorder, clk clock.Clock) *Signaller {
-	return &Signaller{kube: kube, fresh: fresh, mode: mode, sqs: sqsClient, queueURL: karpenterQueueURL, recorder: recorder, clock: clk,
+	s := &Signaller{kube: kube, fresh: fresh, mode: mode, recorder: recorder, clock: clk,
 		locks: keymutex.NewHashed(0), recent: map[string]time.Time{}}
+	if sqsClient != nil && karpenterQueueURL != "" {
+		s.forward = newBatcher(sqsClient, karpenterQueueURL)
+	}
+	return s
 }
 
 // Mode returns the signalling mode.
@@ -256,7 +258,10 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		if err != nil {
 			return false, err
 		}
-		if _, err := s.sqs.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(s.queueURL), MessageBody: aws.String(string(body))}); err != nil {
+		if s.forward == nil {
+			return false, errNoBatcher
+		}
+		if err := s.forward.send(ctx, string(body)); err != nil {
 			return false, fmt.Errorf("forwarding event %s for %s to Karpenter: %w", ev.ID, d.InstanceID, err)
 		}
 	case ModeDeleteNodeClaim:

@@ -3,12 +3,15 @@ package signal
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -23,11 +26,28 @@ import (
 
 var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
-type sentMessages struct{ bodies []string }
+// sentMessages records what reaches SQS; the integration suite forwards through moto.
+type sentMessages struct {
+	mu     sync.Mutex
+	calls  int
+	bodies []string
+	refuse string // a body SQS refuses, per entry
+}
 
-func (s *sentMessages) SendMessage(_ context.Context, in *sqs.SendMessageInput, _ ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
-	s.bodies = append(s.bodies, aws.ToString(in.MessageBody))
-	return &sqs.SendMessageOutput{MessageId: aws.String("m")}, nil
+func (s *sentMessages) SendMessageBatch(_ context.Context, in *sqs.SendMessageBatchInput, _ ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	out := &sqs.SendMessageBatchOutput{}
+	for _, e := range in.Entries {
+		if aws.ToString(e.MessageBody) == s.refuse {
+			out.Failed = append(out.Failed, sqstypes.BatchResultErrorEntry{Id: e.Id, Code: aws.String("InvalidMessageContents"), Message: aws.String("no"), SenderFault: true})
+			continue
+		}
+		s.bodies = append(s.bodies, aws.ToString(e.MessageBody))
+		out.Successful = append(out.Successful, sqstypes.SendMessageBatchResultEntry{Id: e.Id, MessageId: aws.String("m")})
+	}
+	return out, nil
 }
 
 const healthBody = `{"version":"0","id":"h1","detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":["i-0a1b2c3d4e5f6000a","i-0a1b2c3d4e5f6000b"],"detail":{"eventArn":"arn:aws:health:eu-west-1::event/EC2/RET/1","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":"Sat, 28 Nov 2026 10:00:00 GMT","affectedEntities":[{"entityValue":"i-0a1b2c3d4e5f6000a"},{"entityValue":"i-0a1b2c3d4e5f6000b"}]}}`
@@ -305,5 +325,35 @@ func TestDrainStampRoundTrip(t *testing.T) {
 	b, _ := json.Marshal(Deferral{EventID: "x"})
 	if strings.Contains(string(b), "hold") || strings.Contains(string(b), `"event"`) {
 		t.Errorf("empty optional fields written: %s", b)
+	}
+}
+
+// TestForwardsShareBatches: forwards made at once share SendMessageBatch calls of at most
+// ten; one SQS refuses fails only its sender.
+func TestForwardsShareBatches(t *testing.T) {
+	sent := &sentMessages{refuse: "body-7"}
+	b := newBatcher(sent, "karpenter")
+	var wg sync.WaitGroup
+	errs := make([]error, 25)
+	for i := range errs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			errs[i] = b.send(context.Background(), fmt.Sprintf("body-%d", i))
+		}(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if (err != nil) != (i == 7) {
+			t.Errorf("send %d: %v", i, err)
+		}
+	}
+	if len(sent.bodies) != 24 || sent.calls < 3 || sent.calls > 12 {
+		t.Errorf("%d bodies in %d calls; want 24 in 3 to 12", len(sent.bodies), sent.calls)
+	}
+	// A lone forward goes out on its own after the linger.
+	start := time.Now()
+	if err := b.send(context.Background(), "alone"); err != nil || time.Since(start) > time.Second {
+		t.Errorf("lone send: %v after %s", err, time.Since(start))
 	}
 }
