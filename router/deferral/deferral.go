@@ -164,19 +164,21 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		c.forget(nc.Name) // being drained: its deferrals end with it
 		return reconcile.Result{}, nil
 	}
-	if _, at, via, ok := signal.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
+	if _, at, _, ok := signal.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
+		// Signalled, not deleting yet: Karpenter must act on a forward (or the router's own
+		// DELETE must land) within the bound; past it the router deletes the NodeClaim.
 		c.forget(nc.Name)
-		if via != signal.ModeForward {
-			return reconcile.Result{}, nil
-		}
 		if waited := now.Sub(at); waited < c.confirm {
 			return reconcile.Result{RequeueAfter: c.confirm - waited}, nil
 		}
-		c.log.Warn("Karpenter did not act on a forwarded drain: deleting the NodeClaim", "nodeclaim", nc.Name, "waited", now.Sub(at))
-		if err := c.signal.Fallback(ctx, nc, now.Sub(at)); err != nil {
+		forwarded, err := c.signal.Fallback(ctx, nc, now.Sub(at))
+		if err != nil {
 			return reconcile.Result{}, err
 		}
-		c.metrics.ForwardUnconfirmed.Inc()
+		if forwarded {
+			c.log.Warn("Karpenter did not act on a forwarded drain: deleted the NodeClaim", "nodeclaim", nc.Name, "waited", now.Sub(at))
+			c.metrics.ForwardUnconfirmed.Inc()
+		}
 		return reconcile.Result{}, nil
 	}
 

@@ -251,3 +251,23 @@ func TestHeldOn(t *testing.T) {
 }
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// TestConfirmDeleteRetries: a delete-mode stamp (the router stamps, then deletes) on a NodeClaim
+// that is not deleting past the bound (the DELETE failed) is deleted again, with no
+// "Karpenter did not act" count.
+func TestConfirmDeleteRetries(t *testing.T) {
+	r := newRig(t, nil, 1, func(int) []signal.Deferral { return nil })
+	nc := r.claim(t, "kafka-0")
+	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: signal.DrainStamp("ret-1", now, signal.ModeDeleteNodeClaim)}
+	if err := r.kube.Update(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	r.clock.Step(30 * time.Second)
+	r.reconcile(t, "kafka-0")
+	if nc := r.claim(t, "kafka-0"); nc == nil || nc.DeletionTimestamp.IsZero() {
+		t.Fatal("a stamped NodeClaim was not deleted again")
+	}
+	if got := testutil.ToFloat64(r.m.ForwardUnconfirmed); got != 0 {
+		t.Errorf("counted as an unconfirmed forward: %v", got)
+	}
+}

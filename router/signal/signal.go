@@ -252,6 +252,18 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		return true, nil
 	}
 	via := s.Via(ev)
+	stamp := func() error {
+		if claim == nil {
+			return nil
+		}
+		return s.update(ctx, claim, func(nc *karpv1.NodeClaim) bool {
+			ds := Deferrals(nc)
+			ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.Key == DeferralKey(ev) || x.EventID == ev.ID })
+			setDeferrals(nc, ds)
+			nc.Annotations[cluster.AnnotationDrainSignalled] = DrainStamp(ev.ID, s.clock.Now(), via)
+			return true
+		})
+	}
 	switch via {
 	case ModeForward:
 		body, err := forwardBody(ev, d.InstanceID)
@@ -264,29 +276,29 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		if err := s.forward.send(ctx, string(body)); err != nil {
 			return false, fmt.Errorf("forwarding event %s for %s to Karpenter: %w", ev.ID, d.InstanceID, err)
 		}
-	case ModeDeleteNodeClaim:
-		if claim == nil {
-			return false, fmt.Errorf("instance %s has a Node but no NodeClaim: nothing to delete", d.InstanceID)
-		}
-		if err := s.kube.Delete(ctx, claim.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
-			return false, fmt.Errorf("deleting nodeclaim %s: %w", claim.Name, err)
-		}
-	}
-	s.remember(d.InstanceID)
-	if claim != nil {
-		stamp := DrainStamp(ev.ID, s.clock.Now(), via)
-		err := s.update(ctx, claim, func(nc *karpv1.NodeClaim) bool {
-			ds := Deferrals(nc)
-			ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.Key == DeferralKey(ev) || x.EventID == ev.ID })
-			setDeferrals(nc, ds)
-			nc.Annotations[cluster.AnnotationDrainSignalled] = stamp
-			return true
-		})
-		if err != nil && !apierrors.IsNotFound(err) {
+		s.remember(d.InstanceID)
+		if err := stamp(); err != nil && !apierrors.IsNotFound(err) {
 			// The signal went out; only the record failed. Report it, but do not retry the
 			// signal: the NodeClaim is being drained.
 			s.event(res, corev1.EventTypeWarning, ReasonDrained, "%s; recording it on the NodeClaim failed: %v", d.Reason, err)
 			return false, nil
+		}
+	case ModeDeleteNodeClaim:
+		if claim == nil {
+			return false, fmt.Errorf("instance %s has a Node but no NodeClaim: nothing to delete", d.InstanceID)
+		}
+		// The stamp first, from the cached object (one PATCH, no conflict), then the DELETE.
+		// Should the DELETE fail, the deferral controller deletes a stamped NodeClaim that is
+		// not deleting within the confirmation bound.
+		if err := stamp(); err != nil {
+			if apierrors.IsNotFound(err) {
+				return true, nil
+			}
+			return false, fmt.Errorf("stamping nodeclaim %s before deleting it: %w", claim.Name, err)
+		}
+		s.remember(d.InstanceID)
+		if err := s.kube.Delete(ctx, claim.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("deleting nodeclaim %s: %w", claim.Name, err)
 		}
 	}
 	if !quiet {
@@ -307,23 +319,27 @@ func forwardBody(ev event.Event, instanceID string) ([]byte, error) {
 	return Restrict(ev.Body, instanceID)
 }
 
-// Fallback deletes a NodeClaim whose forwarded drain Karpenter did not act on within the
-// confirmation bound, and says so with a Warning Event. The drain-signalled annotation then
-// names delete-nodeclaim, so the NodeClaim is not confirmed again.
-func (s *Signaller) Fallback(ctx context.Context, nc *karpv1.NodeClaim, waited time.Duration) error {
+// Fallback deletes a NodeClaim whose drain was signalled but has not started within the
+// confirmation bound: Karpenter did not act on a forwarded event (a Warning Event says so,
+// and the stamp then names delete-nodeclaim), or the router's own DELETE failed after its
+// stamp. It reports whether Karpenter had been forwarded the drain.
+func (s *Signaller) Fallback(ctx context.Context, nc *karpv1.NodeClaim, waited time.Duration) (forwarded bool, err error) {
 	if err := s.kube.Delete(ctx, nc.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting nodeclaim %s after an unconfirmed forward: %w", nc.Name, err)
+		return false, fmt.Errorf("deleting nodeclaim %s after an unconfirmed drain: %w", nc.Name, err)
 	}
-	id, _, _, _ := ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
+	id, _, via, _ := ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
+	if via != ModeForward {
+		return false, nil
+	}
 	if err := s.update(ctx, nc, func(c *karpv1.NodeClaim) bool {
 		c.Annotations[cluster.AnnotationDrainSignalled] = DrainStamp(id, s.clock.Now(), ModeDeleteNodeClaim)
 		return true
 	}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("recording the fallback on nodeclaim %s: %w", nc.Name, err)
+		return true, fmt.Errorf("recording the fallback on nodeclaim %s: %w", nc.Name, err)
 	}
 	s.recorder.Eventf(nc, nil, corev1.EventTypeWarning, ReasonForwardUnconfirmed, "Drain",
 		"Karpenter did not act on the forwarded event %s within %s (no deletion of this NodeClaim): deleted the NodeClaim instead", id, waited.Round(time.Second))
-	return nil
+	return true, nil
 }
 
 // Defer records the deferral on the NodeClaim, with the event restricted to the instance so

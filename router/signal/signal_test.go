@@ -292,8 +292,8 @@ func TestFallbackDeletesAndRestamps(t *testing.T) {
 	if err := r.kube.Update(context.Background(), nc); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Fallback(context.Background(), r.get(t), 25*time.Second); err != nil {
-		t.Fatal(err)
+	if forwarded, err := s.Fallback(context.Background(), r.get(t), 25*time.Second); err != nil || !forwarded {
+		t.Fatalf("fallback: forwarded %v, err %v", forwarded, err)
 	}
 	got := r.get(t)
 	if got.DeletionTimestamp.IsZero() {

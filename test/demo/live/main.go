@@ -204,7 +204,7 @@ func report(ctx context.Context, kube client.Client, sqsc *sqs.Client, intakeURL
 		}
 		var ds []string
 		for _, d := range signal.Deferrals(nc) {
-			ds = append(ds, fmt.Sprintf("%s -> %s, %s", d.Kind, d.Until.Format("2006-01-02 15:04"), d.State))
+			ds = append(ds, fmt.Sprintf("%s -> %s, %s (%s)", d.Kind, d.Until.Format("2006-01-02 15:04"), d.State, d.Hold))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, nc.Labels[karpv1.NodePoolLabelKey], state, strings.Join(ds, "; "))
 	}
@@ -213,7 +213,7 @@ func report(ctx context.Context, kube client.Client, sqsc *sqs.Client, intakeURL
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\nIntake queue: %s waiting, %s held invisible (deferred events keep their message until their time)\n",
+	fmt.Printf("\nIntake queue: %s waiting, %s in flight (deferred events are held on their NodeClaims, not in SQS)\n",
 		attrs.Attributes["ApproximateNumberOfMessages"], attrs.Attributes["ApproximateNumberOfMessagesNotVisible"])
 	fmt.Println("\nDead-letter queue:")
 	for {
