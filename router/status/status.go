@@ -171,6 +171,10 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 // parseSignalled reads healthrouter.io/drain-signalled: "<event id> <RFC 3339 time>", or
 // the time alone as older routers wrote it.
 func parseSignalled(v string) (string, *time.Time) {
+	if id, at, _, ok := signal.ParseDrainStamp(v); ok {
+		at = at.UTC()
+		return id, &at
+	}
 	f := strings.Fields(v)
 	if len(f) == 0 {
 		return "", nil
@@ -182,9 +186,8 @@ func parseSignalled(v string) (string, *time.Time) {
 	return v, nil
 }
 
-// holdOf says why a deferral waits. The records do not carry it yet, so it is read from the
-// reason that policy.Decide writes; once signal.Deferral has its hold field, that field is
-// the answer and this reading remains for records written before it.
+// holdOf says why a deferral waits: the record's hold, or for records written before holds
+// were recorded, what the reason policy.Decide wrote says.
 func holdOf(d signal.Deferral) string {
 	if d.Hold != "" {
 		return string(d.Hold)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,6 +126,9 @@ func TestStatus(t *testing.T) {
 		if d.Action != policy.ActionDefer || !strings.Contains(d.Reason, want) {
 			t.Fatalf("%s: %s (%s), want a deferral: %s", nc, d.Action, d.Reason, want)
 		}
+		// The record holds the event: give it the body AWS Health would have sent.
+		ev.Body = []byte(fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":[%q],"detail":{"eventArn":%q,"service":"EC2","eventTypeCode":%q,"eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":%q,"affectedEntities":[{"entityValue":%q}]}}`,
+			ev.ID, "i-"+nc, ev.Health.EventARN, ev.Health.TypeCode, week.Format(time.RFC1123), "i-"+nc))
 		if _, err := sig.Defer(ctx, ev, d, resolved(nc), false); err != nil {
 			t.Fatal(err)
 		}
@@ -163,7 +167,7 @@ func TestStatus(t *testing.T) {
 	}
 	want := map[string]string{
 		"kafka-b": "window 2026-11-28T02:00:00Z",
-		"kafka-c": "pacing " + now.Add(policy.PacingRecheck).Format(time.RFC3339),
+		"kafka-c": "pacing " + week.Add(-time.Hour).Format(time.RFC3339), // deadline minus drain-lead
 		"kafka-d": "check " + now.Add(policy.CheckRecheck).Format(time.RFC3339),
 	}
 	if len(holds) != 3 || holds["kafka-b"] != want["kafka-b"] || holds["kafka-c"] != want["kafka-c"] || holds["kafka-d"] != want["kafka-d"] {
@@ -218,7 +222,7 @@ func TestStatus(t *testing.T) {
 		`policy:    defer (scheduled-change.system-reboot=drain); window "0 2 * * 6" for 4h0m0s; drain-lead 1h0m0s; restart-grace 15m0s; max-concurrent-drains 1`,
 		"window:    closed; opens 2026-11-28 02:00 UTC (in 6d14h) for 4h0m0s",
 		"drains:    1 in flight (limit 1, FULL: further drains wait)",
-		"deferred:  3 events: 1 held by max-concurrent-drains, 1 HELD BY A CHECK (replacement not sound), 1 waiting for the window; next at 2026-11-21 12:01 UTC",
+		"deferred:  3 events: 1 HELD BY A CHECK (replacement not sound), 1 waiting for the window, 1 held by max-concurrent-drains; next at 2026-11-21 12:05 UTC",
 		"NodePool batch (2 NodeClaims)",
 		"NodePool web (1 NodeClaim)",
 	} {
@@ -230,7 +234,7 @@ func TestStatus(t *testing.T) {
 	for claim, fields := range map[string][]string{
 		"kafka-a": {"ip-10-0-1-kafka-a", "deleting", "2026-11-21 12:00 UTC", "ev-spot"},
 		"kafka-b": {"scheduled-change", "2026-11-28 02:00 UTC (in 6d14h)", "window", "ev-window", "waiting for the maintenance window"},
-		"kafka-c": {"2026-11-21 12:01 UTC (in 1m)", "pacing", "ev-reboot", "held by max-concurrent-drains 1"},
+		"kafka-c": {"2026-11-28 11:00 UTC (in 6d23h)", "pacing", "ev-reboot", "held by max-concurrent-drains 1"},
 		"kafka-d": {"2026-11-21 12:05 UTC (in 5m)", "check", "ev-check", "ami: image ami-0e1f2a3b4c5d6e7f8 is pending"},
 		"batch-a": {"deleting", "-"},
 	} {
