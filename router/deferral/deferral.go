@@ -13,6 +13,7 @@ package deferral
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -209,6 +210,13 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			continue
 		}
 		dec, err := c.pipeline.Redecide(ctx, nc, d)
+		if errors.Is(err, pipeline.ErrBadRecord) {
+			c.log.Error("dropping a deferral that can never be decided", "nodeclaim", nc.Name, "event_id", d.EventID, "err", err)
+			if err := c.signal.Drop(ctx, nc, d.EventID, err.Error()); err != nil {
+				return reconcile.Result{}, err
+			}
+			continue
+		}
 		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("deciding deferral %s of nodeclaim %s again: %w", d.EventID, nc.Name, err)
 		}

@@ -271,3 +271,19 @@ func TestConfirmDeleteRetries(t *testing.T) {
 		t.Errorf("counted as an unconfirmed forward: %v", got)
 	}
 }
+
+// TestBrokenRecordIsDropped: a record whose event does not parse is dropped with a Warning,
+// not retried forever; the NodeClaim's other records stay.
+func TestBrokenRecordIsDropped(t *testing.T) {
+	deadline := now.Add(72 * time.Hour)
+	r := newRig(t, map[string]string{policy.AnnotationAction: "defer"}, 1, func(i int) []signal.Deferral {
+		bad := deferral(i, now.Add(-time.Minute), policy.HoldDeadline, deadline)
+		bad.EventID, bad.Event = "bad", []byte(`"by hand"`)
+		return []signal.Deferral{bad, deferral(i, deadline.Add(-time.Hour), policy.HoldDeadline, deadline)}
+	})
+	r.reconcile(t, "kafka-0")
+	ds := signal.Deferrals(r.claim(t, "kafka-0"))
+	if len(ds) != 1 || ds[0].EventID == "bad" {
+		t.Errorf("records %+v", ds)
+	}
+}

@@ -112,12 +112,16 @@ func (p *Pipeline) Process(ctx context.Context, ev event.Event) (Result, error) 
 	return res, errors.Join(errs...)
 }
 
+// ErrBadRecord marks a deferral record whose event does not parse (written by hand, or
+// damaged): it can never be decided, and is dropped rather than retried.
+var ErrBadRecord = errors.New("deferral record holds no event the router can parse")
+
 // Redecide decides one due (or released) deferral of a NodeClaim again and carries the new
 // outcome out. It returns the new decision (a defer carries its next Until).
 func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec signal.Deferral) (policy.Decision, error) {
 	ev, err := event.Parse(rec.Event)
 	if err != nil {
-		return policy.Decision{}, fmt.Errorf("deferral %s on nodeclaim %s holds an event that does not parse: %w", rec.EventID, nc.Name, err)
+		return policy.Decision{}, fmt.Errorf("%w: %s on nodeclaim %s: %v", ErrBadRecord, rec.EventID, nc.Name, err)
 	}
 	id := cluster.InstanceID(nc.Status.ProviderID)
 	if id == "" && len(ev.Instances) == 1 {

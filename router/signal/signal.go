@@ -51,6 +51,7 @@ const (
 	ReasonInvalidAnnotation  = "HealthRouterInvalidAnnotation"
 	ReasonReplacementUnsound = "HealthEventReplacementUnsound"
 	ReasonForwardUnconfirmed = "HealthEventForwardUnconfirmed"
+	ReasonDeferralDropped    = "HealthEventDeferralDropped"
 )
 
 // actions are the Event actions of each reason.
@@ -446,6 +447,22 @@ func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decisio
 	if !quiet {
 		s.event(res, eventType(d), ReasonIgnored, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
 	}
+	return nil
+}
+
+// Drop removes one deferral record that can never be decided, with a Warning Event.
+func (s *Signaller) Drop(ctx context.Context, nc *karpv1.NodeClaim, eventID, why string) error {
+	err := s.update(ctx, nc, func(c *karpv1.NodeClaim) bool {
+		ds := Deferrals(c)
+		n := len(ds)
+		ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.EventID == eventID })
+		setDeferrals(c, ds)
+		return len(ds) != n
+	})
+	if err != nil {
+		return fmt.Errorf("dropping deferral %s of nodeclaim %s: %w", eventID, nc.Name, err)
+	}
+	s.recorder.Eventf(nc, nil, corev1.EventTypeWarning, ReasonDeferralDropped, "CancelDeferral", "deferral %s dropped: %s", eventID, why)
 	return nil
 }
 

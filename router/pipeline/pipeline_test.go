@@ -1,0 +1,217 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/signal"
+)
+
+var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func instanceID(i int) string { return fmt.Sprintf("i-0a1b2c3d4e5f6%04d", i) }
+
+type rig struct {
+	p        *Pipeline
+	kube     client.Client
+	recorder *events.FakeRecorder
+	m        *metrics.Router
+}
+
+// newRig builds pools of NodeClaims and Nodes: claims[pool] instances each; instance IDs are
+// numbered across pools in order. nodeOnly instances have a Node but no NodeClaim.
+func newRig(t *testing.T, pools map[string]map[string]string, claims map[string]int, nodeOnly ...int) *rig {
+	t.Helper()
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []client.Object
+	i := 0
+	for _, name := range []string{"kafka", "web"} {
+		if _, ok := pools[name]; !ok {
+			continue
+		}
+		objs = append(objs, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: pools[name]}})
+		for n := 0; n < claims[name]; n++ {
+			pid := "aws:///eu-west-1a/" + instanceID(i)
+			labels := map[string]string{karpv1.NodePoolLabelKey: name}
+			objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%d", i), Labels: labels}, Spec: corev1.NodeSpec{ProviderID: pid}})
+			skip := false
+			for _, o := range nodeOnly {
+				skip = skip || o == i
+			}
+			if !skip {
+				objs = append(objs, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", name, i), Labels: labels, Finalizers: []string{"karpenter.sh/termination"}},
+					Status: karpv1.NodeClaimStatus{ProviderID: pid}})
+			}
+			i++
+		}
+	}
+	b := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...)
+	for _, ix := range cluster.Indexes() {
+		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
+	}
+	kube := b.Build()
+	clk := clocktesting.NewFakeClock(now)
+	rec := events.NewFakeRecorder(10000)
+	m := metrics.NewRouter(prometheus.NewRegistry(), func() float64 { return 0 })
+	sig := signal.New(kube, kube, signal.ModeDeleteNodeClaim, nil, "", rec, clk)
+	return &rig{p: New(engine.New(cluster.New(kube), nil), sig, m, nil, clk, slog.New(slog.NewTextHandler(io.Discard, nil)), 4), kube: kube, recorder: rec, m: m}
+}
+
+func retirement(id string, start time.Time, ids ...string) event.Event {
+	var entities []string
+	for _, i := range ids {
+		entities = append(entities, fmt.Sprintf(`{"entityValue":%q}`, i))
+	}
+	body := fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":[],"detail":{"eventArn":"arn:aws:health:eu-west-1::event/EC2/RET/%s","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":%q,"affectedEntities":[%s]}}`,
+		id, id, start.UTC().Format(time.RFC1123), strings.Join(entities, ","))
+	ev, err := event.Parse([]byte(body))
+	if err != nil {
+		panic(err)
+	}
+	return ev
+}
+
+func (r *rig) claims(t *testing.T) []karpv1.NodeClaim {
+	t.Helper()
+	var l karpv1.NodeClaimList
+	if err := r.kube.List(context.Background(), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+// TestBulkEventResumes: an event over two pools is carried out whole; handled again (a
+// redelivery after a timeout), every instance is skipped as recorded, and no write is made.
+func TestBulkEventResumes(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}, "web": nil}, map[string]int{"kafka": 12, "web": 8})
+	var ids []string
+	for i := 0; i < 20; i++ {
+		ids = append(ids, instanceID(i))
+	}
+	ev := retirement("bulk", now.Add(72*time.Hour), ids...)
+	res, err := r.p.Process(context.Background(), ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Actions[policy.ActionDefer] != 12 || res.Actions[policy.ActionDrain] != 8 || res.AlreadyRecorded != 0 {
+		t.Fatalf("first pass: %+v", res)
+	}
+	deferred, deleting := 0, 0
+	for _, nc := range r.claims(t) {
+		if len(signal.Deferrals(&nc)) == 1 {
+			deferred++
+		}
+		if !nc.DeletionTimestamp.IsZero() {
+			deleting++
+		}
+	}
+	if deferred != 12 || deleting != 8 {
+		t.Errorf("recorded %d deferrals, %d deletions", deferred, deleting)
+	}
+	// Bulk: one summary Event per pool and action, not two per instance.
+	if n := len(r.recorder.Events); n != 2 {
+		t.Errorf("%d Events for a 20-instance event, want 2 summaries", n)
+	}
+	for len(r.recorder.Events) > 0 {
+		e := <-r.recorder.Events
+		if !strings.Contains(e, "12 instances of this pool deferred") && !strings.Contains(e, "8 instances of this pool drained") {
+			t.Errorf("summary %q", e)
+		}
+	}
+	res, err = r.p.Process(context.Background(), ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.AlreadyRecorded != 20 || len(res.Actions) != 0 {
+		t.Errorf("redelivery: %+v", res)
+	}
+	if got := testutil.ToFloat64(r.m.AlreadyRecorded); got != 20 {
+		t.Errorf("already-recorded metric %v", got)
+	}
+}
+
+// TestOneMaintenanceDecidedOnce: the same maintenance reported by the poller after AWS Health
+// (another event ID, same instance, type and not-before) is not decided again.
+func TestOneMaintenanceDecidedOnce(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+	start := now.Add(72 * time.Hour)
+	if _, err := r.p.Process(context.Background(), retirement("from-health", start, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	polled := retirement("from-poller", start, instanceID(0))
+	res, err := r.p.Process(context.Background(), polled)
+	if err != nil || res.AlreadyRecorded != 1 {
+		t.Fatalf("second report: %+v, %v", res, err)
+	}
+	if ds := signal.Deferrals(&r.claims(t)[0]); len(ds) != 1 || ds[0].EventID != "from-health" {
+		t.Errorf("records %+v", ds)
+	}
+	// Rescheduled (another not-before): decided again.
+	if res, err := r.p.Process(context.Background(), retirement("rescheduled", start.Add(24*time.Hour), instanceID(0))); err != nil || res.Actions[policy.ActionDefer] != 1 {
+		t.Errorf("rescheduled: %+v, %v", res, err)
+	}
+}
+
+// TestInstanceWithoutNodeClaim: a deferral needs a NodeClaim to live on; an instance with only
+// a Node is skipped with the reason, and the rest of the event is carried out.
+func TestInstanceWithoutNodeClaim(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 2}, 1)
+	res, err := r.p.Process(context.Background(), retirement("e", now.Add(72*time.Hour), instanceID(0), instanceID(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Actions[policy.ActionDefer] != 1 || res.Actions[policy.ActionSkip] != 1 {
+		t.Errorf("outcomes %+v", res)
+	}
+}
+
+// TestRedecideADueDeferral: a due record is decided again from the event it holds.
+func TestRedecideADueDeferral(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+	start := now.Add(90 * time.Minute)
+	if _, err := r.p.Process(context.Background(), retirement("e", start, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	nc := r.claims(t)[0]
+	rec := signal.Deferrals(&nc)[0]
+	d, err := r.p.Redecide(context.Background(), &nc, rec)
+	if err != nil || d.Action != policy.ActionDefer || !d.Until.Equal(start.Add(-time.Hour)) {
+		t.Fatalf("before its time: %s until %s (%v)", d.Action, d.Until, err)
+	}
+	r.p.clock.(*clocktesting.FakeClock).Step(31 * time.Minute)
+	d, err = r.p.Redecide(context.Background(), &nc, rec)
+	if err != nil || d.Action != policy.ActionDrain {
+		t.Fatalf("when due: %s (%v)", d.Action, err)
+	}
+	if nc := r.claims(t)[0]; nc.DeletionTimestamp.IsZero() || len(signal.Deferrals(&nc)) != 0 {
+		t.Errorf("after the drain: deleting %v, records %+v", !nc.DeletionTimestamp.IsZero(), signal.Deferrals(&nc))
+	}
+	broken := rec
+	broken.Event = []byte("{not json")
+	if _, err := r.p.Redecide(context.Background(), &nc, broken); err == nil {
+		t.Error("a record whose event does not parse was decided")
+	}
+}
