@@ -22,8 +22,11 @@ replay: build ## the what-if tool on the demo scenario (test/demo): no servers a
 # tests itself, so the package list here leaves them out rather than run them twice.
 GO_PACKAGES = $$($(GO) list ./... | grep -v -e /test/terraform -e /lambda/)
 
-test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest), Terraform
-	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
+# KARPENTER_BIN is the real Karpenter controller the test/karpenter suite runs (built once per
+# machine and version by test/tools/karpenter-bin.sh); a failed build fails the target.
+test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest, the real Karpenter), Terraform
+	assets=$$(test/tools/envtest-bins.sh) && karpenter=$$(test/tools/karpenter-bin.sh) && \
+	KUBEBUILDER_ASSETS=$$assets KARPENTER_BIN=$$karpenter $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
 	test/tools/terraform-tests.sh
 
 unit: ## unit tests only (no moto, no envtest)
@@ -36,9 +39,10 @@ lint: ## gofmt and go vet
 fuzz: ## fuzz the event parser for a minute (corpus in router/event/testdata/fuzz)
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./router/event
 
-bench: ## benchmarks and the load harness (one table; needs moto_server for the end-to-end rows)
+bench: ## benchmarks, the load harness (needs moto_server), and the router's added latency in front of the real Karpenter
 	$(GO) test -run '^$$' -bench . -benchmem ./router/...
 	$(GO) run ./test/bench $(BENCH_FLAGS)
+	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) KARPENTER_BIN=$$(test/tools/karpenter-bin.sh) $(GO) run ./test/bench/karpenter $(BENCH_KARPENTER_FLAGS)
 
 clean: ## remove build output
 	rm -rf bin
