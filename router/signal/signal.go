@@ -7,7 +7,6 @@ package signal
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -315,9 +314,10 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 	return false, nil
 }
 
-// forwardBody is the body forwarded to Karpenter for one instance.
+// forwardBody is the body forwarded to Karpenter for one instance, and kept in a deferral
+// record: the canonical EventBridge body Karpenter's parsers accept (Canonical).
 func forwardBody(ev event.Event, instanceID string) ([]byte, error) {
-	return Restrict(ev.Body, instanceID)
+	return Canonical(ev, instanceID)
 }
 
 // Fallback deletes a NodeClaim whose drain was signalled but has not started within the
@@ -585,42 +585,4 @@ func summary(d policy.Decision) string {
 		s += " (warning: " + strings.Join(d.Warnings, "; ") + ")"
 	}
 	return s
-}
-
-// Restrict returns the event body naming only instanceID, for forwarding to Karpenter: a
-// Health event keeps the affected entity and resource of that instance only; other kinds
-// name one instance already and pass unchanged.
-func Restrict(body []byte, instanceID string) ([]byte, error) {
-	var env map[string]json.RawMessage
-	if err := json.Unmarshal(body, &env); err != nil {
-		return nil, fmt.Errorf("restricting event to %s: %w", instanceID, err)
-	}
-	var source string
-	_ = json.Unmarshal(env["source"], &source)
-	if source != "aws.health" {
-		return body, nil
-	}
-	var detail map[string]json.RawMessage
-	if err := json.Unmarshal(env["detail"], &detail); err != nil {
-		return nil, fmt.Errorf("restricting event to %s: %w", instanceID, err)
-	}
-	var entities []map[string]json.RawMessage
-	if err := json.Unmarshal(detail["affectedEntities"], &entities); err != nil {
-		return nil, fmt.Errorf("restricting event to %s: affectedEntities: %w", instanceID, err)
-	}
-	kept := entities[:0]
-	for _, e := range entities {
-		var v string
-		_ = json.Unmarshal(e["entityValue"], &v)
-		if v == instanceID {
-			kept = append(kept, e)
-		}
-	}
-	if len(kept) == 0 {
-		return nil, errors.New("restricting event: instance " + instanceID + " is not among its affected entities")
-	}
-	detail["affectedEntities"], _ = json.Marshal(kept[:1])
-	env["detail"], _ = json.Marshal(detail)
-	env["resources"], _ = json.Marshal([]string{instanceID})
-	return json.Marshal(env)
 }

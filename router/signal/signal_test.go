@@ -233,8 +233,7 @@ func TestMatchAcrossSources(t *testing.T) {
 
 func TestIgnoreCancelsAndRemoves(t *testing.T) {
 	s, r := newRig(t, ModeDeleteNodeClaim)
-	stop := event.Event{ID: "s1", Source: "aws.ec2", Kind: event.KindStateChange, State: event.StateStopping, Time: now,
-		Body: []byte(`{"version":"0","id":"s1","detail-type":"EC2 Instance State-change Notification","source":"aws.ec2","account":"123456789012","time":"2026-11-21T12:00:00Z","region":"eu-west-1","resources":[],"detail":{"instance-id":"i-0a1b2c3d4e5f6000a","state":"stopping"}}`)}
+	stop := parse(t, `{"version":"0","id":"s1","detail-type":"EC2 Instance State-change Notification","source":"aws.ec2","account":"123456789012","time":"2026-11-21T12:00:00Z","region":"eu-west-1","resources":[],"detail":{"instance-id":"i-0a1b2c3d4e5f6000a","state":"stopping"}}`)
 	if _, err := s.Defer(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer, Until: now.Add(15 * time.Minute), Hold: policy.HoldRestartGrace}, r.resolved(t), false); err != nil {
 		t.Fatal(err)
 	}
