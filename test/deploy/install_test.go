@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/test/harness"
@@ -36,6 +38,8 @@ func TestAgainstAPIServer(t *testing.T) {
 		t.Skip("starts kube-apiserver and etcd (envtest)")
 	}
 	objs := build(t) // not decoded here, so that the server is the one to judge them
+	// envtest logs through controller-runtime; without a logger it prints a stack trace.
+	ctrl.SetLogger(logr.Discard())
 	cfg := harness.KubeAPIServer(t)
 	warnings := &warningRecorder{}
 	cfg.WarningHandlerWithContext = warnings

@@ -100,6 +100,8 @@ func TestModuleAppliedToMoto(t *testing.T) {
 			"HEALTH_ROUTER_CLOUDWATCH_METRICS":  "true",
 			"HEALTH_ROUTER_KARPENTER_QUEUE_URL": "",
 		}, "arn:aws:iam::123456789012:role/"+e2eDispatcherPrefix+"-router")
+		// And for real, as the README does it.
+		installWithHelmValues(t, out.HelmValues.Value, out.QueueURL.Value)
 	})
 	t.Run("dispatcher", func(t *testing.T) {
 		fn := out.DispatcherFunctionARN.Value
