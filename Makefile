@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/health-router
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit lint fuzz bench demo replay clean
+.PHONY: help build test unit lint fuzz bench demo replay clean image image-push chart-docs manifests
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -22,18 +22,20 @@ replay: build ## the what-if tool on the demo scenario (test/demo): no servers a
 # tests itself, so the package list here leaves them out rather than run them twice.
 GO_PACKAGES = $$($(GO) list ./... | grep -v -e /test/terraform -e /lambda/)
 
-# KARPENTER_BIN is the real Karpenter controller the test/karpenter suite runs (built once per
-# machine and version by test/tools/karpenter-bin.sh); a failed build fails the target.
-test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest, the real Karpenter), Terraform
-	assets=$$(test/tools/envtest-bins.sh) && karpenter=$$(test/tools/karpenter-bin.sh) && \
-	KUBEBUILDER_ASSETS=$$assets KARPENTER_BIN=$$karpenter $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
+# Every tool the suites need is built from the Go module proxy once per machine and version,
+# cached outside the repo; a failed build fails the target (never a skipped suite):
+# KUBEBUILDER_ASSETS (kube-apiserver, etcd), KARPENTER_BIN (Karpenter's controller, the go.mod
+# version), HELM_BIN (the chart tests).
+test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest, the real Karpenter, helm), Terraform
+	assets=$$(test/tools/envtest-bins.sh) && karpenter=$$(test/tools/karpenter-bin.sh) && helm=$$(test/tools/helm-bin.sh) && \
+	KUBEBUILDER_ASSETS=$$assets KARPENTER_BIN=$$karpenter HELM_BIN=$$helm $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
 	test/tools/terraform-tests.sh
 
 unit: ## unit tests only (no moto, no envtest)
 	$(GO) test -short ./router/...
 
 lint: ## gofmt and go vet
-	@out=$$(gofmt -l cmd router lambda test 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l cmd router lambda test deploy 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
 fuzz: ## fuzz the event parser for a minute (corpus in router/event/testdata/fuzz)
@@ -43,6 +45,33 @@ bench: ## benchmarks, the load harness (needs moto_server), and the router's add
 	$(GO) test -run '^$$' -bench . -benchmem ./router/...
 	$(GO) run ./test/bench $(BENCH_FLAGS)
 	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) KARPENTER_BIN=$$(test/tools/karpenter-bin.sh) $(GO) run ./test/bench/karpenter $(BENCH_KARPENTER_FLAGS)
+
+# The container image (deploy/image): linux/amd64 and linux/arm64, from an empty base, no daemon.
+# SOURCE_DATE_EPOCH is the commit time, so one commit gives one digest.
+IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_REVISION ?= $(shell git rev-parse HEAD)
+IMAGE_TAG ?= $(IMAGE_VERSION)
+export SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct)
+
+image: ## build the multi-platform OCI image into bin/image (an OCI layout; prints its digest)
+	$(GO) run ./deploy/image build --out bin/image --version $(IMAGE_VERSION) --revision $(IMAGE_REVISION)
+
+image-push: image ## push bin/image to REGISTRY (make image-push REGISTRY=123456789012.dkr.ecr.eu-west-1.amazonaws.com)
+	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make image-push REGISTRY=ghcr.io/you"; exit 1; }
+	$(GO) run ./deploy/image push --layout bin/image --ref $(REGISTRY)/health-router:$(IMAGE_TAG)
+
+# The Helm chart (deploy/charts/health-router) is the one install path; helm is built from the
+# module proxy by test/tools/helm-bin.sh and cached.
+CHART := deploy/charts/health-router
+VALUES ?= $(CHART)/ci/default-values.yaml
+
+chart-docs: ## regenerate the chart README's values table from values.yaml's `# --` comments
+	$(GO) run ./deploy/chartdoc $(CHART)
+
+manifests: ## plain manifests rendered from the chart into bin/manifests.yaml (VALUES=your-values.yaml)
+	@mkdir -p bin
+	$$(test/tools/helm-bin.sh) template health-router $(CHART) --namespace health-router -f $(VALUES) > bin/manifests.yaml
+	@echo "wrote bin/manifests.yaml"
 
 clean: ## remove build output
 	rm -rf bin

@@ -58,6 +58,27 @@ output "router_environment" {
   )
 }
 
+output "helm_values" {
+  description = "Values for the health-router Helm chart (deploy/charts/health-router), as YAML: `terraform output -raw helm_values > values.yaml`, then `helm install ... -f values.yaml` in namespace service_account_namespace. The settings of router_environment in the chart's names, the ServiceAccount's name (service_account_name, which the role trusts), and with IRSA its eks.amazonaws.com/role-arn annotation."
+  value = yamlencode({
+    serviceAccount = merge(
+      { name = var.service_account_name },
+      { for k, v in { annotations = { "eks.amazonaws.com/role-arn" = try(aws_iam_role.router[0].arn, null) } } : k => v if var.identity_type == "irsa" && var.create_iam_role },
+    )
+    settings = merge(
+      {
+        queueURL           = aws_sqs_queue.intake.url
+        deadLetterQueueURL = aws_sqs_queue.dlq.url
+        region             = local.region
+        account            = local.account_id
+        clusterName        = var.cluster_name
+        cloudWatchMetrics  = true
+      },
+      { for k, v in { karpenterQueueURL = local.karpenter_queue_url } : k => v if v != null },
+    )
+  })
+}
+
 output "cluster_name" {
   description = "The ClusterName dimension of the router's metrics (--cluster-name)."
   value       = var.cluster_name

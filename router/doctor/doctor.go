@@ -354,7 +354,7 @@ func (d *Doctor) describeInstanceStatus(ctx context.Context, r *Report, roleARN 
 	*r = append(*r, Item{OK, check, "denied to " + roleARN, ""})
 }
 
-// rbacNeeds are the verbs the router uses, as in deploy/rbac.yaml.
+// rbacNeeds are the verbs the router uses, as the chart grants them (deploy/charts/health-router/templates/clusterrole.yaml).
 var rbacNeeds = []authv1.ResourceAttributes{
 	{Verb: "list", Resource: "nodes"}, {Verb: "watch", Resource: "nodes"},
 	{Verb: "list", Group: "karpenter.sh", Resource: "nodeclaims"}, {Verb: "watch", Group: "karpenter.sh", Resource: "nodeclaims"},
@@ -384,7 +384,7 @@ func (d *Doctor) rbac(ctx context.Context, r *Report, namespace string) {
 		}
 	}
 	if len(missing) > 0 {
-		*r = append(*r, Item{Fail, "RBAC", "the router may not " + strings.Join(missing, ", "), "apply deploy/rbac.yaml"})
+		*r = append(*r, Item{Fail, "RBAC", "the router may not " + strings.Join(missing, ", "), "install the chart (deploy/charts/health-router), whose RBAC grants them"})
 		return
 	}
 	*r = append(*r, Item{OK, "RBAC", fmt.Sprintf("all %d permissions the router uses are granted", len(needs)), ""})

@@ -135,14 +135,14 @@ type Run struct {
 	InstanceStatusInterval time.Duration
 }
 
-// ParseRun parses `health-router run` flags and validates them.
-func ParseRun(args []string, getenv func(string) string) (Run, error) {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	o := Run{Gates: checks.NewFeatureGates()}
+// runFlags defines the flags of `health-router run` on o; mode, gateFlag and level are parsed
+// further by ParseRun.
+func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level *string) {
+	fs = flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.StringVar(&o.QueueURL, "queue-url", "", "URL of the SQS intake queue the EventBridge rules feed (required)")
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "URL of the SQS dead-letter queue for messages the router cannot act on (required)")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "URL of Karpenter's interruption queue; drains are forwarded there (signal mode forward)")
-	mode := fs.String("signal", "", "how a drain is signalled: forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
+	mode = fs.String("signal", "", "how a drain is signalled: forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
 	fs.IntVar(&o.Workers, "workers", 10, "messages worked on at once")
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
@@ -150,7 +150,7 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment); events from other regions are dead-lettered as foreign")
 	fs.StringVar(&o.Account, "account", "", "AWS account ID; when set, events from other accounts are dead-lettered as foreign")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins such as moto_server); empty for AWS")
-	gateFlag := fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true)")
+	gateFlag = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas: only the leader consumes the queue")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
@@ -161,13 +161,29 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	fs.BoolVar(&o.CloudWatchMetrics, "cloudwatch-metrics", false, "publish the dashboard metrics to CloudWatch (namespace HealthRouter)")
 	fs.DurationVar(&o.CloudWatchInterval, "cloudwatch-interval", time.Minute, "how often CloudWatch metrics are published")
 	fs.StringVar(&o.ClusterName, "cluster-name", "", "cluster name, the ClusterName dimension of the CloudWatch metrics (required with --cloudwatch-metrics)")
-	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	level = fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.Float64Var(&o.KubeClientQPS, "kube-client-qps", DefaultKubeClientQPS, "requests per second each Kubernetes client may make (as Karpenter's default), however the kubeconfig is found")
 	fs.IntVar(&o.KubeClientBurst, "kube-client-burst", DefaultKubeClientBurst, "burst of requests each Kubernetes client may make above --kube-client-qps")
 	fs.IntVar(&o.InstanceParallelism, "instance-parallelism", 16, "instances of one event decided and carried out at once (1-256)")
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "poll ec2:DescribeInstanceStatus for the cluster's instances (scheduled events, impaired status), as Karpenter does since v1.12; needs the permission")
 	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s)")
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
+	return fs, mode, gateFlag, level
+}
+
+// RunFlagNames lists the flags of `health-router run`, for the chart's test that every one is
+// reachable from its values.
+func RunFlagNames() []string {
+	fs, _, _, _ := runFlags(&Run{Gates: checks.NewFeatureGates()})
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	return names
+}
+
+// ParseRun parses `health-router run` flags and validates them.
+func ParseRun(args []string, getenv func(string) string) (Run, error) {
+	o := Run{Gates: checks.NewFeatureGates()}
+	fs, mode, gateFlag, level := runFlags(&o)
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}

@@ -155,6 +155,20 @@ run "defaults" {
     error_message = "router_environment must carry the queues and the metric settings, and no Karpenter queue unless given"
   }
   assert {
+    condition = yamldecode(output.helm_values) == {
+      serviceAccount = { name = "health-router" }
+      settings = {
+        queueURL           = aws_sqs_queue.intake.url
+        deadLetterQueueURL = aws_sqs_queue.dlq.url
+        region             = "eu-west-1"
+        account            = "111122223333"
+        clusterName        = "prod-eu"
+        cloudWatchMetrics  = true
+      }
+    }
+    error_message = "helm_values must carry the chart's settings and, with Pod Identity, only the ServiceAccount's name"
+  }
+  assert {
     condition     = aws_cloudwatch_metric_alarm.router_silent[0].treat_missing_data == "breaching" && aws_cloudwatch_metric_alarm.router_silent[0].dimensions.ClusterName == "prod-eu" && aws_cloudwatch_metric_alarm.router_silent[0].period == 900
     error_message = "router-silent must treat missing heartbeats as breaching over 15 minutes"
   }
@@ -210,6 +224,10 @@ run "irsa_kms_forward_and_karpenter_deny" {
   assert {
     condition     = output.router_environment.HEALTH_ROUTER_KARPENTER_QUEUE_URL == "https://sqs.eu-west-1.amazonaws.com/111122223333/Karpenter-prod-eu"
     error_message = "the router needs Karpenter's queue as a URL"
+  }
+  assert {
+    condition     = yamldecode(output.helm_values).settings.karpenterQueueURL == "https://sqs.eu-west-1.amazonaws.com/111122223333/Karpenter-prod-eu" && yamldecode(output.helm_values).serviceAccount.annotations["eks.amazonaws.com/role-arn"] == aws_iam_role.router[0].arn
+    error_message = "with IRSA and forward mode, helm_values must carry the role ARN annotation and Karpenter's queue"
   }
   assert {
     condition     = aws_iam_role_policy_attachment.karpenter_deny_instance_status[0].role == "KarpenterController-prod-eu"

@@ -1,12 +1,21 @@
-// Package deploy_test checks the in-cluster manifests in deploy/: kustomize builds them, a real
-// kube-apiserver with the Karpenter CRDs accepts every object (server-side apply, dry run), the
-// RBAC grants what the router uses and nothing more, and the Deployment keeps its promises
-// (two replicas, probes, hardening) that a careless edit could break.
+// Package deploy_test checks the Helm chart in deploy/charts/health-router with the real helm
+// (built by test/tools/helm-bin.sh; HELM_BIN): `helm lint --strict`, `helm template` over the
+// chart-testing values sets in ci/, the schema's refusals, and, against a real kube-apiserver
+// with the Karpenter CRDs, a server-side dry run of every object and `helm install`, `upgrade`
+// and `uninstall`, with the installed RBAC checked by SubjectAccessReviews. The Deployment's
+// promises (two replicas, probes, hardening) that a careless edit could break are checked on
+// the rendered objects.
 package deploy_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -16,70 +25,146 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
-
-	"github.com/health-router/health-router/test/harness"
+	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
-// namespace is the kustomization's namespace, which the Terraform module's
+// namespace is the release's namespace, which the Terraform module's
 // service_account_namespace defaults to as well.
 const namespace = "health-router"
+
+// release is the release name of every render and install: the README's.
+const release = "health-router"
 
 // fieldOwner is the field manager of every apply the test makes.
 const fieldOwner = "deploy-test"
 
-// deployDir is deploy/ at the root of the repository, found from this file.
-func deployDir(t *testing.T) string {
+// repoRoot is the root of the repository, found from this file.
+func repoRoot(t *testing.T) string {
 	t.Helper()
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
 		t.Fatal("cannot locate the test file")
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "deploy")
+	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// build runs `kustomize build deploy/` and returns the objects.
-func build(t *testing.T) []*unstructured.Unstructured {
+// chartDir is the chart.
+func chartDir(t *testing.T) string {
+	return filepath.Join(repoRoot(t), "deploy", "charts", "health-router")
+}
+
+// ciValues is a chart-testing values file of the chart (ci/<name>-values.yaml).
+func ciValues(t *testing.T, name string) string {
+	return filepath.Join(chartDir(t), "ci", name+"-values.yaml")
+}
+
+var helmBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// helm returns the helm binary: HELM_BIN (set by `make test`), or the one
+// test/tools/helm-bin.sh builds and caches. No helm fails the test: it is never skipped.
+func helmPath(t *testing.T) string {
 	t.Helper()
-	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), deployDir(t))
-	if err != nil {
-		t.Fatalf("kustomize build deploy/: %v", err)
-	}
-	var objs []*unstructured.Unstructured
-	for _, r := range resMap.Resources() {
-		// Through JSON, so that numbers are int64 as in every other Unstructured.
-		b, err := r.MarshalJSON()
+	helmBin.once.Do(func() {
+		if p := os.Getenv("HELM_BIN"); p != "" {
+			helmBin.path = p
+			return
+		}
+		out, err := exec.Command(filepath.Join(repoRoot(t), "test", "tools", "helm-bin.sh")).Output()
 		if err != nil {
-			t.Fatalf("%s: %v", r.CurId(), err)
+			helmBin.err = fmt.Errorf("HELM_BIN is not set and test/tools/helm-bin.sh failed: %w", err)
+			return
 		}
-		u := &unstructured.Unstructured{}
-		if err := u.UnmarshalJSON(b); err != nil {
-			t.Fatalf("%s: %v", r.CurId(), err)
-		}
-		objs = append(objs, u)
+		helmBin.path = strings.TrimSpace(string(out))
+	})
+	if helmBin.err != nil {
+		t.Fatal(helmBin.err)
+	}
+	if fi, err := os.Stat(helmBin.path); err != nil || fi.Mode()&0o111 == 0 {
+		t.Fatalf("helm %q is not an executable (HELM_BIN, or test/tools/helm-bin.sh): %v", helmBin.path, err)
+	}
+	return helmBin.path
+}
+
+// runHelm runs helm with args and returns its stdout; a failure is returned with stderr.
+func runHelm(t *testing.T, env []string, args ...string) (string, string, error) {
+	t.Helper()
+	cmd := exec.Command(helmPath(t), args...)
+	cmd.Dir = repoRoot(t)
+	// helm's own state (repositories, cache) stays in the test's directory.
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
+	cmd.Env = append(cmd.Env, env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		err = fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), stderr.String(), err
+}
+
+// template runs `helm template` of the chart with extra arguments (-f, --set).
+func template(t *testing.T, args ...string) ([]*unstructured.Unstructured, error) {
+	t.Helper()
+	out, _, err := runHelm(t, nil, append([]string{"template", release, chartDir(t), "--namespace", namespace}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	return parseObjects(out)
+}
+
+// mustTemplate is template, failing the test on an error.
+func mustTemplate(t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := template(t, args...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return objs
 }
 
-// manifests is the built deploy/, decoded into typed objects.
+// parseObjects decodes a multi-document YAML stream, skipping empty documents.
+func parseObjects(stream string) ([]*unstructured.Unstructured, error) {
+	dec := k8syaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objs, nil
+			}
+			return nil, err
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		objs = append(objs, u)
+	}
+}
+
+// build renders the chart with the default values and the two required settings.
+func build(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	return mustTemplate(t, "-f", ciValues(t, "default"))
+}
+
+// manifests is the rendered chart, decoded into typed objects.
 type manifests struct {
 	all                []*unstructured.Unstructured
-	namespace          corev1.Namespace
 	serviceAccount     corev1.ServiceAccount
-	configMaps         []corev1.ConfigMap
 	deployment         appsv1.Deployment
 	pdb                policyv1.PodDisruptionBudget
 	service            corev1.Service
@@ -87,27 +172,27 @@ type manifests struct {
 	clusterRoleBinding rbacv1.ClusterRoleBinding
 	role               rbacv1.Role
 	roleBinding        rbacv1.RoleBinding
+	serviceMonitor     *unstructured.Unstructured
 }
 
-// decode builds deploy/ and decodes each object into its typed form. Exactly one object of
-// each kind is expected (ConfigMaps aside); anything else is an error, so that an object
-// added to deploy/ without a thought for this test is noticed.
-func decode(t *testing.T) manifests {
+// decode renders the chart (with the given helm arguments, default: ci/default-values.yaml)
+// and decodes each object into its typed form. Exactly one object of each kind is expected;
+// anything else is an error, so that an object added to the chart without a thought for this
+// test is noticed.
+func decode(t *testing.T, args ...string) manifests {
 	t.Helper()
-	m := manifests{all: build(t)}
+	if len(args) == 0 {
+		args = []string{"-f", ciValues(t, "default")}
+	}
+	m := manifests{all: mustTemplate(t, args...)}
 	seen := map[string]int{}
 	for _, u := range m.all {
 		kind := u.GetKind()
 		seen[kind]++
 		var into any
 		switch kind {
-		case "Namespace":
-			into = &m.namespace
 		case "ServiceAccount":
 			into = &m.serviceAccount
-		case "ConfigMap":
-			m.configMaps = append(m.configMaps, corev1.ConfigMap{})
-			into = &m.configMaps[len(m.configMaps)-1]
 		case "Deployment":
 			into = &m.deployment
 		case "PodDisruptionBudget":
@@ -122,168 +207,27 @@ func decode(t *testing.T) manifests {
 			into = &m.role
 		case "RoleBinding":
 			into = &m.roleBinding
+		case "ServiceMonitor":
+			m.serviceMonitor = u
+			continue
 		default:
-			t.Fatalf("deploy/ builds a %s (%s) this test does not know: add its checks", kind, u.GetName())
+			t.Fatalf("the chart renders a %s (%s) this test does not know: add its checks", kind, u.GetName())
 		}
 		if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, into, true); err != nil {
 			t.Fatalf("%s %s: %v", kind, u.GetName(), err)
 		}
 	}
 	for kind, n := range seen {
-		if n > 1 && kind != "ConfigMap" {
-			t.Fatalf("deploy/ builds %d objects of kind %s, want 1", n, kind)
+		if n > 1 {
+			t.Fatalf("the chart renders %d objects of kind %s, want 1", n, kind)
 		}
 	}
-	for _, kind := range []string{"Namespace", "ServiceAccount", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} {
+	for _, kind := range []string{"Deployment", "PodDisruptionBudget", "Service", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} {
 		if seen[kind] == 0 {
-			t.Fatalf("deploy/ builds no %s", kind)
+			t.Fatalf("the chart renders no %s", kind)
 		}
 	}
 	return m
-}
-
-// TestAgainstAPIServer runs deploy/ past a real kube-apiserver with the Karpenter CRDs: first
-// every object in a server-side dry run, then the RBAC for real, asking the server's
-// authorizer what the router may do.
-func TestAgainstAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts kube-apiserver and etcd (envtest)")
-	}
-	objs := build(t) // not decoded here, so that the server is the one to judge them
-	cfg := harness.KubeAPIServer(t)
-	warnings := &warningRecorder{}
-	cfg.WarningHandlerWithContext = warnings
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(objs, func(u *unstructured.Unstructured) bool { return u.GetKind() == "Namespace" })
-	if i < 0 {
-		t.Fatal("deploy/ builds no Namespace")
-	}
-	if err := c.Create(t.Context(), objs[i].DeepCopy(), client.FieldOwner(fieldOwner)); err != nil {
-		t.Fatalf("creating Namespace %s: %v", objs[i].GetName(), err)
-	}
-	t.Run("dry-run apply", func(t *testing.T) { dryRunApply(t, c, objs, warnings) })
-	t.Run("RBAC authorizes", func(t *testing.T) { rbacAuthorizes(t, c, decode(t)) })
-}
-
-// dryRunApply applies every object but the Namespace with server-side apply in dry-run mode:
-// the server validates each one fully (schema, unknown fields, defaults, admission) without
-// storing it. The Namespace enforces and warns on the "restricted" Pod Security Standard, so a
-// pod template that breaks it shows as a warning, which fails the test.
-func dryRunApply(t *testing.T, c client.Client, objs []*unstructured.Unstructured, warnings *warningRecorder) {
-	ctx := t.Context()
-	applied := 0
-	var deployment *unstructured.Unstructured
-	for _, u := range objs {
-		if u.GetKind() == "Namespace" {
-			continue
-		}
-		if u.GetKind() == "Deployment" {
-			deployment = u
-		}
-		name := fmt.Sprintf("%s %s", u.GetKind(), u.GetName())
-		obj := u.DeepCopy()
-		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.DryRunAll, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-			t.Errorf("server-side apply (dry run) of %s: %v", name, err)
-			continue
-		}
-		// The answer is the object as the server would store it: ours, with a UID and our
-		// field manager.
-		if obj.GetName() != u.GetName() || obj.GetUID() == "" {
-			t.Errorf("%s: dry-run answer has name %q, uid %q", name, obj.GetName(), obj.GetUID())
-		}
-		if !slices.ContainsFunc(obj.GetManagedFields(), func(f metav1.ManagedFieldsEntry) bool { return f.Manager == fieldOwner }) {
-			t.Errorf("%s: dry-run answer is not managed by %s", name, fieldOwner)
-		}
-		applied++
-	}
-	if want := len(objs) - 1; applied != want {
-		t.Errorf("applied %d objects, want %d", applied, want)
-	}
-	if w := warnings.all(); len(w) > 0 {
-		t.Errorf("the API server warned:\n  %s", strings.Join(w, "\n  "))
-	}
-	// A dry run stores nothing.
-	if deployment == nil {
-		t.Fatal("deploy/ builds no Deployment")
-	}
-	var d appsv1.Deployment
-	if err := c.Get(ctx, client.ObjectKeyFromObject(deployment), &d); !apierrors.IsNotFound(err) {
-		t.Errorf("after the dry run, getting Deployment %s: %v, want NotFound", deployment.GetName(), err)
-	}
-}
-
-// rbacAuthorizes applies the ServiceAccount and the RBAC objects for real, then asks the API
-// server's RBAC authorizer (SubjectAccessReview) what the router's ServiceAccount may do:
-// everything the router needs, and nothing next to it.
-func rbacAuthorizes(t *testing.T, c client.Client, m manifests) {
-	ctx := t.Context()
-	for _, u := range m.all {
-		switch u.GetKind() {
-		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
-			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u.DeepCopy()), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-				t.Fatalf("applying %s %s: %v", u.GetKind(), u.GetName(), err)
-			}
-		}
-	}
-	user := fmt.Sprintf("system:serviceaccount:%s:%s", m.deployment.Namespace, m.deployment.Spec.Template.Spec.ServiceAccountName)
-
-	// resource may name a subresource: pods/eviction.
-	type access struct {
-		verb, group, resource, namespace string
-	}
-	var allowed []access
-	for gr, verbs := range clusterRoleAllowlist {
-		for _, v := range verbs {
-			// Cluster-wide, and in "default", where Events of cluster-scoped objects go.
-			allowed = append(allowed, access{v, gr.group, gr.resource, ""}, access{v, gr.group, gr.resource, "default"})
-		}
-	}
-	for _, v := range leaseVerbs {
-		allowed = append(allowed, access{v, "coordination.k8s.io", "leases", namespace})
-	}
-	denied := []access{
-		{"get", "", "secrets", namespace},
-		{"list", "", "secrets", ""},
-		{"delete", "", "pods", ""},
-		{"create", "", "pods/eviction", "default"},
-		{"patch", "", "nodes", ""},
-		{"delete", "", "nodes", ""},
-		{"update", "", "nodes/status", ""},
-		{"create", "karpenter.sh", "nodeclaims", ""},
-		{"update", "karpenter.sh", "nodeclaims", ""},
-		{"patch", "karpenter.sh", "nodeclaims/status", ""},
-		{"patch", "karpenter.sh", "nodepools", ""},
-		{"update", "karpenter.k8s.aws", "ec2nodeclasses", ""},
-		{"delete", "", "events", "default"},
-		{"create", "coordination.k8s.io", "leases", "kube-system"},
-		{"delete", "coordination.k8s.io", "leases", namespace},
-		{"escalate", "rbac.authorization.k8s.io", "clusterroles", ""},
-	}
-	check := func(a access, want bool) {
-		res, sub, _ := strings.Cut(a.resource, "/")
-		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:   user,
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: a.verb, Group: a.group, Resource: res, Subresource: sub, Namespace: a.namespace,
-			},
-		}}
-		if err := c.Create(ctx, sar); err != nil {
-			t.Fatalf("SubjectAccessReview %+v: %v", a, err)
-		}
-		if sar.Status.Allowed != want {
-			t.Errorf("%s may %s %s.%s in %q: %v, want %v (%s)", user, a.verb, a.resource, a.group, a.namespace, sar.Status.Allowed, want, sar.Status.Reason)
-		}
-	}
-	for _, a := range allowed {
-		check(a, true)
-	}
-	for _, a := range denied {
-		check(a, false)
-	}
 }
 
 // warningRecorder keeps the API server's warnings.
@@ -305,13 +249,15 @@ func (w *warningRecorder) all() []string {
 }
 
 func TestNamespaced(t *testing.T) {
-	m := decode(t)
-	if m.namespace.Name != namespace {
-		t.Errorf("Namespace %q, want %q", m.namespace.Name, namespace)
+	// The release's namespace, whatever it is; the chart makes no Namespace (helm install
+	// --create-namespace does).
+	m := decode(t, "-f", ciValues(t, "servicemonitor"))
+	if m.serviceMonitor == nil {
+		t.Fatal("serviceMonitor.enabled renders no ServiceMonitor")
 	}
 	for _, u := range m.all {
 		switch u.GetKind() {
-		case "Namespace", "ClusterRole", "ClusterRoleBinding":
+		case "ClusterRole", "ClusterRoleBinding":
 			if u.GetNamespace() != "" {
 				t.Errorf("cluster-scoped %s %s has namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
 			}
@@ -319,11 +265,6 @@ func TestNamespaced(t *testing.T) {
 			if u.GetNamespace() != namespace {
 				t.Errorf("%s %s in namespace %q, want %q", u.GetKind(), u.GetName(), u.GetNamespace(), namespace)
 			}
-		}
-	}
-	for _, mode := range []string{"enforce", "warn"} {
-		if got := m.namespace.Labels["pod-security.kubernetes.io/"+mode]; got != "restricted" {
-			t.Errorf("Namespace label pod-security.kubernetes.io/%s = %q, want restricted", mode, got)
 		}
 	}
 }
@@ -349,7 +290,7 @@ func TestDeployment(t *testing.T) {
 		t.Fatalf("%d containers, want 1", len(spec.Containers))
 	}
 	ctr := spec.Containers[0]
-	if ctr.Image != "ghcr.io/health-router/health-router:v0.1.0" {
+	if ctr.Image != "ghcr.io/health-router/health-router:0.1.0" {
 		t.Errorf("image %q", ctr.Image)
 	}
 	if !slices.Equal(ctr.Args, []string{"run"}) || len(ctr.Command) != 0 {
@@ -374,28 +315,22 @@ func TestDeployment(t *testing.T) {
 		}
 	}
 
-	// Settings: the generated ConfigMap exists and sets every required variable; the
-	// leader election namespace is the pod's own.
-	var cmNames []string
-	for _, ef := range ctr.EnvFrom {
-		if ef.ConfigMapRef != nil {
-			cmNames = append(cmNames, ef.ConfigMapRef.Name)
-		}
+	// Settings: the required ones, the chart's defaults, and nothing the values leave empty;
+	// the leader election namespace is the pod's own.
+	got := env(ctr)
+	want := map[string]string{
+		"HEALTH_ROUTER_QUEUE_URL":                 "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-my-cluster",
+		"HEALTH_ROUTER_DEAD_LETTER_QUEUE_URL":     "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-my-cluster-dlq",
+		"HEALTH_ROUTER_CLUSTER_NAME":              "my-cluster",
+		"HEALTH_ROUTER_CLOUDWATCH_METRICS":        "true",
+		"HEALTH_ROUTER_LEADER_ELECT":              "true",
+		"HEALTH_ROUTER_FEATURE_GATES":             "ReservedCapacity=true",
+		"HEALTH_ROUTER_LOG_LEVEL":                 "info",
+		"HEALTH_ROUTER_METRICS_BIND_ADDRESS":      ":8080",
+		"HEALTH_ROUTER_HEALTH_PROBE_BIND_ADDRESS": ":8081",
 	}
-	if len(cmNames) != 1 {
-		t.Fatalf("envFrom ConfigMaps %q, want one", cmNames)
-	}
-	i := slices.IndexFunc(m.configMaps, func(cm corev1.ConfigMap) bool { return cm.Name == cmNames[0] })
-	if i < 0 {
-		t.Fatalf("envFrom names ConfigMap %q, which deploy/ does not build", cmNames[0])
-	}
-	if !strings.HasPrefix(cmNames[0], "health-router") {
-		t.Errorf("ConfigMap %q, want health-router (with kustomize's hash suffix)", cmNames[0])
-	}
-	for _, key := range []string{"HEALTH_ROUTER_QUEUE_URL", "HEALTH_ROUTER_DEAD_LETTER_QUEUE_URL", "HEALTH_ROUTER_KARPENTER_QUEUE_URL", "HEALTH_ROUTER_REGION", "HEALTH_ROUTER_CLUSTER_NAME", "HEALTH_ROUTER_CLOUDWATCH_METRICS"} {
-		if m.configMaps[i].Data[key] == "" {
-			t.Errorf("ConfigMap %s sets no %s", cmNames[0], key)
-		}
+	if !maps.Equal(got, want) {
+		t.Errorf("environment with the default values:\n got %v\nwant %v", got, want)
 	}
 	j := slices.IndexFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == "HEALTH_ROUTER_LEADER_ELECTION_NAMESPACE" })
 	if j < 0 || ctr.Env[j].ValueFrom == nil || ctr.Env[j].ValueFrom.FieldRef == nil || ctr.Env[j].ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
@@ -494,8 +429,8 @@ func TestSelectors(t *testing.T) {
 		t.Errorf("Deployment selector %v does not select its pods %v (%v)", m.deployment.Spec.Selector, podLabels, err)
 	}
 
-	if m.pdb.Spec.MinAvailable == nil || *m.pdb.Spec.MinAvailable != intstr.FromInt32(1) || m.pdb.Spec.MaxUnavailable != nil {
-		t.Errorf("PodDisruptionBudget minAvailable %v maxUnavailable %v, want minAvailable 1", m.pdb.Spec.MinAvailable, m.pdb.Spec.MaxUnavailable)
+	if m.pdb.Spec.MaxUnavailable == nil || *m.pdb.Spec.MaxUnavailable != intstr.FromInt32(1) || m.pdb.Spec.MinAvailable != nil {
+		t.Errorf("PodDisruptionBudget minAvailable %v maxUnavailable %v, want maxUnavailable 1 (of 2 replicas)", m.pdb.Spec.MinAvailable, m.pdb.Spec.MaxUnavailable)
 	}
 	sel, err = metav1.LabelSelectorAsSelector(m.pdb.Spec.Selector)
 	if err != nil || sel.Empty() || !sel.Matches(podLabels) {
@@ -518,7 +453,7 @@ func TestSelectors(t *testing.T) {
 type groupResource struct{ group, resource string }
 
 // clusterRoleAllowlist is everything the ClusterRole may grant: the resources the router
-// touches, with the verbs it uses on each. deploy/README.md explains each.
+// touches, with the verbs it uses on each. The chart's README explains each.
 var clusterRoleAllowlist = map[groupResource][]string{
 	{"", "nodes"}:                           {"get", "list", "watch"},
 	{"karpenter.sh", "nodeclaims"}:          {"get", "list", "watch", "patch", "delete"},

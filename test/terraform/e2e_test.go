@@ -67,6 +67,9 @@ func TestModuleAppliedToMoto(t *testing.T) {
 		DispatcherFunctionARN struct{ Value string }            `json:"dispatcher_function_arn"`
 		FailureQueueURL       struct{ Value string }            `json:"dispatcher_failure_queue_url"`
 		DispatcherAlarms      struct{ Value map[string]string } `json:"dispatcher_alarm_names"`
+
+		HelmValues           struct{ Value string } `json:"helm_values"`
+		DispatcherHelmValues struct{ Value string } `json:"dispatcher_helm_values"`
 	}
 	if err := json.Unmarshal([]byte(terraform(t, tf, dir, "output", "-json")), &out); err != nil {
 		t.Fatalf("terraform output: %v", err)
@@ -79,6 +82,27 @@ func TestModuleAppliedToMoto(t *testing.T) {
 	t.Run("queues", func(t *testing.T) { checkQueues(t, ctx, sqsc, out.QueueURL.Value, out.DLQURL.Value) })
 	t.Run("rules", func(t *testing.T) { checkRules(t, ctx, events, out.RuleNames.Value) })
 	t.Run("events", func(t *testing.T) { checkRouting(t, ctx, events, sqsc, out.QueueURL.Value) })
+	t.Run("helm values", func(t *testing.T) {
+		// Pod Identity, forward mode to Karpenter's queue.
+		checkHelmValues(t, out.HelmValues.Value, map[string]string{
+			"HEALTH_ROUTER_QUEUE_URL":             out.QueueURL.Value,
+			"HEALTH_ROUTER_DEAD_LETTER_QUEUE_URL": out.DLQURL.Value,
+			"HEALTH_ROUTER_KARPENTER_QUEUE_URL":   "https://sqs.us-east-1.amazonaws.com/123456789012/Karpenter-moto-e2e",
+			"HEALTH_ROUTER_REGION":                "us-east-1",
+			"HEALTH_ROUTER_ACCOUNT":               "123456789012",
+			"HEALTH_ROUTER_CLUSTER_NAME":          "moto-e2e",
+			"HEALTH_ROUTER_CLOUDWATCH_METRICS":    "true",
+		}, "")
+		// IRSA: the role ARN on the ServiceAccount; no Karpenter queue, so no forward setting.
+		checkHelmValues(t, out.DispatcherHelmValues.Value, map[string]string{
+			"HEALTH_ROUTER_REGION":              "us-east-1",
+			"HEALTH_ROUTER_CLUSTER_NAME":        "moto-disp",
+			"HEALTH_ROUTER_CLOUDWATCH_METRICS":  "true",
+			"HEALTH_ROUTER_KARPENTER_QUEUE_URL": "",
+		}, "arn:aws:iam::123456789012:role/"+e2eDispatcherPrefix+"-router")
+		// And for real, as the README does it.
+		installWithHelmValues(t, out.HelmValues.Value, out.QueueURL.Value)
+	})
 	t.Run("dispatcher", func(t *testing.T) {
 		fn := out.DispatcherFunctionARN.Value
 		if !strings.HasSuffix(fn, ":function:"+e2eDispatcherPrefix+"-dispatcher") {

@@ -13,6 +13,11 @@ output "iam_role_arn" {
   value       = module.health_router.iam_role_arn
 }
 
+output "helm_values" {
+  description = "The Helm chart's values (YAML): terraform output -raw helm_values > values.yaml; helm install health-router deploy/charts/health-router -n health-router --create-namespace -f values.yaml."
+  value       = module.health_router.helm_values
+}
+
 output "router_environment" {
   description = "The router's HEALTH_ROUTER_* environment, for its ConfigMap or Helm values."
   value       = module.health_router.router_environment

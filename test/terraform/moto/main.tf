@@ -94,6 +94,14 @@ output "queue_url" {
   value = module.health_router.queue_url
 }
 
+output "helm_values" {
+  value = module.health_router.helm_values
+}
+
+output "dispatcher_helm_values" {
+  value = module.dispatcher.helm_values
+}
+
 output "dlq_url" {
   value = module.health_router.dlq_url
 }
