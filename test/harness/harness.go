@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -20,8 +21,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // Region is the region every suite uses.
@@ -145,6 +148,9 @@ func KubeAPIServer(t testing.TB) *rest.Config {
 // KubeEnv is KubeAPIServer, returning the whole environment.
 func KubeEnv(t testing.TB) *envtest.Environment {
 	t.Helper()
+	// controller-runtime prints a stack trace when it logs before a logger is set (envtest
+	// logs as it starts): give it one, warnings and errors only.
+	ctrllog.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		bins := exec.Command(repoPath("test/tools/envtest-bins.sh"))
 		bins.Stderr = os.Stderr // the first build's progress
