@@ -25,6 +25,7 @@ import (
 	"github.com/aws/smithy-go/transport/http/protocol/awsquery"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
@@ -346,6 +347,56 @@ func TestPipeline(t *testing.T) {
 		if s.claim(b).Annotations[cluster.AnnotationDrainSignalled] != "" || s.claim(a).Annotations[cluster.AnnotationDrainSignalled] == "" {
 			t.Error("drain-signalled annotations wrong")
 		}
+	})
+
+	t.Run("a forward Karpenter drops falls back to deleting the NodeClaim", func(t *testing.T) {
+		s.t = t
+		s.pool("drop", nil)
+		claim := s.node("drop", "i-0a1b2c3d4e5f60008")
+		// A Karpenter that reads its queue and drops every message unread (as it does a body
+		// it cannot parse): the router must not count the drain as done.
+		ctx, cancel := context.WithCancel(s.ctx)
+		defer cancel()
+		dropped := make(chan string, 10)
+		go func() {
+			for ctx.Err() == nil {
+				out, err := s.sqs.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(s.karpURL), MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
+				if err != nil {
+					continue
+				}
+				for _, m := range out.Messages {
+					s.sqs.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(s.karpURL), ReceiptHandle: m.ReceiptHandle})
+					dropped <- aws.ToString(m.Body)
+				}
+			}
+		}()
+		s.router(signal.ModeForward, func(o *options.Run) { o.ForwardConfirmTimeout = 3 * time.Second })
+		s.put("aws.ec2", "EC2 Spot Instance Interruption Warning", map[string]string{"instance-id": "i-0a1b2c3d4e5f60008", "instance-action": "terminate"}, "arn:aws:ec2:eu-west-1:123456789012:instance/i-0a1b2c3d4e5f60008")
+		select {
+		case body := <-dropped:
+			if !strings.Contains(body, "i-0a1b2c3d4e5f60008") {
+				t.Errorf("forwarded %s", body)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("nothing forwarded")
+		}
+		s.eventually("NodeClaim deleted by the router after the confirmation bound", 30*time.Second, func() bool { return !s.claim(claim).DeletionTimestamp.IsZero() })
+		s.eventually("the fallback recorded in the drain stamp", 10*time.Second, func() bool {
+			_, _, via, _ := signal.ParseDrainStamp(s.claim(claim).Annotations[cluster.AnnotationDrainSignalled])
+			return via == signal.ModeDeleteNodeClaim
+		})
+		s.eventually("a HealthEventForwardUnconfirmed Warning", 30*time.Second, func() bool {
+			var evs eventsv1.EventList
+			if err := s.kube.List(s.ctx, &evs); err != nil {
+				return false
+			}
+			for _, e := range evs.Items {
+				if e.Reason == signal.ReasonForwardUnconfirmed && e.Regarding.Name == claim && e.Type == corev1.EventTypeWarning {
+					return true
+				}
+			}
+			return false
+		})
 	})
 
 	t.Run("deferred event comes back at its time", func(t *testing.T) {
