@@ -215,3 +215,23 @@ func TestRedecideADueDeferral(t *testing.T) {
 		t.Error("a record whose event does not parse was decided")
 	}
 }
+
+// TestClosedHealthEventCancels: the closed update of a deferred Health event (same eventArn
+// and start time, another event ID) is decided, and cancels the deferral.
+func TestClosedHealthEventCancels(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+	start := now.Add(72 * time.Hour)
+	if _, err := r.p.Process(context.Background(), retirement("e", start, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	closed := retirement("e", start, instanceID(0))
+	closed.ID = "e-closed"
+	closed.Health.Status = event.HealthClosed
+	res, err := r.p.Process(context.Background(), closed)
+	if err != nil || res.Actions[policy.ActionIgnore] != 1 {
+		t.Fatalf("closed: %+v, %v", res, err)
+	}
+	if ds := signal.Deferrals(&r.claims(t)[0]); len(ds) != 1 || ds[0].State != signal.StateCancelled {
+		t.Errorf("records %+v", ds)
+	}
+}

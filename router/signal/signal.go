@@ -98,12 +98,16 @@ func Match(ev event.Event) string {
 	return string(ev.Health.Scheduled) + "@" + ev.Deadline.UTC().Truncate(time.Second).Format(time.RFC3339)
 }
 
-// Recorded returns the NodeClaim's record of ev (by event ID, or the same scheduled
-// maintenance), if any: an event recorded already needs no new decision.
+// Recorded returns the NodeClaim's record of ev, if any: an event recorded already needs no
+// new decision. That is the same event (its ID: a redelivery), or the same scheduled
+// maintenance reported by another source (AWS Health and EC2's instance status: another key,
+// the same Match). An update of the same Health event (same key: a new status, a closed
+// event) is never "recorded": it is decided, and supersedes or cancels the record.
 func Recorded(nc *karpv1.NodeClaim, ev event.Event) (Deferral, bool) {
-	match := Match(ev)
+	match, key := Match(ev), DeferralKey(ev)
+	closed := ev.Health != nil && ev.Health.Status == event.HealthClosed
 	for _, d := range Deferrals(nc) {
-		if d.EventID == ev.ID || (match != "" && d.Match == match) {
+		if d.EventID == ev.ID || (match != "" && !closed && d.Match == match && d.Key != key) {
 			return d, true
 		}
 	}

@@ -356,3 +356,44 @@ func TestForwardsShareBatches(t *testing.T) {
 		t.Errorf("lone send: %v after %s", err, time.Since(start))
 	}
 }
+
+// TestRecorded: a redelivery and the same maintenance from another source are recorded; an
+// update of the same Health event (a new status, closed) is not, so it is decided.
+func TestRecorded(t *testing.T) {
+	_, r := newRig(t, ModeDeleteNodeClaim)
+	health := parse(t, healthBody)
+	nc := r.get(t)
+	setDeferrals(ensureAnnotations(nc), []Deferral{{EventID: health.ID, Key: DeferralKey(health), Kind: health.Kind, State: StateDeferred, Match: Match(health)}})
+	polled := event.Event{ID: "poll-1", Kind: event.KindScheduledChange, Deadline: health.Deadline,
+		Health: &event.Health{EventARN: "instance-event-0a1b2c3d", Scheduled: event.ScheduledInstanceRetirement, Status: event.HealthUpcoming}}
+	update := health
+	update.ID = "h1-open"
+	update.Health = &event.Health{EventARN: health.Health.EventARN, Scheduled: health.Health.Scheduled, Status: event.HealthOpen}
+	closed := update
+	closed.ID = "h1-closed"
+	closed.Health = &event.Health{EventARN: health.Health.EventARN, Scheduled: health.Health.Scheduled, Status: event.HealthClosed}
+	closedElsewhere := polled
+	closedElsewhere.Health = &event.Health{EventARN: "instance-event-0a1b2c3d", Scheduled: event.ScheduledInstanceRetirement, Status: event.HealthClosed}
+	for _, tt := range []struct {
+		name string
+		ev   event.Event
+		want bool
+	}{
+		{"redelivery", health, true},
+		{"the same maintenance from the poller", polled, true},
+		{"an update of the same Health event", update, false},
+		{"the Health event closed", closed, false},
+		{"a closed report from another source", closedElsewhere, false},
+	} {
+		if _, got := Recorded(nc, tt.ev); got != tt.want {
+			t.Errorf("%s: recorded %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func ensureAnnotations(nc *karpv1.NodeClaim) *karpv1.NodeClaim {
+	if nc.Annotations == nil {
+		nc.Annotations = map[string]string{}
+	}
+	return nc
+}
