@@ -152,6 +152,14 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 			p.metrics.AlreadyRecorded.Inc()
 			return "", true, nil
 		}
+		if cluster.Draining(nc) && !ev.Urgent() {
+			// Being drained for another event: nothing to decide, nothing to write. An urgent
+			// event still goes through and is recorded as a drain (the signaller finds it
+			// draining already and signals nothing).
+			log.Info("skipped", "reason", "already being drained", "nodeclaim", nc.Name)
+			p.metrics.Decisions.WithLabelValues(string(ev.Kind), string(policy.ActionSkip), resolved.PoolName()).Inc()
+			return policy.ActionSkip, false, nil
+		}
 	}
 	o, err := p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }, id, p.clock.Now())
 	if err != nil {

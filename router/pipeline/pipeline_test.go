@@ -235,3 +235,20 @@ func TestClosedHealthEventCancels(t *testing.T) {
 		t.Errorf("records %+v", ds)
 	}
 }
+
+// TestDrainingNodeClaimIsSkipped: a NodeClaim already being drained gets no new deferral.
+func TestDrainingNodeClaimIsSkipped(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+	nc := r.claims(t)[0]
+	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: signal.DrainStamp("other", now, signal.ModeForward)}
+	if err := r.kube.Update(context.Background(), &nc); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.p.Process(context.Background(), retirement("e", now.Add(72*time.Hour), instanceID(0)))
+	if err != nil || res.Actions[policy.ActionSkip] != 1 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if ds := signal.Deferrals(&r.claims(t)[0]); len(ds) != 0 {
+		t.Errorf("a deferral written on a draining NodeClaim: %+v", ds)
+	}
+}
