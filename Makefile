@@ -23,7 +23,7 @@ replay: build ## the what-if tool on the demo scenario (test/demo): no servers a
 GO_PACKAGES = $$($(GO) list ./... | grep -v -e /test/terraform -e /lambda/)
 
 test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest), Terraform
-	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
+	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) ALERTMANAGER_BIN=$$(test/tools/alertmanager-bin.sh) $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
 	test/tools/terraform-tests.sh
 
 unit: ## unit tests only (no moto, no envtest)

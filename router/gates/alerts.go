@@ -162,13 +162,13 @@ func Evaluate(alerts []Alert, err error, m *policy.AlertMatcher, onUnreachable s
 		}
 	}
 	if len(names) == 0 {
-		gate.Reason = fmt.Sprintf("no alert matching %q fires", m.Source)
+		gate.Reason = fmt.Sprintf("no alert matching %s fires", m.Source)
 		return gate
 	}
 	slices.Sort(names)
 	gate.Held, gate.Since = true, since
 	gate.Evidence[EvidenceAlerts] = strings.Join(names, ",")
-	gate.Reason = fmt.Sprintf("alert %s matching %q firing since %s", abbreviate(names), m.Source, since.UTC().Format(time.RFC3339))
+	gate.Reason = fmt.Sprintf("alert %s matching %s firing since %s", abbreviate(names), m.Source, since.UTC().Format(time.RFC3339))
 	return gate
 }
 
