@@ -205,16 +205,37 @@ func parseSettle(v string) (Settle, error) {
 	return Settle{Duration: d}, nil
 }
 
-// Gated reports whether a gate can hold a decision of ev under p: a non-urgent event in a
-// pool with a gate on. Only then does the caller need to run the gates.
+// Gated reports whether a gate can hold a decision of ev under p: a planned maintenance (an
+// AWS Health scheduled change, or a rebalance recommendation the pool drains) in a pool with
+// a gate on. Only then does the caller need to run the gates.
 func Gated(ev event.Event, p Policy) bool {
-	return !ev.Urgent() && (p.RespectPDB || p.HoldWhileAlerts != nil)
+	return !gateExempt(ev) && (p.RespectPDB || p.HoldWhileAlerts != nil)
+}
+
+// gateExempt reports the kinds no gate holds: urgent ones (AWS acts within minutes), and an
+// instance that is not serving already (impaired, or stopping/stopped past restart-grace).
+// Its own pods are then unready, which is likely what takes their PDB to zero, and waiting
+// would not make the workload any more ready: with no deadline to bound it, a gate would
+// hold such a drain for ever.
+func gateExempt(ev event.Event) bool {
+	return ev.Urgent() || ev.Kind == event.KindInstanceStatus || ev.Kind == event.KindStateChange
+}
+
+func exemptWhat(ev event.Event) string {
+	switch {
+	case ev.Urgent():
+		return urgentWhat(ev)
+	case ev.Kind == event.KindInstanceStatus:
+		return "the instance is impaired: not serving, and no gate waits on it"
+	}
+	return fmt.Sprintf("the instance is %s: not serving, and no gate waits on it", ev.State)
 }
 
 // ApplyGates folds the gates' answers into a drain decision, as ApplyChecks folds checks.
-// A non-urgent drain a gate holds waits (Hold pdb or alerts, the first holding gate),
+// A planned drain (see Gated) a gate holds waits (Hold pdb or alerts, the first holding gate),
 // re-decided within GateRecheck and never past deadline minus drain-lead, where it drains
-// with a warning naming the gate; an urgent drain never waits (a warning only). The caller
+// with a warning naming the gate; an urgent drain, or one of an instance not serving, never
+// waits (a warning only). The caller
 // runs only the gates the pool has on, and turns a gate that cannot answer into Held or
 // not per the pool's setting (hold-while-alerts-unreachable), saying so in the reason.
 func ApplyGates(d Decision, ev event.Event, p Policy, gates []Gate, now time.Time) Decision {
@@ -238,8 +259,8 @@ func ApplyGates(d Decision, ev event.Event, p Policy, gates []Gate, now time.Tim
 		}
 		what += "gate " + g.Name + ": " + g.Reason
 	}
-	if ev.Urgent() {
-		d.Warnings = append(d.Warnings, "draining although held ("+what+"): "+urgentWhat(ev))
+	if gateExempt(ev) {
+		d.Warnings = append(d.Warnings, "draining although held ("+what+"): "+exemptWhat(ev))
 		return d
 	}
 	latest, ok := latestSafe(ev, p)

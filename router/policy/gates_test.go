@@ -113,8 +113,11 @@ func TestApplyGates(t *testing.T) {
 	unreachable := Gate{Name: GateAlerts, Held: true, Reason: "Alertmanager unreachable (hold-while-alerts-unreachable=hold): connection refused"}
 	retire := func(deadline time.Time) event.Event { return scheduled(event.ScheduledInstanceRetirement, deadline) }
 	spot := instanceEvent(event.KindSpotInterruption, "")
-	noDeadline := event.Event{ID: "ev-3", Kind: event.KindStateChange, State: event.StateStopped, Time: now.Add(-time.Hour)}
+	noDeadline := instanceEvent(event.KindRebalance, "")
+	rebalanceTarget := target(map[string]string{ActionKey(event.KindRebalance): "drain"})
+	stopped := event.Event{ID: "ev-3", Kind: event.KindStateChange, State: event.StateStopped, Time: now.Add(-time.Hour)}
 	stopTarget := target(map[string]string{ActionKey(event.KindStateChange): "drain"})
+	impaired := event.Event{ID: "ev-4", Kind: event.KindInstanceStatus, Time: now.Add(-time.Minute)}
 	tests := []struct {
 		name    string
 		ev      event.Event
@@ -135,7 +138,9 @@ func TestApplyGates(t *testing.T) {
 		{name: "at deadline minus drain-lead drains with a warning", ev: retire(now.Add(time.Hour)), tg: target(nil), gates: []Gate{pdb}, action: ActionDrain, warning: "gate pdb"},
 		{name: "after deadline minus drain-lead drains", ev: retire(now.Add(30 * time.Minute)), tg: target(nil), gates: []Gate{alerts}, action: ActionDrain, warning: "deadline minus drain-lead is reached: gate alerts"},
 		{name: "urgent never waits", ev: spot, tg: target(nil), gates: []Gate{pdb, alerts}, action: ActionDrain, warning: "gate pdb"},
-		{name: "no deadline: rechecked", ev: noDeadline, tg: stopTarget, gates: []Gate{alerts}, action: ActionDefer, hold: HoldAlerts, until: now.Add(GateRecheck)},
+		{name: "no deadline: rechecked", ev: noDeadline, tg: rebalanceTarget, gates: []Gate{alerts}, action: ActionDefer, hold: HoldAlerts, until: now.Add(GateRecheck)},
+		{name: "stopped instance never waits", ev: stopped, tg: stopTarget, gates: []Gate{pdb}, action: ActionDrain, warning: "instance is stopped: not serving"},
+		{name: "impaired instance never waits", ev: impaired, tg: target(nil), gates: []Gate{pdb}, action: ActionDrain, warning: "impaired: not serving"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,6 +193,9 @@ func TestGated(t *testing.T) {
 		{"no gate on", scheduled(event.ScheduledInstanceRetirement, week), off, false},
 		{"alert gate only", scheduled(event.ScheduledInstanceRetirement, week), alerts, true},
 		{"urgent", instanceEvent(event.KindSpotInterruption, ""), alerts, false},
+		{"rebalance", instanceEvent(event.KindRebalance, ""), alerts, true},
+		{"stopped", event.Event{Kind: event.KindStateChange, State: event.StateStopped}, alerts, false},
+		{"impaired", event.Event{Kind: event.KindInstanceStatus}, alerts, false},
 	} {
 		if got := Gated(tt.ev, tt.p); got != tt.want {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
