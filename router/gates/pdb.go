@@ -195,3 +195,13 @@ func abbreviate(names []string) string {
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(names[:most], ","), len(names)-most)
 }
+
+// PDBReleased reports whether a PodDisruptionBudget's update can release the drains held on
+// it: it allowed no disruption and now allows some (or it is gone: deleted is nil). The
+// live router then decides the drains held on PDBKey(namespace, name) again.
+func PDBReleased(old, updated *policyv1.PodDisruptionBudget) bool {
+	if old == nil || old.Status.DisruptionsAllowed > 0 {
+		return false
+	}
+	return updated == nil || updated.Status.DisruptionsAllowed > 0
+}

@@ -147,3 +147,22 @@ func TestEvicted(t *testing.T) {
 		}
 	}
 }
+
+func TestPDBReleased(t *testing.T) {
+	zero, one := pdb("kafka", "p", app("kafka"), 0), pdb("kafka", "p", app("kafka"), 1)
+	for _, tt := range []struct {
+		name     string
+		old, new *policyv1.PodDisruptionBudget
+		want     bool
+	}{
+		{"recovers", zero, one, true},
+		{"deleted", zero, nil, true},
+		{"still zero", zero, zero, false},
+		{"was allowing", one, zero, false},
+		{"created", nil, one, false},
+	} {
+		if got := PDBReleased(tt.old, tt.new); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
