@@ -190,3 +190,12 @@ func Matches(m *policy.AlertMatcher, al Alert) bool {
 	}
 	return true
 }
+
+// StaticAlerts answers the alert gate from a fixed list of alerts (replay's --alerts file),
+// as Alerts answers it from Alertmanager.
+type StaticAlerts []Alert
+
+// Check is Alerts.Check over the fixed list (always reachable).
+func (s StaticAlerts) Check(_ context.Context, m *policy.AlertMatcher, onUnreachable string) policy.Gate {
+	return Evaluate(s, nil, m, onUnreachable)
+}

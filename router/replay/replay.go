@@ -156,7 +156,7 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 type replayGates struct {
 	pdb       *gates.PDB // nil without Pods in the cluster file
 	hasPods   bool
-	alerts    []gates.Alert
+	alerts    gates.StaticAlerts
 	hasAlerts bool
 }
 
@@ -180,7 +180,7 @@ func (g replayGates) apply(ctx context.Context, ev event.Event, out engine.Outco
 		answers = append(answers, gate)
 	}
 	if p.HoldWhileAlerts != nil && g.hasAlerts {
-		answers = append(answers, gates.Evaluate(g.alerts, nil, p.HoldWhileAlerts, p.AlertsUnreachable))
+		answers = append(answers, g.alerts.Check(ctx, p.HoldWhileAlerts, p.AlertsUnreachable))
 	}
 	return policy.ApplyGates(d, ev, p, answers, now), nil
 }
