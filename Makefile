@@ -25,10 +25,12 @@ GO_PACKAGES = $$($(GO) list ./... | grep -v -e /test/terraform -e /lambda/)
 # Every tool the suites need is built from the Go module proxy once per machine and version,
 # cached outside the repo; a failed build fails the target (never a skipped suite):
 # KUBEBUILDER_ASSETS (kube-apiserver, etcd), KARPENTER_BIN (Karpenter's controller, the go.mod
-# version), HELM_BIN (the chart tests).
-test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest, the real Karpenter, helm), Terraform
+# version), HELM_BIN (the chart tests), ALERTMANAGER_BIN (the alert gate's tests).
+test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest, the real Karpenter and Alertmanager, helm), Terraform
 	assets=$$(test/tools/envtest-bins.sh) && karpenter=$$(test/tools/karpenter-bin.sh) && helm=$$(test/tools/helm-bin.sh) && \
-	KUBEBUILDER_ASSETS=$$assets KARPENTER_BIN=$$karpenter HELM_BIN=$$helm $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
+	alertmanager=$$(test/tools/alertmanager-bin.sh) && \
+	KUBEBUILDER_ASSETS=$$assets KARPENTER_BIN=$$karpenter HELM_BIN=$$helm ALERTMANAGER_BIN=$$alertmanager \
+	$(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
 	test/tools/terraform-tests.sh
 
 unit: ## unit tests only (no moto, no envtest)

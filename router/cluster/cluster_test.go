@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -106,8 +107,19 @@ metadata: {name: n1}
 spec: {providerID: "aws:///eu-west-1a/i-0a1b2c3d4e5f60718"}
 ---
 apiVersion: v1
+kind: ConfigMap
+metadata: {name: cm1, namespace: default}
+---
+apiVersion: v1
 kind: Pod
-metadata: {name: p1, namespace: default}
+metadata: {name: p1, namespace: kafka, labels: {app: kafka}}
+spec: {nodeName: n1, containers: [{name: c, image: kafka}]}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: kafka-pdb, namespace: kafka}
+spec: {selector: {matchLabels: {app: kafka}}}
+status: {disruptionsAllowed: 0, currentHealthy: 2, desiredHealthy: 3, expectedPods: 3}
 ---
 apiVersion: karpenter.sh/v1
 kind: NodeClaim
@@ -119,8 +131,22 @@ status: {providerID: "aws:///eu-west-1a/i-0a1b2c3d4e5f60718"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(objs) != 2 || len(ignored) != 1 || ignored[0] != "/v1, Kind=Pod" {
+	if len(objs) != 4 || len(ignored) != 1 || ignored[0] != "/v1, Kind=ConfigMap" {
 		t.Errorf("objs %d, ignored %v", len(objs), ignored)
+	}
+	// The gates' index on a snapshot: the pods of a node.
+	byNode := Index{Object: &corev1.Pod{}, Field: "test/node", Extract: func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }}
+	snap, err := NewSnapshotIndexed(scheme, append(Indexes(), byNode), objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods corev1.PodList
+	if err := snap.List(context.Background(), &pods, client.MatchingFields{"test/node": "n1"}); err != nil || len(pods.Items) != 1 || pods.Items[0].Labels["app"] != "kafka" {
+		t.Errorf("pods of n1: %+v, %v", pods.Items, err)
+	}
+	var pdbs policyv1.PodDisruptionBudgetList
+	if err := snap.List(context.Background(), &pdbs, client.InNamespace("kafka")); err != nil || len(pdbs.Items) != 1 || pdbs.Items[0].Status.DesiredHealthy != 3 {
+		t.Errorf("pdbs of kafka: %+v, %v", pdbs.Items, err)
 	}
 	if _, _, err := Load(scheme, strings.NewReader("kind: [")); err == nil {
 		t.Error("bad YAML accepted")

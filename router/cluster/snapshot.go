@@ -32,11 +32,17 @@ type Snapshot struct {
 
 var _ client.Reader = (*Snapshot)(nil)
 
-// NewSnapshot indexes objs, whose types must be in scheme.
+// NewSnapshot indexes objs, whose types must be in scheme, with Indexes.
 func NewSnapshot(scheme *runtime.Scheme, objs ...client.Object) (*Snapshot, error) {
+	return NewSnapshotIndexed(scheme, Indexes(), objs...)
+}
+
+// NewSnapshotIndexed indexes objs with the given indexes (Indexes and, for the gates,
+// gates.Indexes: the pods of a node).
+func NewSnapshotIndexed(scheme *runtime.Scheme, indexes []Index, objs ...client.Object) (*Snapshot, error) {
 	s := &Snapshot{scheme: scheme, stores: map[schema.GroupVersionKind]cache.Indexer{}}
 	indexers := map[schema.GroupVersionKind]cache.Indexers{}
-	for _, ix := range Indexes() {
+	for _, ix := range indexes {
 		gvk, err := apiutil.GVKForObject(ix.Object, scheme)
 		if err != nil {
 			return nil, err
@@ -140,16 +146,18 @@ func exactMatch(sel fields.Selector) (string, string, error) {
 	return reqs[0].Field, reqs[0].Value, nil
 }
 
-// modelKinds are the kinds the model reads; Load leaves out the others.
+// modelKinds are the kinds the model and the gates read; Load leaves out the others.
 var modelKinds = map[schema.GroupKind]bool{
 	{Group: "", Kind: "Node"}:                          true,
+	{Group: "", Kind: "Pod"}:                           true,
+	{Group: "policy", Kind: "PodDisruptionBudget"}:     true,
 	{Group: "karpenter.sh", Kind: "NodeClaim"}:         true,
 	{Group: "karpenter.sh", Kind: "NodePool"}:          true,
 	{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass"}: true,
 }
 
 // Load decodes objects from what `kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses
-// -o yaml` prints (a List), or from multi-document YAML or JSON of the objects. It returns
+// -o yaml` prints (a List; add pods,poddisruptionbudgets -A for the gates), or from multi-document YAML or JSON of the objects. It returns
 // the objects of the kinds the model reads, and the kinds it left out.
 func Load(scheme *runtime.Scheme, r io.Reader) (objs []client.Object, ignored []string, err error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)

@@ -16,6 +16,7 @@ const (
 	AlreadyRecorded      = "health_router_decision_already_recorded_total"     // instances of a redelivered event whose outcome was recorded
 	ForwardUnconfirmed   = "health_router_signal_forward_unconfirmed_total"    // forwards Karpenter did not act on; the NodeClaim was deleted instead
 	Redecisions          = "health_router_deferral_redecisions_total"          // labels: hold
+	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts); drains a gate held
 
 	// Watchdog gauges: Karpenter states users otherwise find by accident.
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool
@@ -41,6 +42,7 @@ const (
 	LabelNodeClass = "nodeclass"
 	LabelHold      = "hold"
 	LabelFinding   = "finding"
+	LabelGate      = "gate"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the

@@ -15,6 +15,9 @@ type Router struct {
 	AlreadyRecorded    prometheus.Counter
 	ForwardUnconfirmed prometheus.Counter
 	Redecisions        *prometheus.CounterVec
+	// GateHolds counts drains held by a gate (policy.ApplyGates returned a defer with Hold
+	// pdb or alerts), by gate.
+	GateHolds *prometheus.CounterVec
 }
 
 // NewRouter creates the collectors and registers them with reg. deferred reports the
@@ -49,8 +52,11 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		Redecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Redecisions, Help: "Deferrals decided again when due or released, by what they waited for (hold).",
 		}, []string{LabelHold}),
+		GateHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable), by gate.",
+		}, []string{LabelGate}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions,
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now, as recorded on NodeClaims."}, deferred))
 	return m
 }

@@ -57,6 +57,7 @@ func ParseReplay(args []string, getenv func(string) string, now time.Time) (repl
 	fs.StringVar(&o.ClusterFile, "cluster", "", "cluster snapshot: `kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses -o yaml` output, or multi-document YAML (required)")
 	fs.StringVar(&o.EventsPath, "events", "", "events: a JSON file, a JSON-lines file (.jsonl), or a directory of them (required)")
 	fs.StringVar(&o.AWSFile, "aws", "", "`path` of what EC2 answers the pre-signal checks: the JSON that aws ec2 describe-images and describe-capacity-reservations --output json print, or the short YAML; a file or a directory of them; without it no check runs")
+	fs.StringVar(&o.AlertsFile, "alerts", "", "`path` of what Alertmanager answered (curl $ALERTMANAGER/api/v2/alerts?active=true&silenced=false&inhibited=false: its JSON array), for the pools' hold-while-alerts gate; without it the alert gate is not run")
 	nowFlag := fs.String("now", "", "the time to decide at, RFC 3339 (default: the current time)")
 	gateFlag := fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false")
 	fs.StringVar(&o.Output, "o", "table", "output: table or json (one object per event and instance)")

@@ -107,3 +107,15 @@ func TestParseRunErrorsNameTheFlag(t *testing.T) {
 		}
 	}
 }
+
+func TestParseReplayAlerts(t *testing.T) {
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	o, err := ParseReplay([]string{"--cluster", "c.yaml", "--events", "ev", "--alerts", "alerts.json"}, env(nil), now)
+	if err != nil || o.AlertsFile != "alerts.json" {
+		t.Errorf("--alerts: %+v, %v", o, err)
+	}
+	o, err = ParseReplay([]string{"--cluster", "c.yaml", "--events", "ev"}, env(map[string]string{"HEALTH_ROUTER_ALERTS": "env.json"}), now)
+	if err != nil || o.AlertsFile != "env.json" {
+		t.Errorf("HEALTH_ROUTER_ALERTS: %+v, %v", o, err)
+	}
+}

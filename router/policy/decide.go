@@ -64,6 +64,8 @@ type Decision struct {
 	Reason   string    `json:"reason"`
 	Warnings []string  `json:"warnings,omitempty"`
 	Checks   []Check   `json:"checks,omitempty"`
+	// Gates are the answers of the pool's gates (which PDB, which alert, since when).
+	Gates []Gate `json:"gates,omitempty"`
 	// Cancel is set when the event ends an earlier deferral of the same instance: a
 	// closed AWS Health event, or a stopped instance that is running again.
 	Cancel bool `json:"cancel,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +56,13 @@ type Policy struct {
 	Window              *Window
 	DrainLead           time.Duration
 	RestartGrace        time.Duration
+	// RespectPDB (default true) holds non-urgent drains on PodDisruptionBudgets at zero.
+	RespectPDB bool
+	// HoldWhileAlerts is nil when no alert gate is set.
+	HoldWhileAlerts *AlertMatcher
+	// AlertsUnreachable is UnreachableHold or UnreachableDrain.
+	AlertsUnreachable string
+	DrainSettle       Settle
 	// Problems lists the annotations that were ignored, and why.
 	Problems []string
 }
@@ -77,7 +85,7 @@ func ScheduledActionKey(t event.ScheduledType) string {
 // FromAnnotations reads a Policy. It never fails: an invalid value is ignored, as if the
 // annotation were absent, and recorded in Problems so that decisions and Events say why.
 func FromAnnotations(annotations map[string]string) Policy {
-	p := Policy{DrainLead: DefaultDrainLead, RestartGrace: DefaultRestartGrace}
+	p := Policy{DrainLead: DefaultDrainLead, RestartGrace: DefaultRestartGrace, RespectPDB: true, AlertsUnreachable: UnreachableHold}
 	kindKeys := map[string]event.Kind{}
 	for _, k := range event.InstanceKinds {
 		kindKeys[ActionKey(k)] = k
@@ -143,6 +151,30 @@ func FromAnnotations(annotations map[string]string) Policy {
 		case key == AnnotationRestartGrace:
 			if d, err := parseNonNegative(v); err == nil {
 				p.RestartGrace = d
+			} else {
+				problem("%v", err)
+			}
+		case key == AnnotationRespectPDB:
+			if b, err := strconv.ParseBool(v); err == nil {
+				p.RespectPDB = b
+			} else {
+				problem("want true or false")
+			}
+		case key == AnnotationHoldWhileAlerts:
+			if m, err := ParseAlertMatcher(v); err == nil {
+				p.HoldWhileAlerts = m
+			} else {
+				problem("%v", err)
+			}
+		case key == AnnotationHoldWhileAlertsUnreachable:
+			if v == UnreachableHold || v == UnreachableDrain {
+				p.AlertsUnreachable = v
+			} else {
+				problem("want %s or %s", UnreachableHold, UnreachableDrain)
+			}
+		case key == AnnotationDrainSettle:
+			if s, err := parseSettle(v); err == nil {
+				p.DrainSettle = s
 			} else {
 				problem("%v", err)
 			}
@@ -263,7 +295,8 @@ func (p Policy) DrainLimit(poolNodes int) (int, bool) {
 // Annotations returns every annotation key the router reads, for documentation and doctor.
 func Annotations() []string {
 	keys := []string{AnnotationAction, AnnotationMaxConcurrentDrains, AnnotationWindowSchedule,
-		AnnotationWindowDuration, AnnotationDrainLead, AnnotationRestartGrace}
+		AnnotationWindowDuration, AnnotationDrainLead, AnnotationRestartGrace,
+		AnnotationRespectPDB, AnnotationHoldWhileAlerts, AnnotationHoldWhileAlertsUnreachable, AnnotationDrainSettle}
 	for _, k := range event.InstanceKinds {
 		keys = append(keys, ActionKey(k))
 	}

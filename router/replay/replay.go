@@ -11,18 +11,22 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/component-base/featuregate"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
 )
 
@@ -31,9 +35,12 @@ type Options struct {
 	ClusterFile string
 	EventsPath  string
 	AWSFile     string // optional (a file or a directory, see AWSFile); without it no pre-signal check runs
-	Now         time.Time
-	Gates       featuregate.FeatureGate
-	Output      string // table | json
+	// AlertsFile is optional: what Alertmanager's GET /api/v2/alerts returned (its JSON
+	// array); without it the alert gate is not run.
+	AlertsFile string
+	Now        time.Time
+	Gates      featuregate.FeatureGate
+	Output     string // table | json
 }
 
 // Row is one (event, instance) outcome, as -o json prints it. Every key is always present.
@@ -50,6 +57,7 @@ type Row struct {
 	Reason     string         `json:"reason"`
 	Warnings   []string       `json:"warnings"`
 	Checks     []policy.Check `json:"checks"`
+	Gates      []policy.Gate  `json:"gates"`
 	Source     string         `json:"source"` // file (and line) the event came from
 }
 
@@ -71,9 +79,23 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 	if len(ignored) > 0 {
 		fmt.Fprintf(errw, "replay: %s: ignored objects of kinds %s\n", o.ClusterFile, strings.Join(ignored, ", "))
 	}
-	snap, err := cluster.NewSnapshot(scheme, objs...)
+	snap, err := cluster.NewSnapshotIndexed(scheme, slices.Concat(cluster.Indexes(), gates.Indexes()), objs...)
 	if err != nil {
 		return err
+	}
+	g := replayGates{hasPods: slices.ContainsFunc(objs, func(o client.Object) bool { _, ok := o.(*corev1.Pod); return ok })}
+	if g.hasPods {
+		g.pdb = gates.NewPDB(snap)
+	}
+	if o.AlertsFile != "" {
+		b, err := os.ReadFile(o.AlertsFile)
+		if err != nil {
+			return fmt.Errorf("--alerts: %w", err)
+		}
+		if g.alerts, err = gates.ParseAlerts(b); err != nil {
+			return fmt.Errorf("--alerts %s: %w", o.AlertsFile, err)
+		}
+		g.hasAlerts = true
 	}
 	var checker *checks.Checker
 	if o.AWSFile != "" {
@@ -107,7 +129,14 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 			return err
 		}
 		for _, out := range outs {
-			rows = append(rows, toRow(out.Decision, b.source))
+			d, err := g.apply(ctx, ev, out, o.Now)
+			if err != nil {
+				return err
+			}
+			if out.Action == policy.ActionDrain && d.Action != policy.ActionDrain {
+				eng.Unreserve(d.NodePool, d.NodeClaim) // held by a gate: no pacing slot taken
+			}
+			rows = append(rows, toRow(d, b.source))
 		}
 	}
 	if o.Output == "json" {
@@ -119,13 +148,47 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 		}
 		return nil
 	}
-	return writeTable(w, rows, checker != nil)
+	return writeTable(w, rows, checker != nil, g)
+}
+
+// replayGates runs the gates over the snapshot: the PDB gate when the cluster file has
+// Pods (and PDBs), the alert gate when an --alerts file is given.
+type replayGates struct {
+	pdb       *gates.PDB // nil without Pods in the cluster file
+	hasPods   bool
+	alerts    gates.StaticAlerts
+	hasAlerts bool
+}
+
+// apply folds the pool's gates into a drain decision, as the live router does after the
+// engine decided (see policy.ApplyGates).
+func (g replayGates) apply(ctx context.Context, ev event.Event, out engine.Outcome, now time.Time) (policy.Decision, error) {
+	d := out.Decision
+	if d.Action != policy.ActionDrain || out.Resolved.NodePool == nil {
+		return d, nil
+	}
+	p := policy.FromAnnotations(out.Resolved.NodePool.Annotations)
+	if !policy.Gated(ev, p) {
+		return d, nil
+	}
+	var answers []policy.Gate
+	if p.RespectPDB && g.pdb != nil && d.Node != "" {
+		gate, err := g.pdb.Check(ctx, d.Node)
+		if err != nil {
+			return d, err
+		}
+		answers = append(answers, gate)
+	}
+	if p.HoldWhileAlerts != nil && g.hasAlerts {
+		answers = append(answers, g.alerts.Check(ctx, p.HoldWhileAlerts, p.AlertsUnreachable))
+	}
+	return policy.ApplyGates(d, ev, p, answers, now), nil
 }
 
 func toRow(d policy.Decision, source string) Row {
 	r := Row{
 		EventID: d.EventID, Kind: string(d.Kind), InstanceID: d.InstanceID, Node: d.Node, NodeClaim: d.NodeClaim,
-		NodePool: d.NodePool, Action: d.Action, Reason: d.Reason, Warnings: d.Warnings, Checks: d.Checks, Source: source,
+		NodePool: d.NodePool, Action: d.Action, Reason: d.Reason, Warnings: d.Warnings, Checks: d.Checks, Gates: d.Gates, Source: source,
 	}
 	if !d.Until.IsZero() {
 		r.Until = &d.Until
@@ -139,10 +202,13 @@ func toRow(d policy.Decision, source string) Row {
 	if r.Checks == nil {
 		r.Checks = []policy.Check{}
 	}
+	if r.Gates == nil {
+		r.Gates = []policy.Gate{}
+	}
 	return r
 }
 
-func writeTable(w io.Writer, rows []Row, checked bool) error {
+func writeTable(w io.Writer, rows []Row, checked bool, g replayGates) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT\tKIND\tINSTANCE\tNODEPOOL\tACTION\tUNTIL\tREASON")
 	for _, r := range rows {
@@ -162,12 +228,29 @@ func writeTable(w io.Writer, rows []Row, checked bool) error {
 			}
 			fmt.Fprintf(tw, "\t\t\t\t\t\t  check %s %s: %s\n", c.Name, mark, c.Reason)
 		}
+		for _, gt := range r.Gates {
+			mark := "open"
+			if gt.Held {
+				mark = "HELD"
+			}
+			since := ""
+			if !gt.Since.IsZero() {
+				since = " (since " + gt.Since.UTC().Format(time.RFC3339) + ")"
+			}
+			fmt.Fprintf(tw, "\t\t\t\t\t\t  gate %s %s: %s%s\n", gt.Name, mark, gt.Reason, since)
+		}
 		for _, wn := range r.Warnings {
 			fmt.Fprintf(tw, "\t\t\t\t\t\t  warning: %s\n", wn)
 		}
 	}
 	if !checked {
 		fmt.Fprintln(tw, "\n(no --aws file: pre-signal checks not run)")
+	}
+	if !g.hasPods {
+		fmt.Fprintln(tw, "(no Pods in --cluster: PodDisruptionBudget gate not run)")
+	}
+	if !g.hasAlerts {
+		fmt.Fprintln(tw, "(no --alerts file: alert gate not run)")
 	}
 	return tw.Flush()
 }

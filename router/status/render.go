@@ -128,6 +128,10 @@ func holdWords(h string) string {
 		return "waiting for deadline minus drain-lead"
 	case HoldRestartGrace:
 		return "in restart-grace"
+	case HoldPDB:
+		return "held by a PodDisruptionBudget at zero"
+	case HoldAlerts:
+		return "held by firing alerts"
 	}
 	return "held (" + h + ")"
 }

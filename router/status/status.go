@@ -86,6 +86,8 @@ const (
 	HoldRestartGrace = string(policy.HoldRestartGrace)
 	HoldPacing       = string(policy.HoldPacing)
 	HoldCheck        = string(policy.HoldCheck)
+	HoldPDB          = string(policy.HoldPDB)
+	HoldAlerts       = string(policy.HoldAlerts)
 	HoldOther        = "other"
 )
 

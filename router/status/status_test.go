@@ -229,3 +229,11 @@ func TestIn(t *testing.T) {
 		}
 	}
 }
+
+func TestGateHoldWords(t *testing.T) {
+	p := NodePool{Deferred: []Deferred{{Hold: HoldPDB}, {Hold: HoldAlerts}, {Hold: HoldPDB}}}
+	line := deferredLine(p)
+	if !strings.Contains(line, "2 held by a PodDisruptionBudget at zero") || !strings.Contains(line, "1 held by firing alerts") {
+		t.Errorf("deferred line %q", line)
+	}
+}

@@ -1,8 +1,11 @@
 // Package watchdog flags Karpenter states that users otherwise find by accident, from the
 // router's cache of NodePools, NodeClaims and EC2NodeClasses:
 //
-//   - stuck-empty: NodeClaims Empty for longer than their WhenEmpty pool's consolidateAfter
-//     plus a grace, which Karpenter v0.37.0 stopped removing until it was restarted;
+//   - stuck-empty: nodes of a WhenEmpty (or, with Pods cached, WhenEmptyOrUnderutilized)
+//     pool empty for longer than its consolidateAfter plus a grace, and not being deleted:
+//     from the pre-v1 Empty condition, and (Options.EmptyFromPods) from the pods on each
+//     node, as Karpenter v1 writes no such condition; Karpenter has stopped removing empty
+//     nodes until restarted (v0.37.0, and since);
 //   - unavailable-image: EC2NodeClasses whose status.amis name images EC2 does not report
 //     available (pending, disabled, deregistered, missing);
 //   - reservation-drift: NodeClaims in capacity reservations replaced as drifted, again and
@@ -68,6 +71,9 @@ type Options struct {
 	// EmptyGrace is how long past a pool's consolidateAfter an Empty NodeClaim may stay
 	// before it is flagged: Karpenter needs a disruption loop or two to act.
 	EmptyGrace time.Duration
+	// EmptyFromPods turns on the Karpenter v1 stuck-empty detector: the reader caches Pods
+	// (trimmed by gates.TrimPod, indexed by gates.IndexPodNode) and Nodes.
+	EmptyFromPods bool
 	// DriftWindow is the sliding window over which reservation-drift replacements count.
 	DriftWindow time.Duration
 	// DriftThreshold is how many replacements in DriftWindow flag a pool.
@@ -110,7 +116,7 @@ type StuckEmpty struct {
 	NodePool         string
 	ConsolidateAfter time.Duration
 	NodeClaims       []string  // sorted
-	Since            time.Time // the earliest Empty transition among them
+	Since            time.Time // the earliest Empty transition (or first seen empty) among them
 }
 
 // UnavailableImages is an EC2NodeClass whose status.amis name images that are not available.
@@ -168,6 +174,7 @@ type Watchdog struct {
 
 	mu        sync.Mutex // serialises scans; guards the fields below
 	deletions *deletions
+	empty     *emptyTracker
 	announced map[string]string       // finding key -> fingerprint of the last Event posted
 	known     map[string][]ImageState // EC2NodeClass -> last answered unavailable images
 
@@ -188,12 +195,13 @@ func New(reader client.Reader, images ImagesAPI, recorder events.EventRecorder, 
 		opts:             opts,
 		reservedCapacity: gates.Enabled(checks.ReservedCapacity),
 		stuckEmptyGauge: newGaugeSet(prometheus.GaugeOpts{Name: metrics.WatchdogStuckEmpty,
-			Help: "NodeClaims Empty for longer than their WhenEmpty NodePool's consolidateAfter plus a grace, not removed by Karpenter."}, metrics.LabelNodePool),
+			Help: "NodeClaims empty (no pods but DaemonSet and mirror pods, or the pre-v1 Empty condition) for longer than their NodePool's consolidateAfter plus a grace, not removed by Karpenter."}, metrics.LabelNodePool),
 		imagesGauge: newGaugeSet(prometheus.GaugeOpts{Name: metrics.WatchdogUnavailableImage,
 			Help: "Images in an EC2NodeClass's status.amis that EC2 does not report available."}, metrics.LabelNodeClass),
 		driftGauge: newGaugeSet(prometheus.GaugeOpts{Name: metrics.WatchdogReservationDrift,
 			Help: "NodeClaims in capacity reservations deleted while Drifted within the watchdog's window, with the ReservedCapacity gate off."}, metrics.LabelNodePool),
 		deletions: newDeletions(),
+		empty:     newEmptyTracker(),
 		announced: map[string]string{},
 		known:     map[string][]ImageState{},
 	}
@@ -253,6 +261,16 @@ func (w *Watchdog) Scan(ctx context.Context) (Findings, error) {
 	} else {
 		var checked []string
 		checked, f.StuckEmpty = stuckEmpty(pools.Items, claims.Items, now, w.opts.EmptyGrace)
+		if w.opts.EmptyFromPods {
+			checkedV1, found, err := w.stuckEmptyPods(ctx, pools.Items, claims.Items, now, w.opts.EmptyGrace)
+			if err != nil {
+				// The pod path keeps its previous findings; the Empty-condition path's stand.
+				errs = append(errs, err)
+				checkedV1, found = sortedKeys(v1Pools(pools.Items)), prev.StuckEmpty
+			}
+			checked = slices.Compact(slices.Sorted(slices.Values(slices.Concat(checked, checkedV1))))
+			f.StuckEmpty = mergeStuckEmpty(f.StuckEmpty, found)
+		}
 		w.stuckEmptyGauge.set(checked, func(pool string) float64 {
 			for _, s := range f.StuckEmpty {
 				if s.NodePool == pool {
@@ -307,7 +325,7 @@ func (w *Watchdog) announce(f Findings, pools *karpv1.NodePoolList, classes *aws
 	}
 	for _, s := range f.StuckEmpty {
 		post(FindingStuckEmpty+"/"+s.NodePool, strings.Join(s.NodeClaims, ","), findPool(pools, s.NodePool), ReasonStuckEmpty,
-			"%d NodeClaim(s) Empty for longer than consolidateAfter (%s) plus %s, not removed by Karpenter (it stopped removing empty nodes until restarted in v0.37.0; restart Karpenter): %s",
+			"%d NodeClaim(s) empty (no pods but DaemonSet and mirror pods) for longer than consolidateAfter (%s) plus %s, not removed by Karpenter (it has stopped removing empty nodes until restarted, as in v0.37.0; restart Karpenter): %s",
 			len(s.NodeClaims), s.ConsolidateAfter, w.opts.EmptyGrace, abbreviate(s.NodeClaims))
 	}
 	for _, u := range f.UnavailableImages {

@@ -459,6 +459,8 @@ var clusterRoleAllowlist = map[groupResource][]string{
 	{"karpenter.sh", "nodeclaims"}:          {"get", "list", "watch", "patch", "delete"},
 	{"karpenter.sh", "nodepools"}:           {"get", "list", "watch"},
 	{"karpenter.k8s.aws", "ec2nodeclasses"}: {"get", "list", "watch"},
+	{"", "pods"}:                            {"get", "list", "watch"},
+	{"policy", "poddisruptionbudgets"}:      {"get", "list", "watch"},
 	{"", "events"}:                          {"create", "patch"},
 	{"events.k8s.io", "events"}:             {"create", "patch"},
 }
