@@ -3,6 +3,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -36,6 +38,7 @@ import (
 	"github.com/health-router/health-router/router/cwmetrics"
 	"github.com/health-router/health-router/router/deferral"
 	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
@@ -100,10 +103,14 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			// The router caches what it reads, not what Kubernetes stores (see router/cluster).
 			DefaultTransform: cluster.DropManagedFields,
 			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Node{}:      {Transform: cluster.TrimNode},
-				&karpv1.NodeClaim{}: {Transform: cluster.TrimNodeClaim},
+				&corev1.Node{}:                   {Transform: cluster.TrimNode},
+				&karpv1.NodeClaim{}:              {Transform: cluster.TrimNodeClaim},
+				&policyv1.PodDisruptionBudget{}: {Transform: gates.TrimPDB},
 			},
 		},
+		// Pods are read per node when a gate or the watchdog needs them (a field selector on
+		// spec.nodeName), never cached: a cache of every Pod grows with the cluster's workload.
+		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Pod{}}}},
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
@@ -119,12 +126,19 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		return err
 	}
 	checker := checks.NewChecker(checks.NewAMI(ec2Client, clk), checks.NewReservations(ec2Client, clk), o.Gates)
-	wd := watchdog.New(mgr.GetCache(), ec2Client, mgr.GetEventRecorder("health-router"), o.Gates, clk, reg, watchdog.Options{Log: log})
+	// The watchdog reads through the manager's client: cached, but for Pods (read per node).
+	wd := watchdog.New(mgr.GetClient(), ec2Client, mgr.GetEventRecorder("health-router"), o.Gates, clk, reg, watchdog.Options{Log: log, EmptyFromPods: true})
 	if err := mgr.Add(wd); err != nil { // leader only; scans after the cache syncs
 		return err
 	}
+	var alerts interface {
+		Check(context.Context, *policy.AlertMatcher, string) policy.Gate
+	} = gates.NoAlertmanager{}
+	if o.AlertmanagerURL != "" {
+		alerts = gates.NewAlerts(o.AlertmanagerURL, &http.Client{}, clk)
+	}
 	var deferrals *deferral.Controller // built below: it releases drains held on an image
-	eng := engine.New(cluster.New(mgr.GetClient()), checker,
+	eng := engine.New(cluster.New(mgr.GetClient()), checker, engine.WithGates(gates.NewPDB(mgr.GetClient()), alerts),
 		engine.WithImageListener(func(_ context.Context, id, _ string) { wd.InvalidateImage(id) }),
 		engine.WithImageListener(func(ctx context.Context, id, state string) { deferrals.ImageChanged(ctx, id, state) }))
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
@@ -180,7 +194,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	// Start every informer the model reads at once, not on first use: decisions are then
 	// made from the cache even while the API server is unreachable, and readiness means
 	// the whole model is synced.
-	for _, obj := range []client.Object{&corev1.Node{}, &karpv1.NodePool{}, &awsv1.EC2NodeClass{}} {
+	for _, obj := range []client.Object{&corev1.Node{}, &karpv1.NodePool{}, &awsv1.EC2NodeClass{}, &policyv1.PodDisruptionBudget{}} {
 		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
 			return fmt.Errorf("watching %T: %w", obj, err)
 		}
@@ -198,6 +212,34 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			deferrals.DrainFinished(ctx, nc.Labels[karpv1.NodePoolLabelKey])
 		}
 	}}); err != nil {
+		return err
+	}
+	// Drains held by a PodDisruptionBudget are released as soon as it allows a disruption.
+	pdbInformer, err := mgr.GetCache().GetInformer(ctx, &policyv1.PodDisruptionBudget{})
+	if err != nil {
+		return err
+	}
+	releasePDB := func(old, updated *policyv1.PodDisruptionBudget) {
+		if p := cmp.Or(updated, old); p != nil && gates.PDBReleased(old, updated) {
+			if err := deferrals.ReleasePDB(ctx, p.Namespace, p.Name); err != nil {
+				log.Error("releasing drains held by a PodDisruptionBudget", "pdb", p.Namespace+"/"+p.Name, "err", err)
+			}
+		}
+	}
+	if _, err := pdbInformer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(o, n any) {
+			old, _ := o.(*policyv1.PodDisruptionBudget)
+			nw, _ := n.(*policyv1.PodDisruptionBudget)
+			releasePDB(old, nw)
+		},
+		DeleteFunc: func(o any) {
+			if tomb, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = tomb.Obj
+			}
+			old, _ := o.(*policyv1.PodDisruptionBudget)
+			releasePDB(old, nil)
+		},
+	}); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

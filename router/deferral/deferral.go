@@ -43,7 +43,8 @@ import (
 )
 
 // IndexHeldOn indexes NodeClaims by what their active deferrals wait on: "pool/<nodepool>"
-// for drains held by pacing, "image/<ami>" for drains held by the AMI check.
+// for drains held by pacing, "image/<ami>" for drains held by the AMI check, "pdb/<ns>/<name>"
+// for drains held by a PodDisruptionBudget.
 const IndexHeldOn = "healthrouter.io/held-on"
 
 // DefaultConfirmTimeout is how long Karpenter has to start deleting a NodeClaim whose drain
@@ -55,6 +56,9 @@ const DefaultConfirmTimeout = 20 * time.Second
 // maxConcurrentReconciles bounds the deferrals decided at once when many come due together
 // (a window opening over thousands of deferred instances).
 const maxConcurrentReconciles = 8
+
+// releasable are the holds on live state that a release ends early.
+var releasable = map[policy.Hold]bool{policy.HoldPacing: true, policy.HoldCheck: true, policy.HoldPDB: true}
 
 // HeldOn returns the index values of a NodeClaim: what its active deferrals wait on.
 func HeldOn(o client.Object) []string {
@@ -70,6 +74,10 @@ func HeldOn(o client.Object) []string {
 			keys = append(keys, PoolKey(nc.Labels[karpv1.NodePoolLabelKey]))
 		case d.Hold == policy.HoldCheck && d.Image != "":
 			keys = append(keys, ImageKey(d.Image))
+		case d.Hold == policy.HoldPDB:
+			for _, p := range d.PDBs {
+				keys = append(keys, "pdb/"+p)
+			}
 		}
 	}
 	return keys
@@ -203,7 +211,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			continue
 		}
-		due := !now.Before(d.Until) || (released && (d.Hold == policy.HoldPacing || d.Hold == policy.HoldCheck))
+		due := !now.Before(d.Until) || (released && d.Hold != "" && releasable[d.Hold])
 		if !due {
 			active++
 			later(d.Until)
@@ -284,6 +292,17 @@ func (c *Controller) ReleasePool(ctx context.Context, pool string) error {
 // ReleaseImage releases the drains held by the AMI check on image (it became available).
 func (c *Controller) ReleaseImage(ctx context.Context, image string) error {
 	held, err := c.held(ctx, ImageKey(image))
+	if err != nil {
+		return err
+	}
+	c.release(held)
+	return nil
+}
+
+// ReleasePDB releases the drains held on a PodDisruptionBudget (it allows disruptions again,
+// or is gone): each is decided again, and goes if every gate lets it.
+func (c *Controller) ReleasePDB(ctx context.Context, namespace, name string) error {
+	held, err := c.held(ctx, "pdb/"+namespace+"/"+name)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,8 @@ import (
 type Engine struct {
 	model   *cluster.Model
 	checker *checks.Checker // nil: no checks
+	pdbs    pdbGate         // nil: the PDB gate is not run
+	alerts  alertGate       // nil: the alert gate is not run
 	pacer   *pacer
 	// imageListeners are told of every EC2 AMI State Change, to drop what they cached.
 	imageListeners []func(ctx context.Context, id, state string)
@@ -34,6 +36,24 @@ type Option func(*Engine)
 // drains that wait on it).
 func WithImageListener(f func(ctx context.Context, id, state string)) Option {
 	return func(e *Engine) { e.imageListeners = append(e.imageListeners, f) }
+}
+
+// pdbGate is the PodDisruptionBudget gate (router/gates.PDB).
+type pdbGate interface {
+	Check(ctx context.Context, node string) (policy.Gate, error)
+}
+
+// alertGate is the Alertmanager gate (router/gates.Alerts).
+type alertGate interface {
+	Check(ctx context.Context, m *policy.AlertMatcher, onUnreachable string) policy.Gate
+}
+
+// WithGates gives the engine its gates: pdbs reads PodDisruptionBudgets of the pods on a node,
+// alerts asks Alertmanager. Either may be nil: that gate is not run (replay without pods or
+// alerts). The live router without an Alertmanager passes gates.NoAlertmanager, so that a pool
+// asking for the alert gate finds it unreachable and its hold-while-alerts-unreachable decides.
+func WithGates(pdbs pdbGate, alerts alertGate) Option {
+	return func(e *Engine) { e.pdbs, e.alerts = pdbs, alerts }
 }
 
 // New returns an Engine; checker may be nil to run no pre-signal checks. Drains it decides
@@ -147,13 +167,42 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 	} else {
 		d = policy.Decide(ev, tg, now)
 	}
+	// Gates before checks: they read the cache; the checks ask EC2.
+	if d.Action == policy.ActionDrain && policy.Gated(ev, tg.Policy) {
+		gs, err := e.runGates(ctx, tg)
+		if err != nil {
+			if reserved {
+				e.pacer.unreserve(tg.NodePool, tg.NodeClaim)
+			}
+			return Outcome{}, err
+		}
+		d = policy.ApplyGates(d, ev, tg.Policy, gs, now)
+	}
 	if d.Action == policy.ActionDrain && e.checker != nil {
 		d = policy.ApplyChecks(d, ev, tg.Policy, e.runChecks(ctx, ev, res), now)
-		if reserved && d.Action != policy.ActionDrain {
-			e.pacer.unreserve(tg.NodePool, tg.NodeClaim)
-		}
+	}
+	if reserved && d.Action != policy.ActionDrain {
+		e.pacer.unreserve(tg.NodePool, tg.NodeClaim)
 	}
 	return Outcome{Decision: d, Resolved: res, Problems: tg.Policy.Problems}, nil
+}
+
+// runGates asks the gates the pool's policy names. An error means the cache could not be
+// read: the event is retried. An unreachable Alertmanager is not an error: the gate says
+// so, and the pool's hold-while-alerts-unreachable decides.
+func (e *Engine) runGates(ctx context.Context, tg policy.Target) ([]policy.Gate, error) {
+	var gs []policy.Gate
+	if tg.Policy.RespectPDB && e.pdbs != nil && tg.Node != "" {
+		g, err := e.pdbs.Check(ctx, tg.Node)
+		if err != nil {
+			return nil, err
+		}
+		gs = append(gs, g)
+	}
+	if m := tg.Policy.HoldWhileAlerts; m != nil && e.alerts != nil {
+		gs = append(gs, e.alerts.Check(ctx, m, tg.Policy.AlertsUnreachable))
+	}
+	return gs, nil
 }
 
 // Unreserve gives back the pacing slot of a drain that was decided but not signalled.

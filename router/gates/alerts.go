@@ -1,6 +1,7 @@
 package gates
 
 import (
+	"errors"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -198,4 +199,14 @@ type StaticAlerts []Alert
 // Check is Alerts.Check over the fixed list (always reachable).
 func (s StaticAlerts) Check(_ context.Context, m *policy.AlertMatcher, onUnreachable string) policy.Gate {
 	return Evaluate(s, nil, m, onUnreachable)
+}
+
+// NoAlertmanager is the alert gate of a router with no --alertmanager-url: a pool that asks
+// for the alert gate finds Alertmanager unreachable, and its hold-while-alerts-unreachable
+// setting decides (hold, by default), with the reason saying so.
+type NoAlertmanager struct{}
+
+// Check answers as an unreachable Alertmanager.
+func (NoAlertmanager) Check(_ context.Context, m *policy.AlertMatcher, onUnreachable string) policy.Gate {
+	return Evaluate(nil, errors.New("no --alertmanager-url is configured"), m, onUnreachable)
 }

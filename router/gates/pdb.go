@@ -21,9 +21,11 @@ import (
 	"github.com/health-router/health-router/router/policy"
 )
 
-// IndexPodNode indexes Pods by spec.nodeName: the PDB gate and the stuck-empty watchdog
-// read the pods of one node.
-const IndexPodNode = "healthrouter.io/pod-node"
+// IndexPodNode is how the PDB gate and the stuck-empty watchdog select the pods of one node:
+// the field selector the API server serves for Pods (the live router reads Pods uncached: a
+// cache of every Pod would grow with the cluster's workload, not with its nodes), and the
+// name of the same index over a cache or a snapshot (tests, replay).
+const IndexPodNode = "spec.nodeName"
 
 // AnnotationMirror marks a static pod's mirror in the API server; the kubelet owns it and
 // no eviction applies to it.

@@ -4,6 +4,7 @@
 package options
 
 import (
+	"net/url"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -134,6 +135,8 @@ type Run struct {
 	// switched off by denying the call to its role); InstanceStatusInterval is its period.
 	InstanceStatusPoller   bool
 	InstanceStatusInterval time.Duration
+	// AlertmanagerURL is the Alertmanager the alert gate asks (API v2); empty: none.
+	AlertmanagerURL string
 }
 
 // runFlags defines the flags of `health-router run` on o; mode, gateFlag and level are parsed
@@ -167,9 +170,15 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level *string) {
 	fs.IntVar(&o.KubeClientBurst, "kube-client-burst", DefaultKubeClientBurst, "burst of requests each Kubernetes client may make above --kube-client-qps")
 	fs.IntVar(&o.InstanceParallelism, "instance-parallelism", 16, "instances of one event decided and carried out at once (1-256)")
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "poll ec2:DescribeInstanceStatus for the cluster's instances (scheduled events, impaired status), as Karpenter does since v1.12; needs the permission")
+	fs.StringVar(&o.AlertmanagerURL, "alertmanager-url", "", "Alertmanager (API v2) the pools' hold-while-alerts gate asks, e.g. http://alertmanager.monitoring:9093; empty: a pool asking for the gate finds it unreachable")
 	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s)")
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
 	return fs, mode, gateFlag, level
+}
+
+func validHTTPURL(v string) bool {
+	u, err := url.Parse(v)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // RunFlagNames lists the flags of `health-router run`, for the chart's test that every one is
@@ -199,6 +208,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--forward-confirm-timeout %s: want at least 1s", o.ForwardConfirmTimeout)
 	case o.InstanceStatusInterval < 10*time.Second:
 		return o, fmt.Errorf("--instance-status-interval %s: want at least 10s", o.InstanceStatusInterval)
+	case o.AlertmanagerURL != "" && !validHTTPURL(o.AlertmanagerURL):
+		return o, fmt.Errorf("--alertmanager-url %q: want an http or https URL", o.AlertmanagerURL)
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":

@@ -96,6 +96,7 @@ func TestParseRunErrorsNameTheFlag(t *testing.T) {
 		{append(req, "--instance-parallelism", "0"), "--instance-parallelism"},
 		{append(req, "--forward-confirm-timeout", "10ms"), "--forward-confirm-timeout"},
 		{append(req, "--instance-status-interval", "1s"), "--instance-status-interval"},
+		{append(req, "--alertmanager-url", "alertmanager:9093"), "--alertmanager-url"},
 		{append(req, "--signal", "forward"), "--karpenter-queue-url"},
 		{append(req, "--signal", "smoke"), "--signal"},
 		{append(req, "--workers", "0"), "--workers"},

@@ -182,6 +182,9 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	for _, c := range d.Checks {
 		p.metrics.CheckResults.WithLabelValues(c.Name, checkResult(c)).Inc()
 	}
+	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts) {
+		p.metrics.GateHolds.WithLabelValues(string(d.Hold)).Inc()
+	}
 	p.signal.PolicyProblems(o.Resolved, o.Problems)
 	quiet := bulk.quiet
 	switch d.Action {

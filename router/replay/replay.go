@@ -107,7 +107,7 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 		clk := clock.RealClock{}
 		checker = checks.NewChecker(checks.NewAMI(answers, clk), checks.NewReservations(answers, clk), o.Gates)
 	}
-	eng := engine.New(cluster.New(snap), checker)
+	eng := engine.New(cluster.New(snap), checker, engine.WithGates(g.pdbGate(), g.alertGate()))
 
 	bodies, err := readEvents(o.EventsPath)
 	if err != nil {
@@ -129,14 +129,7 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 			return err
 		}
 		for _, out := range outs {
-			d, err := g.apply(ctx, ev, out, o.Now)
-			if err != nil {
-				return err
-			}
-			if out.Action == policy.ActionDrain && d.Action != policy.ActionDrain {
-				eng.Unreserve(d.NodePool, d.NodeClaim) // held by a gate: no pacing slot taken
-			}
-			rows = append(rows, toRow(d, b.source))
+			rows = append(rows, toRow(out.Decision, b.source))
 		}
 	}
 	if o.Output == "json" {
@@ -160,29 +153,24 @@ type replayGates struct {
 	hasAlerts bool
 }
 
-// apply folds the pool's gates into a drain decision, as the live router does after the
-// engine decided (see policy.ApplyGates).
-func (g replayGates) apply(ctx context.Context, ev event.Event, out engine.Outcome, now time.Time) (policy.Decision, error) {
-	d := out.Decision
-	if d.Action != policy.ActionDrain || out.Resolved.NodePool == nil {
-		return d, nil
+// pdbGate and alertGate are the gates the engine runs: none (a nil interface, not a nil
+// pointer) when the files give nothing to answer them.
+func (g replayGates) pdbGate() interface {
+	Check(context.Context, string) (policy.Gate, error)
+} {
+	if g.pdb == nil {
+		return nil
 	}
-	p := policy.FromAnnotations(out.Resolved.NodePool.Annotations)
-	if !policy.Gated(ev, p) {
-		return d, nil
+	return g.pdb
+}
+
+func (g replayGates) alertGate() interface {
+	Check(context.Context, *policy.AlertMatcher, string) policy.Gate
+} {
+	if !g.hasAlerts {
+		return nil
 	}
-	var answers []policy.Gate
-	if p.RespectPDB && g.pdb != nil && d.Node != "" {
-		gate, err := g.pdb.Check(ctx, d.Node)
-		if err != nil {
-			return d, err
-		}
-		answers = append(answers, gate)
-	}
-	if p.HoldWhileAlerts != nil && g.hasAlerts {
-		answers = append(answers, g.alerts.Check(ctx, p.HoldWhileAlerts, p.AlertsUnreachable))
-	}
-	return policy.ApplyGates(d, ev, p, answers, now), nil
+	return g.alerts
 }
 
 func toRow(d policy.Decision, source string) Row {

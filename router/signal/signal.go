@@ -26,6 +26,7 @@ import (
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
 )
 
@@ -76,9 +77,11 @@ type Deferral struct {
 	Until   time.Time  `json:"until"`
 	Reason  string     `json:"reason"`
 	State   string     `json:"state"`
-	// Hold is what the deferral waits for; Image the image a check hold waits on.
+	// Hold is what the deferral waits for; Image the image a check hold waits on, PDBs the
+	// PodDisruptionBudgets ("namespace/name") a pdb hold waits on.
 	Hold  policy.Hold `json:"hold,omitempty"`
 	Image string      `json:"image,omitempty"`
+	PDBs  []string    `json:"pdbs,omitempty"`
 	// Match identifies a scheduled maintenance whichever source reported it (AWS Health or
 	// EC2's instance status): "<scheduled type>@<not-before, RFC 3339>".
 	Match string `json:"match,omitempty"`
@@ -361,7 +364,7 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 	}
 	key := DeferralKey(ev)
 	entry := Deferral{EventID: ev.ID, Key: key, Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: StateDeferred,
-		Hold: d.Hold, Image: holdImage(d), Match: Match(ev), Event: body}
+		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: Match(ev), Event: body}
 	err = s.update(ctx, res.NodeClaim, func(nc *karpv1.NodeClaim) bool {
 		ds := Deferrals(nc)
 		found := false
@@ -395,7 +398,7 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 
 func sameDeferral(a, b Deferral) bool {
 	return a.EventID == b.EventID && a.Key == b.Key && a.Kind == b.Kind && a.Until.Equal(b.Until) && a.Reason == b.Reason &&
-		a.State == b.State && a.Hold == b.Hold && a.Image == b.Image && a.Match == b.Match && string(a.Event) == string(b.Event)
+		a.State == b.State && a.Hold == b.Hold && a.Image == b.Image && slices.Equal(a.PDBs, b.PDBs) && a.Match == b.Match && string(a.Event) == string(b.Event)
 }
 
 // holdImage is the image a drain held by the AMI check waits on.
