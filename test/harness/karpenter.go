@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -355,26 +356,67 @@ func (s *KarpenterStage) Launch(ctx context.Context, pool string, n int) ([]Node
 			return nil, fmt.Errorf("creating a nodeclaim in %s: %w", pool, err)
 		}
 	}
-	nodes := make([]Node, n)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
+	// One List per poll for all the NodeClaims, not a Get per NodeClaim: a launch of hundreds
+	// would otherwise flood the API server.
+	wanted := map[string]int{}
 	for i, nc := range claims {
-		wg.Go(func() { nodes[i], errs[i] = s.register(ctx, nc) })
+		wanted[nc.Name] = i
 	}
-	wg.Wait()
-	return nodes, errors.Join(errs...)
-}
-
-func (s *KarpenterStage) register(ctx context.Context, nc *karpv1.NodeClaim) (Node, error) {
-	key := client.ObjectKeyFromObject(nc)
-	if err := s.waitFor(ctx, "nodeclaim "+nc.Name+" launched", 2*time.Minute, func() (bool, error) {
-		if err := s.Kube.Get(ctx, key, nc); err != nil {
+	list := func() ([]karpv1.NodeClaim, error) {
+		var l karpv1.NodeClaimList
+		if err := s.Kube.List(ctx, &l, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
+			return nil, err
+		}
+		return slices.DeleteFunc(l.Items, func(nc karpv1.NodeClaim) bool { _, ok := wanted[nc.Name]; return !ok }), nil
+	}
+	nodes := make([]Node, n)
+	errs := make([]error, n)
+	started := map[string]bool{}
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	err := s.waitFor(ctx, fmt.Sprintf("%d nodeclaims of %s launched", n, pool), 5*time.Minute, func() (bool, error) {
+		items, err := list()
+		if err != nil {
 			return false, err
 		}
-		return nc.Status.ProviderID != "", nil
-	}); err != nil {
-		return Node{}, err
+		for _, nc := range items {
+			if nc.Status.ProviderID == "" || started[nc.Name] {
+				continue
+			}
+			started[nc.Name] = true
+			i := wanted[nc.Name]
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				nodes[i], errs[i] = s.playKubelet(ctx, &nc)
+			})
+		}
+		return len(started) == n, nil
+	})
+	wg.Wait()
+	if err := errors.Join(append(errs, err)...); err != nil {
+		return nil, err
 	}
+	err = s.waitFor(ctx, fmt.Sprintf("%d nodeclaims of %s initialized", n, pool), 5*time.Minute, func() (bool, error) {
+		items, err := list()
+		if err != nil {
+			return false, err
+		}
+		ready := 0
+		for _, nc := range items {
+			if nc.StatusConditions().Get(karpv1.ConditionTypeInitialized).IsTrue() {
+				ready++
+			}
+		}
+		return ready == n, nil
+	})
+	return nodes, err
+}
+
+// playKubelet does what the kubelet of a launched NodeClaim's instance would: it registers
+// the Node (provider ID, labels, the karpenter.sh/unregistered taint), marks it Ready, and
+// removes the not-ready taint the API server adds.
+func (s *KarpenterStage) playKubelet(ctx context.Context, nc *karpv1.NodeClaim) (Node, error) {
 	id := nc.Status.ProviderID[strings.LastIndex(nc.Status.ProviderID, "/")+1:]
 	labels := map[string]string{}
 	for k, v := range nc.Labels {
@@ -388,11 +430,13 @@ func (s *KarpenterStage) register(ctx context.Context, nc *karpv1.NodeClaim) (No
 	if err := s.Kube.Create(ctx, node); err != nil {
 		return Node{}, fmt.Errorf("creating node %s: %w", node.Name, err)
 	}
+	// A merge patch, not an update: Karpenter's registration may already be changing the Node.
+	base := client.MergeFrom(node.DeepCopy())
 	node.Status = corev1.NodeStatus{
 		Capacity: nc.Status.Capacity, Allocatable: nc.Status.Allocatable,
 		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
 	}
-	if err := s.Kube.Status().Update(ctx, node); err != nil {
+	if err := s.Kube.Status().Patch(ctx, node, base); err != nil {
 		return Node{}, fmt.Errorf("marking node %s Ready: %w", node.Name, err)
 	}
 	// The API server taints a new Node not-ready; the node lifecycle controller, which
@@ -415,14 +459,6 @@ func (s *KarpenterStage) register(ctx context.Context, nc *karpv1.NodeClaim) (No
 			return false, err
 		}
 		return false, nil
-	}); err != nil {
-		return Node{}, err
-	}
-	if err := s.waitFor(ctx, "nodeclaim "+nc.Name+" initialized", 2*time.Minute, func() (bool, error) {
-		if err := s.Kube.Get(ctx, key, nc); err != nil {
-			return false, err
-		}
-		return nc.StatusConditions().Get(karpv1.ConditionTypeInitialized).IsTrue(), nil
 	}); err != nil {
 		return Node{}, err
 	}
