@@ -103,14 +103,14 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			// The router caches what it reads, not what Kubernetes stores (see router/cluster).
 			DefaultTransform: cluster.DropManagedFields,
 			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Node{}:                   {Transform: cluster.TrimNode},
-				&karpv1.NodeClaim{}:              {Transform: cluster.TrimNodeClaim},
+				&corev1.Node{}:                  {Transform: cluster.TrimNode},
+				&karpv1.NodeClaim{}:             {Transform: cluster.TrimNodeClaim},
 				&policyv1.PodDisruptionBudget{}: {Transform: gates.TrimPDB},
 			},
 		},
 		// Pods are read per node when a gate or the watchdog needs them (a field selector on
 		// spec.nodeName), never cached: a cache of every Pod grows with the cluster's workload.
-		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Pod{}}}},
+		Client:                        client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Pod{}}}},
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,

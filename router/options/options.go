@@ -4,10 +4,10 @@
 package options
 
 import (
-	"net/url"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
