@@ -138,7 +138,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		alerts = gates.NewAlerts(o.AlertmanagerURL, &http.Client{}, clk)
 	}
 	var deferrals *deferral.Controller // built below: it releases drains held on an image
-	eng := engine.New(cluster.New(mgr.GetClient()), checker, engine.WithGates(gates.NewPDB(mgr.GetClient()), alerts),
+	eng := engine.New(cluster.New(mgr.GetClient()), checker, engine.WithGates(gates.NewPDB(mgr.GetClient()), alerts), engine.WithSettle(mgr.GetClient()),
 		engine.WithImageListener(func(_ context.Context, id, _ string) { wd.InvalidateImage(id) }),
 		engine.WithImageListener(func(ctx context.Context, id, state string) { deferrals.ImageChanged(ctx, id, state) }))
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
@@ -209,7 +209,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			obj = tomb.Obj
 		}
 		if nc, ok := obj.(*karpv1.NodeClaim); ok && nc.Labels[karpv1.NodePoolLabelKey] != "" {
-			deferrals.DrainFinished(ctx, nc.Labels[karpv1.NodePoolLabelKey])
+			deferrals.DrainFinished(ctx, nc.Labels[karpv1.NodePoolLabelKey], nc.Name)
 		}
 	}}); err != nil {
 		return err

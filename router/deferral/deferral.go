@@ -259,9 +259,10 @@ func (c *Controller) forget(name string) {
 }
 
 // DrainFinished is called when a NodeClaim of pool is gone: pacing reads the pool again and
-// releases as many held drains as the pool's limit now allows.
-func (c *Controller) DrainFinished(ctx context.Context, pool string) {
-	c.engine.DrainFinished(pool)
+// releases as many held drains as the pool's limit now allows (a drain with drain-settle
+// keeps its slot until it settles; the Rechecker releases then).
+func (c *Controller) DrainFinished(ctx context.Context, pool, nodeClaim string) {
+	c.engine.DrainFinished(pool, nodeClaim, c.clock.Now())
 	if err := c.ReleasePool(ctx, pool); err != nil {
 		c.log.Error("releasing drains held by pacing", "nodepool", pool, "err", err)
 	}

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
 )
 
@@ -56,10 +58,17 @@ func WithGates(pdbs pdbGate, alerts alertGate) Option {
 	return func(e *Engine) { e.pdbs, e.alerts = pdbs, alerts }
 }
 
+// WithSettle gives the engine the reader of a node's pods, for drain-settle "ready" (the
+// owners of the pods a drain evicts, and whether they are Ready again).
+func WithSettle(pods client.Reader) Option {
+	return func(e *Engine) { e.pacer.pods = pods }
+}
+
 // New returns an Engine; checker may be nil to run no pre-signal checks. Drains it decides
 // count towards their pool's drains in flight until the cluster shows them (or Unreserve).
 func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine {
 	e := &Engine{model: model, checker: checker, pacer: newPacer(model)}
+	// Options may set the pacer's readers: it exists first.
 	for _, o := range opts {
 		o(e)
 	}
@@ -184,6 +193,19 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 	if reserved && d.Action != policy.ActionDrain {
 		e.pacer.unreserve(tg.NodePool, tg.NodeClaim)
 	}
+	if reserved && d.Action == policy.ActionDrain && tg.Policy.DrainSettle != (policy.Settle{}) {
+		st := &settle{policy: tg.Policy.DrainSettle, node: tg.Node}
+		if st.policy.Ready && e.pacer.pods != nil && tg.Node != "" {
+			// The owners are read now: by the time the drain settles, node and pods are gone.
+			owners, err := gates.Owners(ctx, e.pacer.pods, tg.Node)
+			if err != nil {
+				e.pacer.unreserve(tg.NodePool, tg.NodeClaim)
+				return Outcome{}, err
+			}
+			st.owners = owners
+		}
+		e.pacer.noteSettle(tg.NodePool, tg.NodeClaim, st)
+	}
 	return Outcome{Decision: d, Resolved: res, Problems: tg.Policy.Problems}, nil
 }
 
@@ -212,9 +234,11 @@ func (e *Engine) Unreserve(pool, nodeClaim string) {
 	}
 }
 
-// DrainFinished tells the engine that one of pool's drains is over (its NodeClaim is gone),
-// so that the next pacing decision reads the pool again.
-func (e *Engine) DrainFinished(pool string) { e.pacer.invalidate(pool) }
+// DrainFinished tells the engine that a NodeClaim of pool is gone, so that the next pacing
+// decision reads the pool again; with drain-settle, that drain now settles.
+func (e *Engine) DrainFinished(pool, nodeClaim string, now time.Time) {
+	e.pacer.finished(pool, nodeClaim, now)
+}
 
 // FreeDrains returns how many more drains pool's max-concurrent-drains allows now, for
 // releasing drains held by pacing; ok is false when the pool does not pace.

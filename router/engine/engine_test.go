@@ -9,11 +9,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
 )
 
@@ -199,5 +202,107 @@ func TestPacingInParallel(t *testing.T) {
 	wg.Wait()
 	if drains != limit {
 		t.Errorf("%d drains decided in parallel, want exactly %d", drains, limit)
+	}
+}
+
+// settleRig is a pool of three nodes (limit 1) on the fake client, which lets a test delete a
+// NodeClaim (a drain finished) and move pods.
+func settleRig(t *testing.T, settle string) (*Engine, client.Client) {
+	t.Helper()
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := []client.Object{&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: map[string]string{
+		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainSettle: settle, policy.AnnotationRespectPDB: "false"}}}}
+	for i := 0; i < 3; i++ {
+		pid := "aws:///eu-west-1a/" + instance("kafka", i)
+		labels := map[string]string{karpv1.NodePoolLabelKey: "kafka"}
+		objs = append(objs,
+			&karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("kafka-%d", i), Labels: labels}, Status: karpv1.NodeClaimStatus{ProviderID: pid}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%d", i), Labels: labels}, Spec: corev1.NodeSpec{ProviderID: pid}})
+	}
+	// A broker owned by a StatefulSet on node-0.
+	objs = append(objs, brokerPod("broker-0", "node-0", false))
+	b := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...)
+	for _, ix := range append(cluster.Indexes(), gates.Indexes()...) {
+		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
+	}
+	kube := b.Build()
+	return New(cluster.New(kube), nil, WithSettle(kube)), kube
+}
+
+func brokerPod(name, node string, ready bool) *corev1.Pod {
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kafka", OwnerReferences: []metav1.OwnerReference{
+		{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "broker", UID: "sts-uid", Controller: ptr.To(true)}}},
+		Spec:   corev1.PodSpec{NodeName: node},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}}}
+}
+
+func decideOne(t *testing.T, eng *Engine, i int, at time.Time) policy.Decision {
+	t.Helper()
+	outs, err := eng.Decide(context.Background(), retirement(instance("kafka", i)), at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return outs[0].Decision
+}
+
+// finish deletes a drained NodeClaim and tells the engine, as the informer does.
+func finish(t *testing.T, eng *Engine, kube client.Client, i int, at time.Time) {
+	t.Helper()
+	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("kafka-%d", i)}}
+	if err := kube.Delete(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	eng.DrainFinished("kafka", nc.Name, at)
+}
+
+// TestDrainSettleDuration: with drain-settle 10m, a drain still counts against
+// max-concurrent-drains for 10 minutes after its NodeClaim is gone.
+func TestDrainSettleDuration(t *testing.T) {
+	eng, kube := settleRig(t, "10m")
+	if d := decideOne(t, eng, 0, now); d.Action != policy.ActionDrain {
+		t.Fatalf("first drain: %s (%s)", d.Action, d.Reason)
+	}
+	finish(t, eng, kube, 0, now.Add(time.Minute))
+	if d := decideOne(t, eng, 1, now.Add(5*time.Minute)); d.Action != policy.ActionDefer || d.Hold != policy.HoldPacing {
+		t.Errorf("while settling: %s (%s)", d.Action, d.Reason)
+	}
+	if d := decideOne(t, eng, 1, now.Add(11*time.Minute+2*time.Second)); d.Action != policy.ActionDrain {
+		t.Errorf("after the settle time: %s (%s)", d.Action, d.Reason)
+	}
+}
+
+// TestDrainSettleReady: with drain-settle ready, the drain counts until the pods it evicted
+// (by owner) are Ready again elsewhere.
+func TestDrainSettleReady(t *testing.T) {
+	eng, kube := settleRig(t, "ready")
+	if d := decideOne(t, eng, 0, now); d.Action != policy.ActionDrain {
+		t.Fatalf("first drain: %s (%s)", d.Action, d.Reason)
+	}
+	finish(t, eng, kube, 0, now)
+	// The broker is recreated on node-2, not Ready yet (catching up its partitions).
+	if err := kube.Delete(context.Background(), brokerPod("broker-0", "node-0", false)); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.Create(context.Background(), brokerPod("broker-0", "node-2", false)); err != nil {
+		t.Fatal(err)
+	}
+	if d := decideOne(t, eng, 1, now.Add(time.Hour)); d.Action != policy.ActionDefer {
+		t.Errorf("replacement not Ready: %s (%s)", d.Action, d.Reason)
+	}
+	if err := kube.Delete(context.Background(), brokerPod("broker-0", "node-2", false)); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.Create(context.Background(), brokerPod("broker-0", "node-2", true)); err != nil {
+		t.Fatal(err)
+	}
+	if d := decideOne(t, eng, 1, now.Add(time.Hour+2*time.Second)); d.Action != policy.ActionDrain {
+		t.Errorf("replacement Ready: %s (%s)", d.Action, d.Reason)
 	}
 }

@@ -5,7 +5,11 @@ import (
 	"sync"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/gates"
+	"github.com/health-router/health-router/router/policy"
 )
 
 // poolStateTTL is how long a pool's state read from the cluster answers for pacing. Reading it
@@ -21,6 +25,7 @@ const poolStateTTL = time.Second
 // in parallel never exceed the pool's max-concurrent-drains.
 type pacer struct {
 	model *cluster.Model
+	pods  client.Reader // the pods of a node, for drain-settle "ready"; nil: not read
 	mu    sync.Mutex
 	pools map[string]*poolPace
 }
@@ -30,6 +35,18 @@ type poolPace struct {
 	read     time.Time       // when members was read; zero: read again
 	members  map[string]bool // NodeClaim name -> draining, as the cluster showed it
 	reserved map[string]bool // keys of drains decided here that members may not show yet
+	// settles are the drains of a pool with drain-settle, by NodeClaim: noted when decided,
+	// settling once the NodeClaim is gone, and counted in flight until settled. Kept in
+	// memory: after a restart a settling drain is no longer counted.
+	settles map[string]*settle
+}
+
+// settle is one drain's drain-settle: how it settles, and since when its NodeClaim is gone.
+type settle struct {
+	policy policy.Settle
+	node   string
+	owners []gates.Owner
+	gone   time.Time // zero while the NodeClaim exists
 }
 
 func newPacer(model *cluster.Model) *pacer {
@@ -41,7 +58,7 @@ func (p *pacer) pool(name string) *poolPace {
 	defer p.mu.Unlock()
 	pp := p.pools[name]
 	if pp == nil {
-		pp = &poolPace{reserved: map[string]bool{}}
+		pp = &poolPace{reserved: map[string]bool{}, settles: map[string]*settle{}}
 		p.pools[name] = pp
 	}
 	return pp
@@ -63,12 +80,40 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 			delete(pp.reserved, key)
 		}
 	}
+	for key, st := range pp.settles {
+		if _, present := members[key]; present || st.gone.IsZero() {
+			continue // still draining: counted as a member
+		}
+		if p.settled(ctx, st, now) {
+			delete(pp.settles, key)
+		}
+	}
 	return nil
 }
 
-// inFlight counts the pool's drains in flight, leaving out key itself. The caller holds pp.mu.
+// settled reports whether a gone drain has settled: its settle time has passed, or (ready)
+// every pod of the owners it evicted is Ready again elsewhere. A read that fails is not
+// settled: it is asked again at the next read of the pool.
+func (p *pacer) settled(ctx context.Context, st *settle, now time.Time) bool {
+	if !st.policy.Ready {
+		return !now.Before(st.gone.Add(st.policy.Duration))
+	}
+	if p.pods == nil {
+		return true
+	}
+	ok, _, err := gates.Settled(ctx, p.pods, st.owners, st.node)
+	return err == nil && ok
+}
+
+// inFlight counts the pool's drains in flight, leaving out key itself: draining, reserved,
+// and gone but not settled (drain-settle). The caller holds pp.mu.
 func (pp *poolPace) inFlight(key string) int {
 	n := 0
+	for name, st := range pp.settles {
+		if _, member := pp.members[name]; !member && !st.gone.IsZero() && name != key {
+			n++
+		}
+	}
 	for name, draining := range pp.members {
 		if draining && name != key && !pp.reserved[name] {
 			n++
@@ -109,14 +154,27 @@ func (p *pacer) unreserve(pool, key string) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	delete(pp.reserved, key)
+	delete(pp.settles, key)
 }
 
-// invalidate makes the next decision in pool read the cluster again (a drain finished).
-func (p *pacer) invalidate(pool string) {
+// noteSettle remembers how a drain decided in pool settles.
+func (p *pacer) noteSettle(pool, key string, st *settle) {
+	pp := p.pool(pool)
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	pp.settles[key] = st
+}
+
+// finished makes the next decision in pool read the cluster again (a drain finished: its
+// NodeClaim is gone); a drain with drain-settle starts settling.
+func (p *pacer) finished(pool, key string, now time.Time) {
 	pp := p.pool(pool)
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	pp.read = time.Time{}
+	if st := pp.settles[key]; st != nil && st.gone.IsZero() {
+		st.gone = now
+	}
 }
 
 // free returns how many more drains the pool's limit allows now.
