@@ -4,6 +4,7 @@
 package event
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -157,4 +158,20 @@ func RejectReason(err error) Reason {
 		return re.Reason
 	}
 	return ""
+}
+
+// Envelope is an EventBridge event as the router writes one (a canonical body forwarded to
+// Karpenter, a finding of its own poller): version "0", resources an array of strings, in
+// EventBridge's own field order. Parsing reads the tolerant form (no version, resources as a
+// single string).
+type Envelope struct {
+	Version    string          `json:"version"`
+	ID         string          `json:"id"`
+	DetailType string          `json:"detail-type"`
+	Source     string          `json:"source"`
+	Account    string          `json:"account"`
+	Time       string          `json:"time"`
+	Region     string          `json:"region"`
+	Resources  []string        `json:"resources"`
+	Detail     json.RawMessage `json:"detail"`
 }

@@ -132,17 +132,7 @@ func (f StatusFinding) Event() ([]byte, Event, error) {
 	if err != nil {
 		return nil, Event{}, fmt.Errorf("encoding instance-status finding: %w", err)
 	}
-	body, err := json.Marshal(struct {
-		Version    string          `json:"version"`
-		ID         string          `json:"id"`
-		DetailType string          `json:"detail-type"`
-		Source     string          `json:"source"`
-		Account    string          `json:"account"`
-		Time       string          `json:"time"`
-		Region     string          `json:"region"`
-		Resources  []string        `json:"resources"`
-		Detail     json.RawMessage `json:"detail"`
-	}{"0", f.ID(), DetailTypeInstanceStatus, SourceHealthRouter, f.Account, f.Time.UTC().Format(time.RFC3339), f.Region,
+	body, err := json.Marshal(Envelope{"0", f.ID(), DetailTypeInstanceStatus, SourceHealthRouter, f.Account, f.Time.UTC().Format(time.RFC3339), f.Region,
 		[]string{fmt.Sprintf("arn:aws:ec2:%s:%s:instance/%s", f.Region, f.Account, f.InstanceID)}, detail})
 	if err != nil {
 		return nil, Event{}, fmt.Errorf("encoding instance-status finding: %w", err)

@@ -15,20 +15,6 @@ import (
 // a body without it is not parsed at all, and is deleted from Karpenter's queue as a no-op.
 const canonicalVersion = "0"
 
-// canonicalBody is the EventBridge envelope Karpenter's interruption controller decodes
-// (its messages.Metadata plus the detail), in EventBridge's own field order.
-type canonicalBody struct {
-	Version    string          `json:"version"`
-	ID         string          `json:"id"`
-	DetailType string          `json:"detail-type"`
-	Source     string          `json:"source"`
-	Account    string          `json:"account"`
-	Time       string          `json:"time"`
-	Region     string          `json:"region"`
-	Resources  []string        `json:"resources"`
-	Detail     json.RawMessage `json:"detail"`
-}
-
 // Canonical returns the EventBridge body to forward to Karpenter for one instance of ev:
 // version "0", the event's own id, source, detail-type, account, region and time (RFC 3339),
 // resources an array naming that instance only (its ARN as the input gave it, or one built
@@ -55,7 +41,7 @@ func Canonical(ev event.Event, instanceID string) ([]byte, error) {
 			return nil, fmt.Errorf("canonical body of event %s: %w", ev.ID, err)
 		}
 	}
-	out := canonicalBody{
+	out := event.Envelope{
 		Version:    canonicalVersion,
 		ID:         ev.ID,
 		DetailType: ev.DetailType,
