@@ -82,6 +82,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if os.Getenv("KARPENTER") != "" && os.Getenv("KARPENTER") != "0" {
+		return runWithKarpenter(root)
+	}
 	step("starting moto_server (SQS, EventBridge, EC2) on a loopback port")
 	motoURL, stopMoto, err := harness.StartMoto()
 	if err != nil {
