@@ -67,10 +67,11 @@ const (
 const maxEventBytes = 256 * 1024
 
 type flags struct {
-	nodes, perEvent, parallel, burst, spotNodes, memoryNodes int
-	qps                                                      float64
-	pacedLimit                                               string
-	karpenterDelay, timeout                                  time.Duration
+	nodes, perEvent, parallel, burst, spotNodes, memoryNodes, untrimmedNodes, liveNodes int
+	binary                                                                              bool
+	qps                                                                                 float64
+	pacedLimit                                                                          string
+	karpenterDelay, timeout                                                             time.Duration
 }
 
 type row struct{ measure, result, target string }
@@ -99,7 +100,10 @@ func main() {
 	flag.DurationVar(&f.karpenterDelay, "karpenter-delay", time.Second, "how long Karpenter (played by the bench) takes to drain a NodeClaim of the paced pool")
 	flag.IntVar(&f.spotNodes, "spot-nodes", 4, "nodes of a Spot pool outside the bulk event; one gets a Spot interruption during the bulk work")
 	flag.IntVar(&f.memoryNodes, "memory-nodes", 100000, "realistic Nodes and NodeClaims stored through the cache transforms to weigh the cache in process (0 skips)")
-	flag.DurationVar(&f.timeout, "timeout", 15*time.Minute, "the whole bench")
+	flag.IntVar(&f.untrimmedNodes, "untrimmed-nodes", 10000, "nodes stored untrimmed for comparison (at most --memory-nodes)")
+	flag.BoolVar(&f.binary, "binary", true, "also run the router binary: its RSS and heap, five events together, an interrupted event")
+	flag.IntVar(&f.liveNodes, "live-nodes", 20000, "nodes the cluster grows to (defer pool) for the binary's second weighing and the five-event run (0 skips both and the interrupted event)")
+	flag.DurationVar(&f.timeout, "timeout", 40*time.Minute, "the whole bench")
 	flag.Parse()
 	if f.nodes < 10 || f.perEvent < 1 || f.parallel < 1 || f.qps <= 0 || f.burst < 1 || f.spotNodes < 1 {
 		fmt.Fprintln(os.Stderr, "live: --nodes >= 10, --per-event, --instance-parallelism, --kube-client-qps, --kube-client-burst and --spot-nodes >= 1")
@@ -212,9 +216,33 @@ func (b *bench) run() error {
 	}
 	b.add(fmt.Sprintf("setup: %d realistic Nodes + NodeClaims created (4 requests each, 8 creators)", n+b.f.spotNodes), time.Since(t0).Round(time.Second).String(), "")
 
+	// What the API server wrote as managedFields, for the in-process cache weighing.
+	var node0 corev1.Node
+	var claim0 karpv1.NodeClaim
+	if err := kube.Get(ctx, client.ObjectKey{Name: nodeName(0)}, &node0); err != nil {
+		return err
+	}
+	if err := kube.Get(ctx, client.ObjectKey{Name: claimName(poolDefer, 0)}, &claim0); err != nil {
+		return err
+	}
+
 	obs := newOutcomes(poolPaced)
 	if err := obs.watch(ctx, setupCfg); err != nil {
 		return err
+	}
+	var l *live
+	if b.f.binary {
+		dir, err := os.MkdirTemp("", "health-router-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if l, err = newLive(ctx, env, root, dir, sqsc, kube, obs, dlqURL, motoURL); err != nil {
+			return err
+		}
+		if err := b.weighLive(ctx, l, n+b.f.spotNodes); err != nil {
+			return err
+		}
 	}
 
 	bare, err := b.bareLoop(ctx, kube, restCfg, scheme, uids[poolBare], now)
@@ -222,7 +250,38 @@ func (b *bench) run() error {
 		return err
 	}
 
-	return b.routerRun(ctx, kube, restCfg, sqsc, obs, intakeURL, dlqURL, motoURL, n, bare, now)
+	if err := b.routerRun(ctx, kube, restCfg, sqsc, obs, intakeURL, dlqURL, motoURL, n, bare, now); err != nil {
+		return err
+	}
+	if l != nil && b.f.liveNodes > 0 {
+		var claims, ids []string
+		for i := 0; i < n; i++ {
+			if p, _ := b.poolName(i); p == poolDefer {
+				claims, ids = append(claims, claimName(poolDefer, i)), append(ids, instanceID(i))
+			}
+		}
+		if err := b.scale(ctx, l, uids, n+b.f.spotNodes, claims, ids, 0, now); err != nil {
+			return err
+		}
+	}
+	if m := b.f.memoryNodes; m > 0 {
+		progress("weighing the cache in process: %d realistic Nodes + NodeClaims through the router's transforms", m)
+		trimmed, err := cacheHeap(m, true, node0.ManagedFields, claim0.ManagedFields, now)
+		if err != nil {
+			return err
+		}
+		u := min(m, b.f.untrimmedNodes)
+		progress("weighing the cache in process: %d untrimmed", u)
+		whole, err := cacheHeap(u, false, node0.ManagedFields, claim0.ManagedFields, now)
+		if err != nil {
+			return err
+		}
+		b.add(fmt.Sprintf("cache heap per node (Node + NodeClaim, indexed), %d realistic nodes through cluster.TrimNode/TrimNodeClaim", m),
+			fmt.Sprintf("%.2f KiB (%.0f MiB in all)", trimmed/1024, trimmed*float64(m)/(1<<20)), "≤ 2 KiB")
+		b.add(fmt.Sprintf("same, untrimmed (whole objects, as without the transforms), %d nodes", u),
+			fmt.Sprintf("%.2f KiB (%.1f× the trimmed)", whole/1024, whole/trimmed), "")
+	}
+	return nil
 }
 
 // createPools creates the EC2NodeClass (its image in moto) and the NodePools.
@@ -416,7 +475,7 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, restCfg *rest
 			paced = append(paced, claims[i])
 		}
 	}
-	bodies, eventIDs := healthEvents(ids, b.f.perEvent, now)
+	bodies, eventIDs := healthEvents(ids, b.f.perEvent, now, 0, 4)
 	obs.expect(eventIDs, claims, paced)
 	before := reqs.snapshot()
 	progress("sending %d Health event(s) naming %d instances", len(bodies), n)
@@ -543,17 +602,20 @@ func pacedLimitFor(v string, nodes int) int {
 }
 
 // healthEvents splits one AZ-wide maintenance into Health events of at most perEvent IDs and
-// 256 KiB each, as AWS Health delivers it through EventBridge.
-func healthEvents(ids []string, perEvent int, now time.Time) (bodies, eventIDs []string) {
+// 256 KiB each, as AWS Health delivers it through EventBridge. tag keeps the event IDs of
+// each phase apart; days sets the maintenance's start (a different one is a different
+// maintenance for the same instances).
+func healthEvents(ids []string, perEvent int, now time.Time, tag, days int) (bodies, eventIDs []string) {
+	start := now.Add(time.Duration(days) * 24 * time.Hour)
 	k := min(perEvent, len(ids))
 	for ; k > 1; k -= 50 {
-		if len(gen.HealthBody("a2f0c1d2-0000-4000-8000-000000000000", "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, now.Add(96*time.Hour), ids[:k])) <= maxEventBytes {
+		if len(gen.HealthBody("a2f0c1d2-0000-4000-8000-000000000000", "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, start, ids[:k])) <= maxEventBytes {
 			break
 		}
 	}
-	for start := 0; start < len(ids); start += k {
-		id := fmt.Sprintf("a2f0c1d2-0000-4000-8000-%012d", start)
-		bodies = append(bodies, gen.HealthBody(id, "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, now.Add(96*time.Hour), ids[start:min(start+k, len(ids))]))
+	for from := 0; from < len(ids); from += k {
+		id := fmt.Sprintf("a2f0c1d2-%04d-4000-8000-%012d", tag, from)
+		bodies = append(bodies, gen.HealthBody(id, "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, start, ids[from:min(from+k, len(ids))]))
 		eventIDs = append(eventIDs, id)
 	}
 	return bodies, eventIDs
