@@ -36,9 +36,10 @@ lint: ## gofmt and go vet
 fuzz: ## fuzz the event parser for a minute (corpus in router/event/testdata/fuzz)
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./router/event
 
-bench: ## benchmarks and the load harness (one table; needs moto_server for the end-to-end rows)
+bench: ## benchmarks, the load harness, and the live bench on envtest + moto (LIVE_FLAGS=-nodes=4000 ...)
 	$(GO) test -run '^$$' -bench . -benchmem ./router/...
 	$(GO) run ./test/bench $(BENCH_FLAGS)
+	$(GO) run ./test/bench/live $(LIVE_FLAGS)
 
 clean: ## remove build output
 	rm -rf bin
