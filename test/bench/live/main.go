@@ -250,7 +250,7 @@ func (b *bench) run() error {
 		return err
 	}
 
-	if err := b.routerRun(ctx, kube, restCfg, sqsc, obs, intakeURL, dlqURL, motoURL, n, bare, now); err != nil {
+	if err := b.routerRun(ctx, kube, uids, restCfg, sqsc, obs, intakeURL, dlqURL, motoURL, n, bare, now); err != nil {
 		return err
 	}
 	if l != nil && b.f.liveNodes > 0 {
@@ -423,7 +423,7 @@ func unfinalize(ctx context.Context, kube client.Client, from, to int, pool stri
 
 // routerRun runs the router in process and sends the bulk event, the Spot interruption in
 // the middle of it, and plays Karpenter for the paced pool.
-func (b *bench) routerRun(ctx context.Context, kube client.Client, restCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
+func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
 	intakeURL, dlqURL, motoURL string, n int, bare time.Duration, now time.Time) error {
 	reqs := newRequests()
 	cfg := rest.CopyConfig(restCfg)
@@ -450,14 +450,20 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, restCfg *rest
 	}
 	b.add("router: start until ready (cache synced)", time.Since(tStart).Round(10*time.Millisecond).String(), "")
 
-	// Karpenter, as the bench plays it for the paced pool: a deleted NodeClaim is drained in
-	// karpenterDelay, then its finalizer goes and its Node with it.
+	// Karpenter, as the bench plays it for the paced pool: a deleted NodeClaim gets a
+	// replacement at once (the pool keeps its size, so a percentage limit keeps its value), and
+	// is drained in karpenterDelay, then its finalizer goes.
 	var karpWG sync.WaitGroup
+	var replacements atomic.Int64
 	obs.mu.Lock()
 	obs.onDelete = func(name string) {
 		karpWG.Add(1)
 		go func() {
 			defer karpWG.Done()
+			i := 3<<20 + int(replacements.Add(1))
+			if err := createOne(ctx, kube, i, func(int) (string, types.UID) { return poolPaced, uids[poolPaced] }, false, now); err != nil && ctx.Err() == nil {
+				progress("karpenter (played): replacing %s: %v", name, err)
+			}
 			time.Sleep(b.f.karpenterDelay)
 			nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}}
 			_ = kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
@@ -557,7 +563,7 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, restCfg *rest
 	limit := pacedLimitFor(b.f.pacedLimit, len(paced))
 	releases := counterValue(reg, metrics.Redecisions, map[string]string{"hold": "pacing"})
 	if !pacedDone.IsZero() {
-		b.add(fmt.Sprintf("paced pool: %d NodeClaims drained (Karpenter played: %s per drain)", len(paced), b.f.karpenterDelay),
+		b.add(fmt.Sprintf("paced pool: %d NodeClaims drained (Karpenter played: a replacement at once, %s per drain)", len(paced), b.f.karpenterDelay),
 			fmt.Sprintf("%s from the send, %.0f held drains released by the deferral controller", pacedDone.Sub(tSend).Round(100*time.Millisecond), releases),
 			fmt.Sprintf("≥ %s (%d rounds of %d)", (time.Duration((len(paced)+limit-1)/max(limit, 1))*b.f.karpenterDelay).Round(time.Second), (len(paced)+limit-1)/max(limit, 1), limit))
 	}
