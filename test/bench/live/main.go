@@ -82,9 +82,13 @@ type bench struct {
 	failures []string
 }
 
+// add adds a row to the table, and shows it at once on stderr (a long run shows its figures
+// as they come).
 func (b *bench) add(measure, result, target string) {
 	b.rows = append(b.rows, row{measure, result, target})
+	progress("  %s: %s", measure, result)
 }
+
 func (b *bench) fail(format string, args ...any) {
 	b.failures = append(b.failures, fmt.Sprintf(format, args...))
 }
