@@ -257,17 +257,6 @@ func (b *bench) run() error {
 	if err := b.routerRun(ctx, kube, uids, restCfg, sqsc, obs, intakeURL, dlqURL, motoURL, n, bare, now); err != nil {
 		return err
 	}
-	if l != nil && b.f.liveNodes > 0 {
-		var claims, ids []string
-		for i := 0; i < n; i++ {
-			if p, _ := b.poolName(i); p == poolDefer {
-				claims, ids = append(claims, claimName(poolDefer, i)), append(ids, instanceID(i))
-			}
-		}
-		if err := b.scale(ctx, l, uids, n+b.f.spotNodes, claims, ids, 0, now); err != nil {
-			return err
-		}
-	}
 	if m := b.f.memoryNodes; m > 0 {
 		progress("weighing the cache in process: %d realistic Nodes + NodeClaims through the router's transforms", m)
 		trimmed, err := cacheHeap(m, true, node0.ManagedFields, claim0.ManagedFields, now)
@@ -284,6 +273,17 @@ func (b *bench) run() error {
 			fmt.Sprintf("%.2f KiB (%.0f MiB in all)", trimmed/1024, trimmed*float64(m)/(1<<20)), "≤ 2 KiB")
 		b.add(fmt.Sprintf("same, untrimmed (whole objects, as without the transforms), %d nodes", u),
 			fmt.Sprintf("%.2f KiB (%.1f× the trimmed)", whole/1024, whole/trimmed), "")
+	}
+	if l != nil && b.f.liveNodes > 0 {
+		var claims, ids []string
+		for i := 0; i < n; i++ {
+			if p, _ := b.poolName(i); p == poolDefer {
+				claims, ids = append(claims, claimName(poolDefer, i)), append(ids, instanceID(i))
+			}
+		}
+		if err := b.scale(ctx, l, uids, n+b.f.spotNodes, claims, ids, 0, now); err != nil {
+			return err
+		}
 	}
 	return nil
 }

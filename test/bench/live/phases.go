@@ -119,7 +119,11 @@ func (b *bench) scale(ctx context.Context, l *live, uids map[string]types.UID, h
 	if err != nil {
 		return err
 	}
-	defer func() { p.kill() }()
+	defer func() {
+		if p != nil {
+			p.kill()
+		}
+	}()
 	rss, heap := p.weigh()
 	b.add(fmt.Sprintf("router binary, %d realistic nodes cached: RSS / Go heap", have),
 		fmt.Sprintf("%.0f MiB / %.0f MiB (%.1f KiB heap per node, process included)", float64(rss)/(1<<20), float64(heap)/(1<<20), float64(heap)/1024/float64(have)), "")
@@ -134,21 +138,6 @@ func (b *bench) scale(ctx context.Context, l *live, uids map[string]types.UID, h
 	}
 	b.add(fmt.Sprintf("binary, %d nodes cached: one event naming %d defer-pool instances, send until recorded", have, k),
 		fmt.Sprintf("%s (%.2f ms per instance)", one.Round(10*time.Millisecond), one.Seconds()*1000/float64(k)), "")
-	total := min(5*b.f.perEvent, len(deferIDs))
-	per := (total + 4) / 5
-	bodies, ids = healthEvents(deferIDs[:total], per, now, 2, 6)
-	progress("binary: %d Health events naming %d instances, sent together", len(bodies), total)
-	five, err := l.send(ctx, queue, bodies, ids, deferClaims[:total], p.done)
-	if err != nil {
-		return fmt.Errorf("five events: %w", err)
-	}
-	ratio := (one.Seconds() / float64(k)) / (five.Seconds() / float64(total))
-	b.add(fmt.Sprintf("binary: %d events of %d arriving together (%d instances), send until recorded", len(bodies), per, total),
-		fmt.Sprintf("%s (%.2f ms per instance; %.2f× the speed per instance of one event)", five.Round(10*time.Millisecond), five.Seconds()*1000/float64(total), ratio), "≥ 1.0×, no slower per instance")
-	if oneEvent > 0 {
-		_ = oneEvent
-	}
-
 	// An interrupted bulk event: kill the router when 40% is recorded, start it again.
 	bodies, ids = healthEvents(deferIDs[:k], b.f.perEvent, now, 3, 7)
 	progress("binary: one Health event of %d instances, the router killed at 40%% and started again", k)
@@ -185,5 +174,20 @@ func (b *bench) scale(ctx context.Context, l *live, uids map[string]types.UID, h
 	if int(patches) > k-before {
 		b.fail("after the restart the router patched %.0f NodeClaims, but only %d were left", patches, k-before)
 	}
+	total := min(5*b.f.perEvent, len(deferIDs))
+	per := (total + 4) / 5
+	bodies, ids = healthEvents(deferIDs[:total], per, now, 2, 6)
+	progress("binary: %d Health events naming %d instances, sent together", len(bodies), total)
+	five, err := l.send(ctx, queue, bodies, ids, deferClaims[:total], p.done)
+	if err != nil {
+		return fmt.Errorf("five events: %w", err)
+	}
+	ratio := (one.Seconds() / float64(k)) / (five.Seconds() / float64(total))
+	b.add(fmt.Sprintf("binary: %d events of %d arriving together (%d instances), send until recorded", len(bodies), per, total),
+		fmt.Sprintf("%s (%.2f ms per instance; %.2f× the speed per instance of one event)", five.Round(10*time.Millisecond), five.Seconds()*1000/float64(total), ratio), "≥ 1.0×, no slower per instance")
+	if oneEvent > 0 {
+		_ = oneEvent
+	}
+
 	return nil
 }
