@@ -146,6 +146,8 @@ type outcomes struct {
 	inFlight    map[string]bool
 	maxInFlight int
 	pacedLeft   map[string]bool // paced NodeClaims named by the events and not yet gone
+	present     map[string]bool // the paced pool's NodeClaims (Karpenter's replacements too)
+	maxPresent  int             // the pool's largest size: the router's limit is never above its limit at that size
 	pacedDone   time.Time
 	onPacedDone chan struct{}
 	onDelete    func(name string) // a NodeClaim of the paced pool started deleting
@@ -158,7 +160,7 @@ type outcomes struct {
 func newOutcomes(paced string) *outcomes {
 	return &outcomes{events: map[string]bool{}, want: map[string]bool{}, recorded: map[string]bool{}, onAll: make(chan struct{}),
 		paced: paced, inFlight: map[string]bool{}, pacedLeft: map[string]bool{}, onPacedDone: make(chan struct{}),
-		deletedAt: map[string]time.Time{}, watchFor: map[string]chan time.Time{}}
+		deletedAt: map[string]time.Time{}, watchFor: map[string]chan time.Time{}, present: map[string]bool{}}
 }
 
 // expect resets what is awaited: the events and the NodeClaims they name.
@@ -232,6 +234,7 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 		return
 	}
 	if gone {
+		delete(o.present, name)
 		delete(o.inFlight, name)
 		if o.onDeleted != nil {
 			o.onDeleted(name)
@@ -245,6 +248,8 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 		}
 		return
 	}
+	o.present[name] = true
+	o.maxPresent = max(o.maxPresent, len(o.present))
 	if deleting || stamped {
 		if m.DeletionTimestamp != nil && o.deletedAt[name].IsZero() {
 			o.deletedAt[name] = now
