@@ -1,0 +1,756 @@
+// Command live is the live load bench behind `make bench`: the envtest kube-apiserver with
+// the Karpenter CRDs, N realistic Nodes and NodeClaims over NodePools with mixed policies
+// (a defer pool whose window is closed, a paced pool, a default pool that drains), and one
+// AWS Health maintenance naming every instance sent to moto's SQS intake queue. The router
+// runs in process as in production (router/app.Run: real client, real cache, client limit
+// 200/300) in delete-nodeclaim mode. Beside it, on the same API server, a bare loop makes the
+// minimum writes those outcomes need. It also plays Karpenter for the paced pool, sends a
+// Spot interruption during the bulk work, and weighs the cache. It prints one table and
+// exits non-zero when an assertion fails.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/app"
+	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/bench/gen"
+	"github.com/health-router/health-router/test/harness"
+)
+
+// Pool names.
+const (
+	poolDefer   = "defer-window"
+	poolDefault = "default"
+	poolPaced   = "paced"
+	poolSpot    = "spot"
+	poolBare    = "bare"
+)
+
+// maxEventBytes is EventBridge's limit on one event (and SQS's on one message).
+const maxEventBytes = 256 * 1024
+
+type flags struct {
+	nodes, perEvent, parallel, burst, spotNodes, memoryNodes, untrimmedNodes, liveNodes int
+	binary                                                                              bool
+	qps                                                                                 float64
+	pacedLimit                                                                          string
+	karpenterDelay, timeout                                                             time.Duration
+}
+
+type row struct{ measure, result, target string }
+
+type bench struct {
+	f        flags
+	rows     []row
+	failures []string
+}
+
+// add adds a row to the table, and shows it at once on stderr (a long run shows its figures
+// as they come).
+func (b *bench) add(measure, result, target string) {
+	b.rows = append(b.rows, row{measure, result, target})
+	progress("  %s: %s", measure, result)
+}
+
+func (b *bench) fail(format string, args ...any) {
+	b.failures = append(b.failures, fmt.Sprintf(format, args...))
+}
+
+func main() {
+	var f flags
+	flag.IntVar(&f.nodes, "nodes", 4000, "Nodes and NodeClaims named by the bulk event (2/5 defer pool, 2/5 default pool, 1/5 paced pool)")
+	flag.IntVar(&f.perEvent, "per-event", 4000, "most instance IDs in one Health event (EventBridge's 256 KiB holds about 4,000)")
+	flag.Float64Var(&f.qps, "kube-client-qps", options.DefaultKubeClientQPS, "client limit of the router and of the bare loop")
+	flag.IntVar(&f.burst, "kube-client-burst", options.DefaultKubeClientBurst, "client burst of the router and of the bare loop")
+	flag.IntVar(&f.parallel, "instance-parallelism", 16, "instances carried out at once, by the router and by the bare loop")
+	flag.StringVar(&f.pacedLimit, "paced-limit", "2%", "healthrouter.io/max-concurrent-drains of the paced pool")
+	flag.DurationVar(&f.karpenterDelay, "karpenter-delay", 2*time.Second, "how long Karpenter (played by the bench) takes to drain a NodeClaim of the paced pool")
+	flag.IntVar(&f.spotNodes, "spot-nodes", 4, "nodes of a Spot pool outside the bulk event; one gets a Spot interruption during the bulk work")
+	flag.IntVar(&f.memoryNodes, "memory-nodes", 100000, "realistic Nodes and NodeClaims stored through the cache transforms to weigh the cache in process (0 skips)")
+	flag.IntVar(&f.untrimmedNodes, "untrimmed-nodes", 10000, "nodes stored untrimmed for comparison (at most --memory-nodes)")
+	flag.BoolVar(&f.binary, "binary", true, "also run the router binary: its RSS and heap, five events together, an interrupted event")
+	flag.IntVar(&f.liveNodes, "live-nodes", 20000, "nodes the cluster grows to (defer pool) for the binary's second weighing and the five-event run (0 skips both and the interrupted event)")
+	flag.DurationVar(&f.timeout, "timeout", 40*time.Minute, "the whole bench")
+	flag.Parse()
+	if f.nodes < 10 || f.perEvent < 1 || f.parallel < 1 || f.qps <= 0 || f.burst < 1 || f.spotNodes < 1 {
+		fmt.Fprintln(os.Stderr, "live: --nodes >= 10, --per-event, --instance-parallelism, --kube-client-qps, --kube-client-burst and --spot-nodes >= 1")
+		os.Exit(2)
+	}
+	b := &bench{f: f}
+	if err := b.run(); err != nil {
+		fmt.Fprintln(os.Stderr, "live:", err)
+		os.Exit(1)
+	}
+	b.print()
+	if len(b.failures) > 0 {
+		for _, s := range b.failures {
+			fmt.Fprintln(os.Stderr, "live: FAILED:", s)
+		}
+		os.Exit(1)
+	}
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "live: "+format+"\n", args...)
+}
+
+func (b *bench) run() error {
+	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	ctx, cancel := context.WithTimeout(context.Background(), b.f.timeout)
+	defer cancel()
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+
+	progress("starting moto_server and the envtest kube-apiserver with the Karpenter CRDs")
+	motoURL, stopMoto, err := harness.StartMoto()
+	if err != nil {
+		return err
+	}
+	defer stopMoto()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		bins := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh"))
+		bins.Stderr = os.Stderr
+		out, err := bins.Output()
+		if err != nil {
+			return fmt.Errorf("envtest binaries: %w", err)
+		}
+		os.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(out)))
+	}
+	env := &envtest.Environment{CRDDirectoryPaths: []string{crdDir("sigs.k8s.io/karpenter"), crdDir("github.com/aws/karpenter-provider-aws")}, ErrorIfCRDPathMissing: true}
+	restCfg, err := env.Start()
+	if err != nil {
+		return fmt.Errorf("starting envtest: %w", err)
+	}
+	defer env.Stop()
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return err
+	}
+	setupCfg := rest.CopyConfig(restCfg)
+	setupCfg.QPS, setupCfg.Burst = 5000, 5000
+	kube, err := client.New(setupCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": harness.Region} {
+		os.Setenv(k, v)
+	}
+	awsCfg := aws.Config{Region: harness.Region, Credentials: credentials.NewStaticCredentialsProvider("bench", "bench", "")}
+	sqsc := sqs.NewFromConfig(awsCfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	ec2c := ec2.NewFromConfig(awsCfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	intakeURL, err := createQueue(ctx, sqsc, "health-router-intake")
+	if err != nil {
+		return err
+	}
+	dlqURL, err := createQueue(ctx, sqsc, "health-router-dlq")
+	if err != nil {
+		return err
+	}
+	img, err := ec2c.RegisterImage(ctx, &ec2.RegisterImageInput{Name: aws.String("amazon-eks-node-al2023-x86_64-standard-1.34-v20261118"),
+		Architecture: ec2types.ArchitectureValuesX8664, RootDeviceName: aws.String("/dev/xvda")})
+	if err != nil {
+		return fmt.Errorf("registering the node image in moto: %w", err)
+	}
+	amiAMD64 = aws.ToString(img.ImageId)
+
+	now := time.Now().UTC()
+	uids, err := createPools(ctx, kube, now, b.f.pacedLimit)
+	if err != nil {
+		return err
+	}
+	n := b.f.nodes
+	poolOf := func(i int) (string, types.UID) {
+		var p string
+		switch {
+		case i >= n:
+			p = poolSpot
+		case i%5 < 2:
+			p = poolDefer
+		case i%5 < 4:
+			p = poolDefault
+		default:
+			p = poolPaced
+		}
+		return p, uids[p]
+	}
+	progress("creating %d Nodes (~40 images each) and NodeClaims through the API server", n+b.f.spotNodes)
+	t0 := time.Now()
+	if err := createNodes(ctx, kube, 0, n+b.f.spotNodes, 8, poolOf, true, now); err != nil {
+		return err
+	}
+	b.add(fmt.Sprintf("setup: %d realistic Nodes + NodeClaims created (4 requests each, 8 creators)", n+b.f.spotNodes), time.Since(t0).Round(time.Second).String(), "")
+
+	// What the API server wrote as managedFields, for the in-process cache weighing.
+	var node0 corev1.Node
+	var claim0 karpv1.NodeClaim
+	if err := kube.Get(ctx, client.ObjectKey{Name: nodeName(0)}, &node0); err != nil {
+		return err
+	}
+	if err := kube.Get(ctx, client.ObjectKey{Name: claimName(poolDefer, 0)}, &claim0); err != nil {
+		return err
+	}
+
+	obs := newOutcomes(poolPaced)
+	if err := obs.watch(ctx, setupCfg); err != nil {
+		return err
+	}
+	var l *live
+	if b.f.binary {
+		dir, err := os.MkdirTemp("", "health-router-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if l, err = newLive(ctx, env, root, dir, sqsc, kube, obs, dlqURL, motoURL); err != nil {
+			return err
+		}
+		if err := b.weighLive(ctx, l, n+b.f.spotNodes); err != nil {
+			return err
+		}
+	}
+
+	bare, err := b.bareLoop(ctx, kube, restCfg, scheme, uids[poolBare], now)
+	if err != nil {
+		return err
+	}
+
+	if err := b.routerRun(ctx, kube, uids, restCfg, sqsc, obs, intakeURL, dlqURL, motoURL, n, bare, now); err != nil {
+		return err
+	}
+	if m := b.f.memoryNodes; m > 0 {
+		progress("weighing the cache in process: %d realistic Nodes + NodeClaims through the router's transforms", m)
+		trimmed, err := cacheHeap(m, true, node0.ManagedFields, claim0.ManagedFields, now)
+		if err != nil {
+			return err
+		}
+		u := min(m, b.f.untrimmedNodes)
+		progress("weighing the cache in process: %d untrimmed", u)
+		whole, err := cacheHeap(u, false, node0.ManagedFields, claim0.ManagedFields, now)
+		if err != nil {
+			return err
+		}
+		b.add(fmt.Sprintf("cache heap per node (Node + NodeClaim, indexed), %d realistic nodes through cluster.TrimNode/TrimNodeClaim", m),
+			fmt.Sprintf("%.2f KiB (%.0f MiB in all)", trimmed/1024, trimmed*float64(m)/(1<<20)), "≤ 2 KiB")
+		b.add(fmt.Sprintf("same, untrimmed (whole objects, as without the transforms), %d nodes", u),
+			fmt.Sprintf("%.2f KiB (%.1f× the trimmed)", whole/1024, whole/trimmed), "")
+	}
+	if l != nil && b.f.liveNodes > 0 {
+		var claims, ids []string
+		for i := 0; i < n; i++ {
+			if p, _ := b.poolName(i); p == poolDefer {
+				claims, ids = append(claims, claimName(poolDefer, i)), append(ids, instanceID(i))
+			}
+		}
+		if err := b.scale(ctx, l, uids, n+b.f.spotNodes, claims, ids, 0, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createPools creates the EC2NodeClass (its image in moto) and the NodePools.
+func createPools(ctx context.Context, kube client.Client, now time.Time, pacedLimit string) (map[string]types.UID, error) {
+	nc := &awsv1.EC2NodeClass{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: awsv1.EC2NodeClassSpec{
+		Role:                       "KarpenterNodeRole-bench",
+		AMISelectorTerms:           []awsv1.AMISelectorTerm{{Alias: "al2023@v20261118"}},
+		SubnetSelectorTerms:        []awsv1.SubnetSelectorTerm{{Tags: map[string]string{"karpenter.sh/discovery": "bench"}}},
+		SecurityGroupSelectorTerms: []awsv1.SecurityGroupSelectorTerm{{Tags: map[string]string{"karpenter.sh/discovery": "bench"}}},
+	}}
+	if err := kube.Create(ctx, nc); err != nil {
+		return nil, fmt.Errorf("creating the EC2NodeClass: %w", err)
+	}
+	nc.Status.AMIs = []awsv1.AMI{{ID: amiAMD64, Name: "amazon-eks-node-al2023-x86_64-standard-1.34-v20261118", Requirements: []corev1.NodeSelectorRequirement{
+		{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}}}}
+	if err := kube.Status().Update(ctx, nc); err != nil {
+		return nil, fmt.Errorf("EC2NodeClass status: %w", err)
+	}
+	// The defer pool's daily window opens 12 hours from now: closed during the bench.
+	hour := (now.Hour() + 12) % 24
+	annotations := map[string]map[string]string{
+		poolDefer: {"healthrouter.io/action": "defer", "healthrouter.io/window-schedule": fmt.Sprintf("0 %d * * *", hour), "healthrouter.io/window-duration": "2h"},
+		poolPaced: {"healthrouter.io/max-concurrent-drains": pacedLimit},
+	}
+	uids := map[string]types.UID{}
+	for _, name := range []string{poolDefer, poolDefault, poolPaced, poolSpot, poolBare} {
+		np := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations[name]}, Spec: karpv1.NodePoolSpec{
+			Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+				NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
+				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}},
+			}},
+		}}
+		if err := kube.Create(ctx, np); err != nil {
+			return nil, fmt.Errorf("creating nodepool %s: %w", name, err)
+		}
+		uids[name] = np.UID
+	}
+	return uids, nil
+}
+
+// limited returns a client with the router's client limit.
+func limited(cfg *rest.Config, qps float64, burst int) (client.Client, error) {
+	c := rest.CopyConfig(cfg)
+	c.QPS, c.Burst = float32(qps), burst
+	s, _ := cluster.NewScheme()
+	return client.New(c, client.Options{Scheme: s})
+}
+
+// bareLoop creates N fresh NodeClaims and patches each once (one merge patch per instance,
+// carrying a record the size of the router's), with the router's client limit and
+// parallelism: the least any design writing one record per instance can take.
+func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg *rest.Config, _ any, uid types.UID, now time.Time) (time.Duration, error) {
+	n := b.f.nodes
+	progress("bare loop: creating %d fresh NodeClaims", n)
+	offset := 1 << 20
+	if err := createNodes(ctx, kube, offset, offset+n, 8, func(int) (string, types.UID) { return poolBare, uid }, false, now); err != nil {
+		return 0, err
+	}
+	c, err := limited(restCfg, b.f.qps, b.f.burst)
+	if err != nil {
+		return 0, err
+	}
+	// The value the router records for a deferred instance: a record holding the event
+	// restricted to that instance (built before the clock starts: the loop only writes).
+	values := make([]string, n)
+	for i := range values {
+		id := instanceID(offset + i)
+		body := gen.HealthBody("bare-0000", "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, now.Add(96*time.Hour), []string{id})
+		values[i] = fmt.Sprintf(`[{"event_id":"bare-0000","key":"arn:aws:health:eu-west-1::event/EC2/x/bare-0000","kind":"scheduled-change","until":%q,"reason":"waiting for the maintenance window","state":"deferred","hold":"window","event":%s}]`,
+			now.Add(12*time.Hour).Format(time.RFC3339), body)
+	}
+	progress("bare loop: one merge patch per NodeClaim, %d at once, client limit %g/%d", b.f.parallel, b.f.qps, b.f.burst)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	t0 := time.Now()
+	for w := 0; w < b.f.parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName(poolBare, offset+i)}}
+				patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, cluster.AnnotationDeferred, values[i])
+				if err := c.Patch(ctx, nc, client.RawPatch(types.MergePatchType, patch)); err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d := time.Since(t0)
+	if failed.Load() > 0 {
+		return 0, fmt.Errorf("bare loop: %d patches failed", failed.Load())
+	}
+	b.add(fmt.Sprintf("bare loop: %d merge patches (one per instance), %d at once, limit %g/%d", n, b.f.parallel, b.f.qps, b.f.burst),
+		fmt.Sprintf("%s (%.0f/s)", d.Round(10*time.Millisecond), float64(n)/d.Seconds()), "")
+	// Out of the way of the router's run: finalizers off, then one collection delete.
+	progress("bare loop: removing its NodeClaims")
+	if err := unfinalize(ctx, kube, offset, offset+n, poolBare); err != nil {
+		return 0, err
+	}
+	if err := kube.DeleteAllOf(ctx, &karpv1.NodeClaim{}, client.MatchingLabels{karpv1.NodePoolLabelKey: poolBare}); err != nil {
+		return 0, err
+	}
+	return d, nil
+}
+
+func unfinalize(ctx context.Context, kube client.Client, from, to int, pool string) error {
+	var next atomic.Int64
+	next.Store(int64(from))
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= to {
+					return
+				}
+				nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName(pool, i)}}
+				if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// routerRun runs the router in process and sends the bulk event, the Spot interruption in
+// the middle of it, and plays Karpenter for the paced pool.
+func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
+	intakeURL, dlqURL, motoURL string, n int, bare time.Duration, now time.Time) error {
+	reqs := newRequests()
+	cfg := rest.CopyConfig(restCfg)
+	cfg.WrapTransport = reqs.wrap
+	gates := checks.NewFeatureGates()
+	_ = gates.Set("ReservedCapacity=false") // moto has no capacity reservation API
+	probe := freePort()
+	o := options.Run{
+		QueueURL: intakeURL, DeadLetterQueueURL: dlqURL, Signal: signal.ModeDeleteNodeClaim, Workers: 10,
+		Visibility: 30 * time.Second, WaitTime: time.Second, HandleTimeout: 2 * time.Minute, Region: harness.Region, AWSEndpointURL: motoURL,
+		Gates: gates, MetricsBindAddress: "0", HealthProbeBindAddress: fmt.Sprintf("127.0.0.1:%d", probe), ShutdownTimeout: 10 * time.Second,
+		KubeClientQPS: b.f.qps, KubeClientBurst: b.f.burst, InstanceParallelism: b.f.parallel,
+	}
+	reg := prometheus.NewRegistry()
+	routerCtx, stopRouter := context.WithCancel(ctx)
+	defer stopRouter()
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	progress("starting the router in process (delete-nodeclaim mode, client limit %g/%d, %d instances at once)", b.f.qps, b.f.burst, b.f.parallel)
+	tStart := time.Now()
+	go func() { done <- app.Run(routerCtx, o, cfg, reg, log) }()
+	if err := waitReady(ctx, probe, done); err != nil {
+		return err
+	}
+	b.add("router: start until ready (cache synced)", time.Since(tStart).Round(10*time.Millisecond).String(), "")
+
+	// Karpenter, as the bench plays it for the paced pool: a deleted NodeClaim gets a
+	// replacement at once (the pool keeps its size, so a percentage limit keeps its value), and
+	// is drained in karpenterDelay, then its finalizer goes.
+	var karpWG sync.WaitGroup
+	var replacements atomic.Int64
+	obs.mu.Lock()
+	obs.onDelete = func(name string) {
+		karpWG.Add(1)
+		go func() {
+			defer karpWG.Done()
+			i := 3<<20 + int(replacements.Add(1))
+			if err := createOne(ctx, kube, i, func(int) (string, types.UID) { return poolPaced, uids[poolPaced] }, false, now); err != nil && ctx.Err() == nil {
+				progress("karpenter (played): replacing %s: %v", name, err)
+			}
+			time.Sleep(b.f.karpenterDelay)
+			nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			_ = kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+		}()
+	}
+	obs.mu.Unlock()
+
+	// The bulk event: every instance, split as EventBridge must (256 KiB, at most perEvent IDs).
+	var ids, claims, paced []string
+	for i := 0; i < n; i++ {
+		ids = append(ids, instanceID(i))
+		p, _ := b.poolName(i)
+		claims = append(claims, claimName(p, i))
+		if p == poolPaced {
+			paced = append(paced, claims[i])
+		}
+	}
+	bodies, eventIDs := healthEvents(ids, b.f.perEvent, now, 0, 4)
+	obs.expect(eventIDs, claims, paced)
+	before := reqs.snapshot()
+	progress("sending %d Health event(s) naming %d instances", len(bodies), n)
+	tSend := time.Now()
+	for _, body := range bodies {
+		if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
+			return fmt.Errorf("sending the Health event: %w", err)
+		}
+	}
+
+	// A Spot interruption for a node outside the bulk event, once a quarter of it is recorded.
+	spotClaim := claimName(poolSpot, n)
+	spotDeleted := obs.deletionOf(spotClaim)
+	spotLatency := make(chan time.Duration, 1)
+	go func() {
+		for obs.recordedCount() < n/4 && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+		body := spotBody(instanceID(n), time.Now())
+		t := time.Now()
+		if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
+			spotLatency <- -1
+			return
+		}
+		select {
+		case at := <-spotDeleted:
+			spotLatency <- at.Sub(t)
+		case <-time.After(2 * time.Minute):
+			spotLatency <- -1
+		}
+	}()
+
+	select {
+	case <-obs.onAll:
+	case <-ctx.Done():
+		return fmt.Errorf("the bulk event was not carried out before the bench's timeout (%d of %d recorded)", obs.recordedCount(), n)
+	case err := <-done:
+		return fmt.Errorf("the router stopped: %v", err)
+	}
+	took := obs.allAt.Sub(tSend)
+	lines, total, by := since(reqs.snapshot(), before)
+	deletedAt := waitQueueEmpty(ctx, sqsc, intakeURL)
+	b.add(fmt.Sprintf("router: %d instances, send until every outcome is recorded", n),
+		fmt.Sprintf("%s (%.0f/s)", took.Round(10*time.Millisecond), float64(n)/took.Seconds()), "")
+	b.add("router: send until the message(s) are deleted from SQS", deletedAt.Sub(tSend).Round(10*time.Millisecond).String(), "")
+	ratio := bare.Seconds() / took.Seconds()
+	b.add("**router speed / bare-loop speed** (same client limit and parallelism)", fmt.Sprintf("**%.2f×**", ratio), "≥ 1.0×")
+	b.add(fmt.Sprintf("router: API requests until recorded (%d, %.2f per instance)", total, float64(total)/float64(n)), strings.Join(lines, ", "), "")
+	writes := by["patch nodeclaims"] + by["delete nodeclaims"] + by["create events"]
+	b.add("router: writes per instance (patch + delete nodeclaims, create events)", fmt.Sprintf("%.2f", float64(writes)/float64(n)), "bare loop: 1.00")
+
+	select {
+	case l := <-spotLatency:
+		if l < 0 {
+			b.fail("the Spot interruption sent during the bulk work was not signalled")
+			b.add("Spot interruption during the bulk work: send until NodeClaim deleted", "not signalled", "≤ 5 s")
+		} else {
+			b.add("Spot interruption during the bulk work: send until NodeClaim deleted", l.Round(time.Millisecond).String(), "≤ 5 s")
+			if l > 5*time.Second {
+				b.fail("the Spot interruption took %s to be signalled (target 5 s)", l)
+			}
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	progress("waiting for the paced pool (%d NodeClaims, max-concurrent-drains %s) to drain", len(paced), b.f.pacedLimit)
+	select {
+	case <-obs.onPacedDone:
+	case <-ctx.Done():
+		obs.mu.Lock()
+		left := len(obs.pacedLeft)
+		obs.mu.Unlock()
+		b.fail("the paced pool did not drain before the timeout (%d NodeClaims left)", left)
+	}
+	obs.mu.Lock()
+	maxIn, pacedDone, largest := obs.maxInFlight, obs.pacedDone, obs.maxPresent
+	obs.mu.Unlock()
+	// Karpenter's replacements grow the pool while drains are in flight, and a percentage
+	// grows with it: the bound is the limit at the pool's largest size.
+	limit := pacedLimitFor(b.f.pacedLimit, largest)
+	releases := counterValue(reg, metrics.Redecisions, map[string]string{"hold": "pacing"})
+	if !pacedDone.IsZero() {
+		b.add(fmt.Sprintf("paced pool: %d NodeClaims drained (Karpenter played: a replacement at once, %s per drain)", len(paced), b.f.karpenterDelay),
+			fmt.Sprintf("%s from the send, %.0f held drains released by the deferral controller", pacedDone.Sub(tSend).Round(100*time.Millisecond), releases),
+			fmt.Sprintf("≥ %s (%d rounds of %d)", (time.Duration((len(paced)+limit-1)/max(limit, 1))*b.f.karpenterDelay).Round(time.Second), (len(paced)+limit-1)/max(limit, 1), limit))
+	}
+	b.add("paced pool: most drains in flight at once (every change the watch showed)", fmt.Sprintf("%d", maxIn), fmt.Sprintf("≤ %d (max-concurrent-drains %s of the pool's largest size, %d NodeClaims)", limit, b.f.pacedLimit, largest))
+	if maxIn > limit {
+		b.fail("the paced pool had %d drains in flight, over its limit %d", maxIn, limit)
+	}
+	switch {
+	case maxIn >= limit && releases == 0:
+		b.fail("the paced pool reached its limit but no drain held by pacing was released by the deferral controller")
+	case maxIn < limit:
+		// Karpenter (as played) finished drains faster than the router signalled them:
+		// pacing never had to hold one. Said in the table, not hidden.
+		b.add("paced pool: pacing engaged?", fmt.Sprintf("no: the router signalled the pool's drains slower than Karpenter finished them (%d in flight at most, limit %d); raise --karpenter-delay", maxIn, limit), "")
+	}
+	stopRouter()
+	if err := <-done; err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	karpWG.Wait()
+	return nil
+}
+
+func (b *bench) poolName(i int) (string, bool) {
+	switch {
+	case i >= b.f.nodes:
+		return poolSpot, false
+	case i%5 < 2:
+		return poolDefer, false
+	case i%5 < 4:
+		return poolDefault, false
+	}
+	return poolPaced, true
+}
+
+// pacedLimitFor is the limit of a pool of size nodes, as the router reads it (percentages
+// round up, as Karpenter's disruption budgets).
+func pacedLimitFor(v string, nodes int) int {
+	if p, ok := strings.CutSuffix(v, "%"); ok {
+		var pct int
+		fmt.Sscan(p, &pct)
+		return (pct*nodes + 99) / 100
+	}
+	var k int
+	fmt.Sscan(v, &k)
+	return k
+}
+
+// healthEvents splits one AZ-wide maintenance into Health events of at most perEvent IDs and
+// 256 KiB each, as AWS Health delivers it through EventBridge. tag keeps the event IDs of
+// each phase apart; days sets the maintenance's start (a different one is a different
+// maintenance for the same instances).
+func healthEvents(ids []string, perEvent int, now time.Time, tag, days int) (bodies, eventIDs []string) {
+	start := now.Add(time.Duration(days) * 24 * time.Hour)
+	k := min(perEvent, len(ids))
+	for ; k > 1; k -= 50 {
+		if len(gen.HealthBody("a2f0c1d2-0000-4000-8000-000000000000", "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, start, ids[:k])) <= maxEventBytes {
+			break
+		}
+	}
+	for from := 0; from < len(ids); from += k {
+		id := fmt.Sprintf("a2f0c1d2-%04d-4000-8000-%012d", tag, from)
+		bodies = append(bodies, gen.HealthBody(id, "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, start, ids[from:min(from+k, len(ids))]))
+		eventIDs = append(eventIDs, id)
+	}
+	return bodies, eventIDs
+}
+
+func spotBody(instance string, now time.Time) string {
+	return fmt.Sprintf(`{"version":"0","id":"5b1c0f3e-spot-4000-8000-%012d","detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","account":"111122223333","time":%q,"region":"eu-west-1","resources":["arn:aws:ec2:eu-west-1:111122223333:instance/%s"],"detail":{"instance-id":%q,"instance-action":"terminate"}}`,
+		now.UnixNano()%1e12, now.UTC().Format(time.RFC3339), instance, instance)
+}
+
+func waitReady(ctx context.Context, port int, done <-chan error) error {
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
+	for {
+		select {
+		case err := <-done:
+			return fmt.Errorf("the router stopped before it was ready: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		resp, err := http.Get(url)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+	}
+}
+
+// waitQueueEmpty waits until the intake queue holds no message, visible or not: every
+// message was deleted.
+func waitQueueEmpty(ctx context.Context, sqsc *sqs.Client, url string) time.Time {
+	for ctx.Err() == nil {
+		a, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{"ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"}})
+		if err == nil && a.Attributes["ApproximateNumberOfMessages"] == "0" && a.Attributes["ApproximateNumberOfMessagesNotVisible"] == "0" {
+			return time.Now()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Now()
+}
+
+func counterValue(reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
+}
+
+func createQueue(ctx context.Context, c *sqs.Client, name string) (string, error) {
+	out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name)})
+	if err != nil {
+		return "", fmt.Errorf("creating queue %s: %w", name, err)
+	}
+	return aws.ToString(out.QueueUrl), nil
+}
+
+func (b *bench) print() {
+	fmt.Printf("\nhealth-router live bench — %s, %d CPUs (%s), %s; envtest kube-apiserver %s, moto_server SQS/EC2\n\n",
+		runtime.Version(), runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02"), "v1.37")
+	fmt.Println("| measure | result | target |")
+	fmt.Println("| --- | --- | --- |")
+	for _, r := range b.rows {
+		fmt.Printf("| %s | %s | %s |\n", r.measure, r.result, r.target)
+	}
+}
+
+func cpuModel() string {
+	bs, _ := os.ReadFile("/proc/cpuinfo")
+	for _, line := range strings.Split(string(bs), "\n") {
+		if v, ok := strings.CutPrefix(line, "model name"); ok {
+			return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+		}
+	}
+	return runtime.GOARCH
+}
+
+func crdDir(module string) string {
+	out, _ := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
+	return filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds")
+}
+
+func repoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; dir != "/"; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("not inside the repository")
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
