@@ -3,6 +3,7 @@ package cluster
 import (
 	"strings"
 
+	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -28,13 +29,44 @@ func keepLabel(k string) bool {
 	return false
 }
 
+// trimLabels returns a new map of the labels the router reads: a Go map does not shrink when
+// keys are deleted, so the old one is dropped whole.
 func trimLabels(labels map[string]string) map[string]string {
+	n := 0
 	for k := range labels {
-		if !keepLabel(k) {
-			delete(labels, k)
+		if keepLabel(k) {
+			n++
 		}
 	}
-	return labels
+	if n == 0 {
+		return nil
+	}
+	out := make(map[string]string, n)
+	for k, v := range labels {
+		if keepLabel(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// conditionsRead are the NodeClaim conditions the router reads (the watchdog): Empty (written
+// by Karpenter before v1) and Drifted.
+var conditionsRead = map[string]bool{"Empty": true, karpv1.ConditionTypeDrifted: true}
+
+// routerAnnotations returns the annotations the router writes and reads on a NodeClaim (its
+// records, healthrouter.io/*); Karpenter's own hashes and the rest are dropped.
+func routerAnnotations(a map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range a {
+		if strings.HasPrefix(k, "healthrouter.io/") {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // TrimNode is the cache transform of Nodes: name, labels the router reads, provider ID,
@@ -46,26 +78,36 @@ func TrimNode(obj any) (any, error) {
 	}
 	n.ManagedFields = nil
 	n.Annotations = nil
+	n.OwnerReferences = nil
+	n.Finalizers = nil
 	n.Labels = trimLabels(n.Labels)
 	n.Spec = corev1.NodeSpec{ProviderID: n.Spec.ProviderID}
 	n.Status = corev1.NodeStatus{}
 	return n, nil
 }
 
-// TrimNodeClaim is the cache transform of NodeClaims: metadata (annotations hold the
-// router's own records), labels the router reads, the NodeClass reference, provider ID and
-// condition types, statuses and times (the watchdog's Empty and Drifted).
+// TrimNodeClaim is the cache transform of NodeClaims: metadata with only the router's own
+// annotations (its records), the labels the router reads, the NodeClass reference, provider
+// ID and the conditions the watchdog reads (Empty, Drifted: type, status, times). Finalizers,
+// owners and Karpenter's annotations are dropped: the router never writes them back (its
+// writes are merge patches of its own annotations, and deletes).
 func TrimNodeClaim(obj any) (any, error) {
 	nc, ok := obj.(*karpv1.NodeClaim)
 	if !ok {
 		return obj, nil
 	}
 	nc.ManagedFields = nil
+	nc.OwnerReferences = nil
+	nc.Finalizers = nil
+	nc.Annotations = routerAnnotations(nc.Annotations)
 	nc.Labels = trimLabels(nc.Labels)
 	nc.Spec = karpv1.NodeClaimSpec{NodeClassRef: nc.Spec.NodeClassRef}
-	conds := nc.Status.Conditions
-	for i := range conds {
-		conds[i].Message = ""
+	var conds []status.Condition
+	for _, c := range nc.Status.Conditions {
+		if conditionsRead[c.Type] {
+			c.Message = ""
+			conds = append(conds, c)
+		}
 	}
 	nc.Status = karpv1.NodeClaimStatus{ProviderID: nc.Status.ProviderID, Conditions: conds}
 	return nc, nil

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -152,6 +153,11 @@ type sendAPI interface {
 	SendMessageBatch(context.Context, *sqs.SendMessageBatchInput, ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
 }
 
+// instanceLocks is how many locks the per-instance lock hashes onto. keymutex's default is one
+// per CPU: two on a small node, so drains of different instances waited on each other's API
+// calls; a bulk event carries out 16 instances at once.
+const instanceLocks = 4096
+
 // recentTTL is how long a signalled drain is remembered in memory: longer than the cache
 // takes to show the drain-signalled annotation, so that a duplicate of the event handled
 // meanwhile does not signal again.
@@ -168,12 +174,14 @@ type Signaller struct {
 	locks    keymutex.KeyMutex // one drain at a time per instance: duplicates signal once
 	recentMu sync.Mutex
 	recent   map[string]time.Time // instance -> when this process signalled its drain
+	canonMu  sync.Mutex
+	canon    map[string]*Canonicalizer // parsed events worked on now, by ID and body size
 }
 
 // New returns a Signaller. sqsClient and karpenterQueueURL are used in ModeForward only.
 func New(kube client.Client, fresh client.Reader, mode Mode, sqsClient sendAPI, karpenterQueueURL string, recorder events.EventRecorder, clk clock.Clock) *Signaller {
 	s := &Signaller{kube: kube, fresh: fresh, mode: mode, recorder: recorder, clock: clk,
-		locks: keymutex.NewHashed(0), recent: map[string]time.Time{}}
+		locks: keymutex.NewHashed(instanceLocks), recent: map[string]time.Time{}, canon: map[string]*Canonicalizer{}}
 	if sqsClient != nil && karpenterQueueURL != "" {
 		s.forward = newBatcher(sqsClient, karpenterQueueURL)
 	}
@@ -273,7 +281,7 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 	}
 	switch via {
 	case ModeForward:
-		body, err := forwardBody(ev, d.InstanceID)
+		body, err := s.forwardBody(ev, d.InstanceID)
 		if err != nil {
 			return false, err
 		}
@@ -322,10 +330,31 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 }
 
 // forwardBody is the body forwarded to Karpenter for one instance, and kept in a deferral
-// record: the canonical EventBridge body Karpenter's parsers accept (Canonical).
-func forwardBody(ev event.Event, instanceID string) ([]byte, error) {
-	return Canonical(ev, instanceID)
+// record: the canonical EventBridge body Karpenter's parsers accept (Canonical). The parsed
+// event is kept for the events worked on now, so that the instances of a bulk event are not
+// each a parse of the whole body.
+func (s *Signaller) forwardBody(ev event.Event, instanceID string) ([]byte, error) {
+	key := ev.ID + "/" + strconv.Itoa(len(ev.Body))
+	s.canonMu.Lock()
+	c := s.canon[key]
+	s.canonMu.Unlock()
+	if c == nil {
+		var err error
+		if c, err = NewCanonicalizer(ev); err != nil {
+			return nil, err
+		}
+		s.canonMu.Lock()
+		if len(s.canon) >= canonicalizersKept {
+			clear(s.canon) // events worked on at once are few: start afresh rather than track age
+		}
+		s.canon[key] = c
+		s.canonMu.Unlock()
+	}
+	return c.Body(instanceID)
 }
+
+// canonicalizersKept bounds the parsed events kept: about the messages worked on at once.
+const canonicalizersKept = 64
 
 // Fallback deletes a NodeClaim whose drain was signalled but has not started within the
 // confirmation bound: Karpenter did not act on a forwarded event (a Warning Event says so,
@@ -358,7 +387,7 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 	if res.NodeClaim == nil {
 		return false, fmt.Errorf("instance %s has no NodeClaim to hold its deferral", d.InstanceID)
 	}
-	body, err := forwardBody(ev, d.InstanceID)
+	body, err := s.forwardBody(ev, d.InstanceID)
 	if err != nil {
 		return false, err
 	}
