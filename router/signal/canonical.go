@@ -36,7 +36,7 @@ func Canonical(ev event.Event, instanceID string) ([]byte, error) {
 type Canonicalizer struct {
 	ev        event.Event
 	instances map[string]bool
-	arns      map[string]string // instance ID -> its ARN in the input's resources
+	arns      map[string]string          // instance ID -> its ARN in the input's resources
 	detail    map[string]json.RawMessage // Health: every field but affectedEntities, per entity below
 	entities  map[string]json.RawMessage // Health: instance ID -> its (first) affected entity
 	raw       json.RawMessage            // other kinds: the detail as it is
