@@ -334,7 +334,12 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 // event is kept for the events worked on now, so that the instances of a bulk event are not
 // each a parse of the whole body.
 func (s *Signaller) forwardBody(ev event.Event, instanceID string) ([]byte, error) {
-	key := ev.ID + "/" + strconv.Itoa(len(ev.Body))
+	if len(ev.Instances) < 2 {
+		// One instance (a deferral record's event, a Spot warning): nothing to share, and the
+		// records of one event share its ID and, often, its body's length.
+		return Canonical(ev, instanceID)
+	}
+	key := ev.ID + "/" + strconv.Itoa(len(ev.Body)) + "/" + strconv.Itoa(len(ev.Instances))
 	s.canonMu.Lock()
 	c := s.canon[key]
 	s.canonMu.Unlock()

@@ -397,3 +397,29 @@ func ensureAnnotations(nc *karpv1.NodeClaim) *karpv1.NodeClaim {
 	}
 	return nc
 }
+
+// TestForwardBodyPerInstance: the bodies of one event's instances (a bulk event, then each
+// instance's record, which share the event's ID and their bodies' length) each name their own
+// instance.
+func TestForwardBodyPerInstance(t *testing.T) {
+	s, _ := newRig(t, ModeForward)
+	bulk := parse(t, healthBody)
+	for _, id := range bulk.Instances {
+		body, err := s.forwardBody(bulk, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := event.Parse(body)
+		if err != nil || len(rec.Instances) != 1 || rec.Instances[0] != id {
+			t.Fatalf("bulk body for %s: %v %v", id, rec.Instances, err)
+		}
+		// The record's event, decided again: its body for its own instance.
+		again, err := s.forwardBody(rec, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back, _ := event.Parse(again); len(back.Instances) != 1 || back.Instances[0] != id {
+			t.Errorf("record body for %s names %v", id, back.Instances)
+		}
+	}
+}
