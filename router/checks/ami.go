@@ -112,9 +112,13 @@ func SelectImage(amis []awsv1.AMI, labels map[string]string) (awsv1.AMI, error) 
 	return awsv1.AMI{}, fmt.Errorf("no image in status.amis matches the node's shape (%s)", shape(labels))
 }
 
-// nodeLabels are the labels of the Node, or else the NodeClaim's (which Karpenter copies
-// onto the Node once it registers).
+// nodeLabels are the node's own labels: the NodeClaim's, which Karpenter computes for the
+// node's shape and copies onto the Node once it registers (the router's cache keeps the
+// shape labels on NodeClaims only, to hold one copy per node); else the Node's.
 func nodeLabels(res cluster.Resolved) map[string]string {
+	if res.NodeClaim != nil && res.NodeClaim.Labels[corev1.LabelArchStable] != "" {
+		return res.NodeClaim.Labels
+	}
 	if res.Node != nil {
 		return res.Node.Labels
 	}

@@ -15,10 +15,14 @@ import (
 // the router reads a Node's name, labels and provider ID, and a NodeClaim's metadata,
 // provider ID, NodeClass reference and conditions (the watchdog).
 
-// labelPrefixes are the label namespaces the router reads: the NodePool label, and the
-// well-known labels an EC2NodeClass's AMI requirements can name (kubernetes.io/arch,
-// karpenter.k8s.aws/instance-gpu-count, ...). A Node's own custom labels are dropped.
-var labelPrefixes = []string{"kubernetes.io/", "karpenter.sh/", "karpenter.k8s.aws/", "node.kubernetes.io/", "topology.kubernetes.io/", "beta.kubernetes.io/", "topology.k8s.aws/"}
+// labelPrefixes are the labels the router reads on a NodeClaim: Karpenter's own (the NodePool,
+// the capacity type), kubernetes.io/ (arch, OS), and of the AWS provider's labels those an
+// image requirement in EC2NodeClass status.amis names (GPU and accelerator counts and kinds)
+// and the capacity reservation's. The instance type and zone help a person reading a decision.
+// Karpenter's other shape labels (CPU, memory, family, network, ...) and a node's custom labels
+// are dropped: about 30 of them per node otherwise.
+var labelPrefixes = []string{"karpenter.sh/", "kubernetes.io/", "node.kubernetes.io/instance-type", "node.kubernetes.io/windows-build",
+	"topology.kubernetes.io/zone", "karpenter.k8s.aws/instance-gpu-", "karpenter.k8s.aws/instance-accelerator-", "karpenter.k8s.aws/capacity-reservation-"}
 
 func keepLabel(k string) bool {
 	for _, p := range labelPrefixes {
@@ -31,10 +35,10 @@ func keepLabel(k string) bool {
 
 // trimLabels returns a new map of the labels the router reads: a Go map does not shrink when
 // keys are deleted, so the old one is dropped whole.
-func trimLabels(labels map[string]string) map[string]string {
+func trimLabels(labels map[string]string, keep func(string) bool) map[string]string {
 	n := 0
 	for k := range labels {
-		if keepLabel(k) {
+		if keep(k) {
 			n++
 		}
 	}
@@ -43,11 +47,18 @@ func trimLabels(labels map[string]string) map[string]string {
 	}
 	out := make(map[string]string, n)
 	for k, v := range labels {
-		if keepLabel(k) {
+		if keep(k) {
 			out[k] = v
 		}
 	}
 	return out
+}
+
+// keepNodeLabel: a Node keeps only Karpenter's own labels (its NodePool, initialized) and its
+// architecture and OS; the shape labels the AMI check reads are kept once, on the NodeClaim
+// (Karpenter copies them from there onto the Node).
+func keepNodeLabel(k string) bool {
+	return strings.HasPrefix(k, "karpenter.sh/") || k == corev1.LabelArchStable || k == corev1.LabelOSStable
 }
 
 // conditionsRead are the NodeClaim conditions the router reads (the watchdog): Empty (written
@@ -69,8 +80,8 @@ func routerAnnotations(a map[string]string) map[string]string {
 	return out
 }
 
-// TrimNode is the cache transform of Nodes: name, labels the router reads, provider ID,
-// deletion timestamp. It changes obj in place (the informer's own copy) and returns it.
+// TrimNode is the cache transform of Nodes: name, Karpenter's labels and the architecture and
+// OS, provider ID, deletion timestamp. It changes obj in place (the informer's own copy) and returns it.
 func TrimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -80,7 +91,7 @@ func TrimNode(obj any) (any, error) {
 	n.Annotations = nil
 	n.OwnerReferences = nil
 	n.Finalizers = nil
-	n.Labels = trimLabels(n.Labels)
+	n.Labels = trimLabels(n.Labels, keepNodeLabel)
 	n.Spec = corev1.NodeSpec{ProviderID: n.Spec.ProviderID}
 	n.Status = corev1.NodeStatus{}
 	return n, nil
@@ -100,7 +111,7 @@ func TrimNodeClaim(obj any) (any, error) {
 	nc.OwnerReferences = nil
 	nc.Finalizers = nil
 	nc.Annotations = routerAnnotations(nc.Annotations)
-	nc.Labels = trimLabels(nc.Labels)
+	nc.Labels = trimLabels(nc.Labels, keepLabel)
 	nc.Spec = karpv1.NodeClaimSpec{NodeClassRef: nc.Spec.NodeClassRef}
 	var conds []status.Condition
 	for _, c := range nc.Status.Conditions {

@@ -26,8 +26,12 @@ func TestTrimNode(t *testing.T) {
 	if got.Name != "ip-10-0-1-2" || got.Spec.ProviderID == "" || InstanceID(got.Spec.ProviderID) != "i-0123456789abcdef0" {
 		t.Errorf("lost what the router reads: %+v", got)
 	}
-	if got.Labels[corev1.LabelArchStable] != "arm64" || got.Labels[karpv1.NodePoolLabelKey] != "kafka" || got.Labels["karpenter.k8s.aws/instance-gpu-count"] != "1" {
-		t.Errorf("labels the AMI check and the model read were dropped: %v", got.Labels)
+	if got.Labels[corev1.LabelArchStable] != "arm64" || got.Labels[karpv1.NodePoolLabelKey] != "kafka" {
+		t.Errorf("labels the model reads were dropped: %v", got.Labels)
+	}
+	// The shape labels are kept once per node, on the NodeClaim.
+	if _, ok := got.Labels["karpenter.k8s.aws/instance-gpu-count"]; ok {
+		t.Errorf("a shape label kept on the Node: %v", got.Labels)
 	}
 	if _, ok := got.Labels["team"]; ok || got.ManagedFields != nil || got.Annotations != nil || len(got.Status.Images) > 0 || got.Spec.Taints != nil || got.Status.Capacity != nil {
 		t.Errorf("kept what the router never reads: %+v", got)

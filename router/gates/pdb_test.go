@@ -75,10 +75,11 @@ func TestPDBCheck(t *testing.T) {
 		reason   string
 		wantTime bool
 	}{
-		{name: "no pods", objs: nil, reason: "0 pod(s)"},
+		{name: "no pods, no pdb", objs: nil, reason: "no PodDisruptionBudget is at zero"},
+		{name: "no pods on the node, a pdb at zero", objs: []client.Object{pdb("kafka", "kafka-pdb", app("kafka"), 0)}, reason: "0 pod(s)"},
 		{name: "pdb at zero selecting a pod on the node", objs: []client.Object{pod("kafka", "kafka-0", node, kafka), pdb("kafka", "kafka-pdb", app("kafka"), 0)},
 			held: true, pdbs: "kafka/kafka-pdb", reason: "PodDisruptionBudget kafka/kafka-pdb allows no disruption (2 healthy, 3 desired) and selects kafka-0", wantTime: true},
-		{name: "pdb allowing one", objs: []client.Object{pod("kafka", "kafka-0", node, kafka), pdb("kafka", "kafka-pdb", app("kafka"), 1)}, reason: "1 pod(s)"},
+		{name: "pdb allowing one: the pods are not read", objs: []client.Object{pod("kafka", "kafka-0", node, kafka), pdb("kafka", "kafka-pdb", app("kafka"), 1)}, reason: "no PodDisruptionBudget is at zero"},
 		{name: "pdb at zero selecting other pods", objs: []client.Object{pod("kafka", "kafka-0", node, kafka), pdb("kafka", "zk-pdb", app("zookeeper"), 0)}},
 		{name: "pdb at zero in another namespace", objs: []client.Object{pod("kafka", "kafka-0", node, kafka), pdb("other", "kafka-pdb", app("kafka"), 0)}},
 		{name: "pod on another node", objs: []client.Object{pod("kafka", "kafka-1", "ip-10-0-9-9", kafka), pdb("kafka", "kafka-pdb", app("kafka"), 0)}, reason: "0 pod(s)"},

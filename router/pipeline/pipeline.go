@@ -153,12 +153,12 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 			return "", true, nil
 		}
 		if cluster.Draining(nc) && !ev.Urgent() {
-			// Being drained for another event: nothing to decide, nothing to write. An urgent
-			// event still goes through and is recorded as a drain (the signaller finds it
-			// draining already and signals nothing).
-			log.Info("skipped", "reason", "already being drained", "nodeclaim", nc.Name)
-			p.metrics.Decisions.WithLabelValues(string(ev.Kind), string(policy.ActionSkip), resolved.PoolName()).Inc()
-			return policy.ActionSkip, false, nil
+			// Being drained (by this event before a retry, or another): nothing to decide,
+			// nothing to write. An urgent event still goes through and is recorded as a drain
+			// (the signaller finds it draining already and signals nothing).
+			log.Debug("outcome recorded already: being drained", "nodeclaim", nc.Name)
+			p.metrics.AlreadyRecorded.Inc()
+			return "", true, nil
 		}
 	}
 	o, err := p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }, id, p.clock.Now())

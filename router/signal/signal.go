@@ -302,14 +302,18 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		if claim == nil {
 			return false, fmt.Errorf("instance %s has a Node but no NodeClaim: nothing to delete", d.InstanceID)
 		}
-		// The stamp first, from the cached object (one PATCH, no conflict), then the DELETE.
-		// Should the DELETE fail, the deferral controller deletes a stamped NodeClaim that is
-		// not deleting within the confirmation bound.
-		if err := stamp(); err != nil {
-			if apierrors.IsNotFound(err) {
-				return true, nil
+		// With deferral records to clear: the stamp first, from the cached object (one PATCH,
+		// no conflict), then the DELETE; should the DELETE fail, the deferral controller deletes
+		// a stamped NodeClaim that is not deleting within the confirmation bound. Without
+		// records the DELETE alone records the drain: a deleting NodeClaim counts as draining,
+		// and a redelivered event skips it.
+		if len(Deferrals(claim)) > 0 {
+			if err := stamp(); err != nil {
+				if apierrors.IsNotFound(err) {
+					return true, nil
+				}
+				return false, fmt.Errorf("stamping nodeclaim %s before deleting it: %w", claim.Name, err)
 			}
-			return false, fmt.Errorf("stamping nodeclaim %s before deleting it: %w", claim.Name, err)
 		}
 		s.remember(d.InstanceID)
 		if err := s.kube.Delete(ctx, claim.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
