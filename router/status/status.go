@@ -153,6 +153,12 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 		if deleting || signalled != "" {
 			d := Drain{NodeClaim: c.Name, Node: c.Status.NodeName, Deleting: deleting}
 			d.EventID, d.Since = parseSignalled(signalled)
+			if d.Since == nil && deleting {
+				// Deleted with no stamp (delete-nodeclaim mode stamps only to clear deferral
+				// records, or Karpenter's own disruption): since its deletion.
+				at := c.DeletionTimestamp.UTC()
+				d.Since = &at
+			}
 			s.Drains = append(s.Drains, d)
 		}
 		for _, d := range signal.Deferrals(c) {

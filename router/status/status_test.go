@@ -119,6 +119,7 @@ func TestPoolStatus(t *testing.T) {
 	cancelled := window
 	cancelled.EventID, cancelled.State = "ev-old", signal.StateCancelled
 	signalledAt := now.Add(-5 * time.Minute)
+	deletedAt := now.Add(-10 * time.Minute) // claim() deletes 10 minutes ago
 	np := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: saturdays}}
 	claims := []*karpv1.NodeClaim{
 		claim(t, "kafka-d", []signal.Deferral{window, cancelled}, nil, false),
@@ -136,7 +137,7 @@ func TestPoolStatus(t *testing.T) {
 		DrainsInFlight: 3, DrainLimit: &limit,
 		Drains: []Drain{
 			{NodeClaim: "kafka-a", Node: "node-kafka-a", EventID: "ev-spot", Since: &signalledAt},
-			{NodeClaim: "kafka-b", Node: "node-kafka-b", Deleting: true},
+			{NodeClaim: "kafka-b", Node: "node-kafka-b", Deleting: true, Since: &deletedAt}, // no stamp: since its deletion
 			{NodeClaim: "kafka-e", Node: "node-kafka-e", Since: &signalledAt},
 		},
 		Deferred: []Deferred{
