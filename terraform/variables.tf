@@ -34,7 +34,7 @@ variable "tags" {
 ################################################################################
 
 variable "message_retention_seconds" {
-  description = "How long the intake queue keeps a message. Deferred events stay in the queue (invisible) until they are due, so this bounds how far ahead the router can defer without re-enqueueing: the router re-sends a deferral that would outlive retention as a new message. Defaults to the SQS maximum, 14 days."
+  description = "How long the intake queue keeps a message. A message is deleted as soon as its outcome is recorded (deferrals are held on NodeClaims, not in the queue), so this bounds how long an event can wait for a retry through an outage. Defaults to the SQS maximum, 14 days."
   type        = number
   default     = 1209600
 
@@ -67,7 +67,7 @@ variable "receive_wait_time_seconds" {
 }
 
 variable "max_receive_count" {
-  description = "Receives after which SQS moves an intake message to the dead-letter queue. Every deferral hop counts as a receive (a deferral is at most 12 hours of invisibility, so 14 days of deferral is 28 receives), and the router dead-letters poison messages itself; this is only the backstop for a router that crashes on a message. Keep it well above 28."
+  description = "Receives after which SQS moves an intake message to the dead-letter queue. A message is received again only when it is retried (an outage; backoff up to 5 minutes), and the router dead-letters poison messages itself, so this is the backstop for a router that crashes on a message; keep it high enough to ride out an outage (100 retries is several hours)."
   type        = number
   default     = 100
 
@@ -257,7 +257,7 @@ variable "alarm_sns_topic_arn" {
 }
 
 variable "backlog_alarm_threshold" {
-  description = "Visible intake messages that, when present for backlog_alarm_evaluation_periods consecutive 5-minute periods, fire the backlog alarm. Deferred messages are invisible and never count."
+  description = "Visible intake messages that, when present for backlog_alarm_evaluation_periods consecutive 5-minute periods, fire the backlog alarm. Deferred events are held on NodeClaims, not in the queue, and never count."
   type        = number
   default     = 50
 

@@ -245,7 +245,7 @@ func (d *Doctor) queue(ctx context.Context, r *Report, name, url string, intake 
 		return a["QueueArn"]
 	}
 	if secs, _ := strconv.Atoi(a["MessageRetentionPeriod"]); secs < 4*24*3600 {
-		*r = append(*r, Item{Warn, name + " retention", fmt.Sprintf("%ds: deferred events are re-sent often", secs), "set 1209600 (14 days), the SQS maximum"})
+		*r = append(*r, Item{Warn, name + " retention", fmt.Sprintf("%ds: an event retried through a long outage (Kubernetes API, EC2) expires sooner", secs), "set 1209600 (14 days), the SQS maximum"})
 	} else {
 		*r = append(*r, Item{OK, name + " retention", a["MessageRetentionPeriod"] + "s", ""})
 	}
@@ -256,7 +256,7 @@ func (d *Doctor) queue(ctx context.Context, r *Report, name, url string, intake 
 	if a["RedrivePolicy"] == "" || json.Unmarshal([]byte(a["RedrivePolicy"]), &redrive) != nil {
 		*r = append(*r, Item{Warn, name + " redrive", "no redrive policy: a message that crashes the router is retried forever", "add a redrive policy to the dead-letter queue with maxReceiveCount 100"})
 	} else if n, _ := strconv.Atoi(fmt.Sprint(redrive.MaxReceiveCount)); n < 50 {
-		*r = append(*r, Item{Fail, name + " redrive", fmt.Sprintf("maxReceiveCount %d: deferred events would be dead-lettered by SQS (each deferral hop is a receive; the router re-sends after 40)", n), "set maxReceiveCount to 100"})
+		*r = append(*r, Item{Fail, name + " redrive", fmt.Sprintf("maxReceiveCount %d: an event retried through an outage (each retry is a receive, backed off up to 5 min) would be moved to the dead-letter queue by SQS before it is carried out", n), "set maxReceiveCount to 100"})
 	} else {
 		*r = append(*r, Item{OK, name + " redrive", fmt.Sprintf("to %s after %d receives", redrive.DeadLetterTargetArn, n), ""})
 	}
