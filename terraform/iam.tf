@@ -30,8 +30,9 @@ locals {
     }]
   }
 
-  # Least privilege for what the router does: read, defer (ChangeMessageVisibility), re-enqueue
-  # (SendMessage) on the intake queue; dead-letter (SendMessage) to the DLQ; forward to Karpenter.
+  # Least privilege for what the router does: read, keep invisible while working and back off a
+  # retry (ChangeMessageVisibility) on the intake queue; dead-letter (SendMessage) to the DLQ;
+  # forward to Karpenter. Deferrals are held on NodeClaims: nothing is re-sent to the intake.
   router_statements = concat(
     [
       {
@@ -41,11 +42,16 @@ locals {
           "sqs:ReceiveMessage",
           "sqs:DeleteMessage",
           "sqs:ChangeMessageVisibility",
-          "sqs:SendMessage",
           "sqs:GetQueueAttributes",
           "sqs:GetQueueUrl",
         ]
         Resource = [aws_sqs_queue.intake.arn, aws_sqs_queue.dlq.arn]
+      },
+      {
+        Sid      = "DeadLetter"
+        Effect   = "Allow"
+        Action   = "sqs:SendMessage"
+        Resource = aws_sqs_queue.dlq.arn
       },
       {
         # These EC2 read calls support no resource-level scoping.

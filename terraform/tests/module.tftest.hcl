@@ -118,6 +118,10 @@ run "defaults" {
     error_message = "SQS permissions must be scoped to the intake queue and DLQ"
   }
   assert {
+    condition     = !contains(one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "IntakeQueues"]).Action, "sqs:SendMessage") && one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "DeadLetter"]).Resource == aws_sqs_queue.dlq.arn
+    error_message = "the router sends to the dead-letter queue only: deferrals are not re-sent to the intake"
+  }
+  assert {
     condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "Metrics"]).Condition.StringEquals["cloudwatch:namespace"] == "HealthRouter"
     error_message = "PutMetricData must be limited to the HealthRouter namespace"
   }
