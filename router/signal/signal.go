@@ -315,10 +315,12 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 				return false, fmt.Errorf("stamping nodeclaim %s before deleting it: %w", claim.Name, err)
 			}
 		}
-		s.remember(d.InstanceID)
 		if err := s.kube.Delete(ctx, claim.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+			// Not remembered as signalled: the retry must delete it. (A stamped NodeClaim is
+			// also deleted by the deferral controller past the confirmation bound.)
 			return false, fmt.Errorf("deleting nodeclaim %s: %w", claim.Name, err)
 		}
+		s.remember(d.InstanceID)
 	}
 	if !quiet {
 		s.event(res, eventType(d), ReasonDrained, "%s (%s): %s", ev.Kind, ev.ID, summary(d))

@@ -3,6 +3,7 @@ package signal
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
@@ -421,5 +423,40 @@ func TestForwardBodyPerInstance(t *testing.T) {
 		if back, _ := event.Parse(again); len(back.Instances) != 1 || back.Instances[0] != id {
 			t.Errorf("record body for %s names %v", id, back.Instances)
 		}
+	}
+}
+
+// TestFailedDeleteIsRetried: a DELETE that fails (the API server unreachable) is an error, and
+// the retry deletes: the instance is not remembered as signalled (a lost drain otherwise).
+func TestFailedDeleteIsRetried(t *testing.T) {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kafka-a", Finalizers: []string{"karpenter.sh/termination"}}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-0a1b2c3d4e5f6000a"}}
+	failures := 1
+	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(claim).WithInterceptorFuncs(interceptor.Funcs{
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			if failures > 0 {
+				failures--
+				return errors.New("EOF")
+			}
+			return c.Delete(ctx, obj, opts...)
+		},
+	}).Build()
+	s := New(kube, kube, ModeDeleteNodeClaim, nil, "", events.NewFakeRecorder(10), clocktesting.NewFakeClock(now))
+	ev := event.Event{ID: "spot-1", Source: "aws.ec2", Kind: event.KindSpotInterruption, Instances: []string{"i-0a1b2c3d4e5f6000a"}}
+	d := policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}
+	res := cluster.Resolved{InstanceID: "i-0a1b2c3d4e5f6000a", NodeClaim: claim}
+	if _, err := s.Drain(context.Background(), ev, d, res, true); err == nil {
+		t.Fatal("a failed DELETE was not an error")
+	}
+	already, err := s.Drain(context.Background(), ev, d, res, true)
+	if err != nil || already {
+		t.Fatalf("retry: already %v, err %v", already, err)
+	}
+	got := &karpv1.NodeClaim{}
+	if err := kube.Get(context.Background(), client.ObjectKey{Name: "kafka-a"}, got); err != nil || got.DeletionTimestamp.IsZero() {
+		t.Errorf("not deleted on the retry: %v", err)
 	}
 }

@@ -313,9 +313,19 @@ func TestPipeline(t *testing.T) {
 		s.eventually("nodeclaim deleted", 30*time.Second, func() bool { return !s.claim(claim).DeletionTimestamp.IsZero() })
 		t.Logf("end-to-end latency, PutEvents -> NodeClaim deleted: %s", time.Since(put).Round(time.Millisecond))
 		s.eventually("intake queue empty", 30*time.Second, func() bool { v, f := s.queueCounts(s.intakeURL); return v == 0 && f == 0 })
-		if got := s.claim(claim).Annotations[cluster.AnnotationDrainSignalled]; got == "" {
-			t.Error("no drain-signalled annotation")
-		}
+		// A drain with no deferral to clear is the DELETE alone; the drain is told by its Event.
+		s.eventually("a HealthEventDrained Event on the NodeClaim", 30*time.Second, func() bool {
+			var evs eventsv1.EventList
+			if err := s.kube.List(s.ctx, &evs); err != nil {
+				return false
+			}
+			for _, e := range evs.Items {
+				if e.Reason == signal.ReasonDrained && e.Regarding.Name == claim {
+					return true
+				}
+			}
+			return false
+		})
 	})
 
 	t.Run("forward restricted to the drained instance, duplicates once", func(t *testing.T) {
