@@ -177,26 +177,49 @@ func KubeEnv(t testing.TB) *envtest.Environment {
 
 func crdDir(t testing.TB, module string) string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
+	dir, err := CRDDir(module)
 	if err != nil {
-		t.Fatalf("locating module %s: %v", module, err)
-	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds")
-	if _, err := os.Stat(dir); err != nil {
-		t.Fatalf("CRDs of %s: %v", module, err)
+		t.Fatal(err)
 	}
 	return dir
 }
 
-// repoPath returns a path inside the repository from this file's package directory.
-func repoPath(rel string) string {
-	wd, _ := os.Getwd()
+// CRDDir returns the directory of a module's CRDs (pkg/apis/crds) in the module cache: the
+// Karpenter CRDs the suites, the demo and the bench load into envtest.
+func CRDDir(module string) (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
+	if err != nil {
+		return "", fmt.Errorf("locating module %s: %w", module, err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds")
+	if _, err := os.Stat(dir); err != nil {
+		return "", fmt.Errorf("CRDs of %s: %w", module, err)
+	}
+	return dir, nil
+}
+
+// RepoRoot returns the repository's root: the first directory above the working directory
+// that holds go.mod.
+func RepoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
 	for dir := wd; dir != "/"; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, rel)
+			return dir, nil
 		}
 	}
-	return rel
+	return "", fmt.Errorf("not inside the repository (no go.mod above %s)", wd)
+}
+
+// repoPath returns a path inside the repository from this file's package directory.
+func repoPath(rel string) string {
+	root, err := RepoRoot()
+	if err != nil {
+		return rel
+	}
+	return filepath.Join(root, rel)
 }
 
 // Proxy forwards TCP connections to a server, and can cut it off: an outage as the

@@ -728,23 +728,13 @@ func cpuModel() string {
 	return runtime.GOARCH
 }
 
+// crdDir is harness.CRDDir; a missing module fails envtest's start, which names the path.
 func crdDir(module string) string {
-	out, _ := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
-	return filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds")
+	dir, _ := harness.CRDDir(module)
+	return dir
 }
 
-func repoRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for dir := wd; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-	}
-	return "", fmt.Errorf("not inside the repository")
-}
+func repoRoot() (string, error) { return harness.RepoRoot() }
 
 func freePort() int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -380,20 +380,10 @@ func putEvents(ctx context.Context, ebc *eventbridge.Client, sqsc *sqs.Client, i
 	return sent, poison, nil
 }
 
+// crdDir is harness.CRDDir; a missing module fails envtest's start, which names the path.
 func crdDir(module string) string {
-	out, _ := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
-	return filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds")
+	dir, _ := harness.CRDDir(module)
+	return dir
 }
 
-func repoRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for dir := wd; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-	}
-	return "", fmt.Errorf("not inside the repository")
-}
+func repoRoot() (string, error) { return harness.RepoRoot() }
