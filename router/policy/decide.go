@@ -174,14 +174,10 @@ func ApplyChecks(d Decision, ev event.Event, p Policy, checks []Check, now time.
 		d.Warnings = append(d.Warnings, "draining although the replacement may not be sound: "+what)
 		return d
 	}
-	latest, ok := latestSafe(ev, p)
-	if ok && !now.Before(latest) {
+	until, _, _, reached := heldUntil(ev, p, now, CheckRecheck)
+	if reached {
 		d.Warnings = append(d.Warnings, "draining although the replacement may not be sound, as deadline minus drain-lead is reached: "+what)
 		return d
-	}
-	until := now.Add(CheckRecheck)
-	if ok && latest.Before(until) {
-		until = latest
 	}
 	d.Action, d.Until, d.Hold = ActionDefer, until, HoldCheck
 	d.Reason = fmt.Sprintf("drain held until the replacement is sound (%s); re-checked at %s", what, stamp(until))
@@ -284,6 +280,21 @@ func pace(d Decision, ev event.Event, tg Target, now time.Time) Decision {
 // pool with max-concurrent-drains. Only then does the caller need the pool's state.
 func Paced(ev event.Event, p Policy) bool {
 	return p.MaxConcurrentDrains != nil && !ev.Urgent()
+}
+
+// heldUntil is when a drain held on live state (a failed check, a gate) is decided again:
+// after recheck, never past deadline minus drain-lead. reached reports that deadline minus
+// drain-lead has come: the drain then goes, with a warning, whatever holds it.
+func heldUntil(ev event.Event, p Policy, now time.Time, recheck time.Duration) (until, latest time.Time, hasDeadline, reached bool) {
+	latest, hasDeadline = latestSafe(ev, p)
+	if hasDeadline && !now.Before(latest) {
+		return time.Time{}, latest, true, true
+	}
+	until = now.Add(recheck)
+	if hasDeadline && latest.Before(until) {
+		until = latest
+	}
+	return until, latest, hasDeadline, false
 }
 
 // latestSafe is the deadline minus drain-lead: the last moment a deferred event may wait.

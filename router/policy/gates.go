@@ -263,14 +263,10 @@ func ApplyGates(d Decision, ev event.Event, p Policy, gates []Gate, now time.Tim
 		d.Warnings = append(d.Warnings, "draining although held ("+what+"): "+exemptWhat(ev))
 		return d
 	}
-	latest, ok := latestSafe(ev, p)
-	if ok && !now.Before(latest) {
+	until, latest, ok, reached := heldUntil(ev, p, now, GateRecheck)
+	if reached {
 		d.Warnings = append(d.Warnings, "draining although held, as deadline minus drain-lead is reached: "+what)
 		return d
-	}
-	until := now.Add(GateRecheck)
-	if ok && latest.Before(until) {
-		until = latest
 	}
 	d.Action, d.Until, d.Hold = ActionDefer, until, Hold(held[0].Name)
 	d.Reason = fmt.Sprintf("%s; drain held (%s); re-checked at %s", d.Reason, what, stamp(until))
