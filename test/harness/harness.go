@@ -184,6 +184,40 @@ func crdDir(t testing.TB, module string) string {
 	return dir
 }
 
+// StartEnvtest starts envtest's kube-apiserver and etcd with the Karpenter CRDs, outside a
+// test (the demo, the live bench): the binaries are built once by test/tools/envtest-bins.sh
+// (its progress on stderr) unless KUBEBUILDER_ASSETS names them. Stop the returned
+// environment when done.
+func StartEnvtest() (*envtest.Environment, *rest.Config, error) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, nil, err
+		}
+		bins := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh"))
+		bins.Stderr = os.Stderr // the first build's progress
+		out, err := bins.Output()
+		if err != nil {
+			return nil, nil, fmt.Errorf("envtest binaries: %w", err)
+		}
+		os.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(out)))
+	}
+	var dirs []string
+	for _, m := range []string{"sigs.k8s.io/karpenter", "github.com/aws/karpenter-provider-aws"} {
+		dir, err := CRDDir(m)
+		if err != nil {
+			return nil, nil, err
+		}
+		dirs = append(dirs, dir)
+	}
+	env := &envtest.Environment{CRDDirectoryPaths: dirs, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting envtest: %w", err)
+	}
+	return env, cfg, nil
+}
+
 // CRDDir returns the directory of a module's CRDs (pkg/apis/crds) in the module cache: the
 // Karpenter CRDs the suites, the demo and the bench load into envtest.
 func CRDDir(module string) (string, error) {

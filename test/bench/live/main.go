@@ -18,8 +18,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -41,7 +39,6 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/app"
@@ -146,19 +143,9 @@ func (b *bench) run() error {
 		return err
 	}
 	defer stopMoto()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		bins := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh"))
-		bins.Stderr = os.Stderr
-		out, err := bins.Output()
-		if err != nil {
-			return fmt.Errorf("envtest binaries: %w", err)
-		}
-		os.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(out)))
-	}
-	env := &envtest.Environment{CRDDirectoryPaths: []string{crdDir("sigs.k8s.io/karpenter"), crdDir("github.com/aws/karpenter-provider-aws")}, ErrorIfCRDPathMissing: true}
-	restCfg, err := env.Start()
+	env, restCfg, err := harness.StartEnvtest()
 	if err != nil {
-		return fmt.Errorf("starting envtest: %w", err)
+		return err
 	}
 	defer env.Stop()
 	scheme, err := cluster.NewScheme()
@@ -726,12 +713,6 @@ func cpuModel() string {
 		}
 	}
 	return runtime.GOARCH
-}
-
-// crdDir is harness.CRDDir; a missing module fails envtest's start, which names the path.
-func crdDir(module string) string {
-	dir, _ := harness.CRDDir(module)
-	return dir
 }
 
 func repoRoot() (string, error) { return harness.RepoRoot() }

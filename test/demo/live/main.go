@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -32,7 +31,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/app"
@@ -93,17 +91,9 @@ func run() error {
 	defer stopMoto()
 
 	step("starting kube-apiserver and etcd (envtest) with the Karpenter CRDs")
-	bins := exec.Command(filepath.Join(root, "test/tools/envtest-bins.sh"))
-	bins.Stderr = os.Stderr // the first build's progress
-	assets, err := bins.Output()
+	env, restCfg, err := harness.StartEnvtest()
 	if err != nil {
-		return fmt.Errorf("envtest binaries: %w", err)
-	}
-	os.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(assets)))
-	env := &envtest.Environment{CRDDirectoryPaths: []string{crdDir("sigs.k8s.io/karpenter"), crdDir("github.com/aws/karpenter-provider-aws")}, ErrorIfCRDPathMissing: true}
-	restCfg, err := env.Start()
-	if err != nil {
-		return fmt.Errorf("starting envtest: %w", err)
+		return err
 	}
 	defer env.Stop()
 	scheme, err := cluster.NewScheme()
@@ -378,12 +368,6 @@ func putEvents(ctx context.Context, ebc *eventbridge.Client, sqsc *sqs.Client, i
 		}
 	}
 	return sent, poison, nil
-}
-
-// crdDir is harness.CRDDir; a missing module fails envtest's start, which names the path.
-func crdDir(module string) string {
-	dir, _ := harness.CRDDir(module)
-	return dir
 }
 
 func repoRoot() (string, error) { return harness.RepoRoot() }
