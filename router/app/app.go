@@ -139,10 +139,12 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	}
 	var deferrals *deferral.Controller // built below: it releases drains held on an image
 	eng := engine.New(cluster.New(mgr.GetClient()), checker, engine.WithGates(gates.NewPDB(mgr.GetClient()), alerts), engine.WithSettle(mgr.GetClient()),
+		engine.WithUnmanaged(o.UnmanagedNodes),
 		engine.WithImageListener(func(_ context.Context, id, _ string) { wd.InvalidateImage(id) }),
 		engine.WithImageListener(func(ctx context.Context, id, state string) { deferrals.ImageChanged(ctx, id, state) }))
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
 	m := metrics.NewRouter(reg, func() float64 { return deferrals.Deferred() })
+	sig.OnUnreadable(m.RecordsUnreadable.Inc)
 	var pub intake.Publisher
 	var decisions pipeline.Publisher
 	if publisher != nil {
@@ -179,14 +181,14 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		// Karpenter's own poller is off (its role is denied ec2:DescribeInstanceStatus): the
 		// router polls instead, and its findings take the same pipeline as the queue's events.
 		p := poller.New(ec2Client, poller.NewClusterInstances(mgr.GetCache()), pipe, clk, log.With("component", "poller"), reg,
-			poller.Options{Interval: o.InstanceStatusInterval, Account: o.Account, Region: awsCfg.Region})
+			poller.Options{Interval: o.InstanceStatusInterval, Account: o.Account, Region: awsCfg.Region}).WithHeldImpaired(deferrals)
 		if err := mgr.Add(p); err != nil { // leader only
 			return err
 		}
 	}
 	in := intake.New(intake.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,
-		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout,
+		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout, MaxReceives: o.MaxReceives,
 	}, sqsClient, pipe, m, pub, clk, log)
 	if err := mgr.Add(in); err != nil {
 		return err

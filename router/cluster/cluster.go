@@ -223,6 +223,20 @@ func (m *Model) PoolMembers(ctx context.Context, pool string) (map[string]bool, 
 	return members, nil
 }
 
+// PoolClaims returns a NodePool's NodeClaims: the reader's own objects (read them, never
+// change them).
+func (m *Model) PoolClaims(ctx context.Context, pool string) ([]*karpv1.NodeClaim, error) {
+	var claims karpv1.NodeClaimList
+	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexNodePool: pool}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing nodeclaims of nodepool %s: %w", pool, err)
+	}
+	out := make([]*karpv1.NodeClaim, len(claims.Items))
+	for i := range claims.Items {
+		out[i] = &claims.Items[i]
+	}
+	return out, nil
+}
+
 // Draining reports whether a NodeClaim is being drained: deleted, or signalled by the
 // router and not yet gone.
 func Draining(nc *karpv1.NodeClaim) bool {

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -39,6 +40,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -58,7 +60,7 @@ const DefaultConfirmTimeout = 20 * time.Second
 const maxConcurrentReconciles = 8
 
 // releasable are the holds on live state that a release ends early.
-var releasable = map[policy.Hold]bool{policy.HoldPacing: true, policy.HoldCheck: true, policy.HoldPDB: true}
+var releasable = map[policy.Hold]bool{policy.HoldPacing: true, policy.HoldCheck: true, policy.HoldPDB: true, policy.HoldRepairCutoff: true}
 
 // HeldOn returns the index values of a NodeClaim: what its active deferrals wait on.
 func HeldOn(o client.Object) []string {
@@ -67,7 +69,7 @@ func HeldOn(o client.Object) []string {
 		return nil
 	}
 	var keys []string
-	for _, d := range signal.Deferrals(nc) {
+	for _, d := range record.Records(nc) {
 		switch {
 		case !d.Active():
 		case d.Hold == policy.HoldPacing:
@@ -78,9 +80,31 @@ func HeldOn(o client.Object) []string {
 			for _, p := range d.PDBs {
 				keys = append(keys, "pdb/"+p)
 			}
+		case d.Hold == policy.HoldRepairCutoff:
+			keys = append(keys, RepairKey)
 		}
 	}
 	return keys
+}
+
+// RepairKey is the IndexHeldOn value of NodeClaims whose impaired-instance repair is held by
+// the repair cut-off.
+const RepairKey = "repair"
+
+// HeldImpaired returns the instances whose repair is held by the repair cut-off (the
+// poller hands those that recover to the pipeline, which cancels the hold).
+func (c *Controller) HeldImpaired(ctx context.Context) ([]string, error) {
+	var claims karpv1.NodeClaimList
+	if err := c.kube.List(ctx, &claims, client.MatchingFields{IndexHeldOn: RepairKey}); err != nil {
+		return nil, fmt.Errorf("listing nodeclaims held on %s: %w", RepairKey, err)
+	}
+	ids := make([]string, 0, len(claims.Items))
+	for i := range claims.Items {
+		if id := cluster.InstanceID(claims.Items[i].Status.ProviderID); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
 }
 
 // PoolKey and ImageKey are IndexHeldOn values.
@@ -99,10 +123,19 @@ type Controller struct {
 	confirm  time.Duration
 	wake     chan ctrlevent.TypedGenericEvent[client.Object]
 
+	// leading is set while this replica is the elected leader: only then are releases
+	// queued. Every replica's informers call the release handlers, but only the leader's
+	// controller reads the wake queue; a standby that queued would fill it and then block.
+	leading atomic.Bool
+
 	mu       sync.Mutex
 	released map[string]bool // NodeClaims whose pacing or check hold was released
 	active   map[string]int  // NodeClaim -> active deferrals, for the gauge
 }
+
+// wakeQueue bounds the releases queued for the controller at once; a release that does not
+// fit is dropped and counted (the Rechecker and each record's own time cover it).
+const wakeQueue = 1024
 
 // New returns a Controller; confirm <= 0 means DefaultConfirmTimeout.
 func New(kube client.Reader, p *pipeline.Pipeline, eng *engine.Engine, sig *signal.Signaller, m *metrics.Router, clk clock.WithTicker, log *slog.Logger, confirm time.Duration) *Controller {
@@ -110,7 +143,30 @@ func New(kube client.Reader, p *pipeline.Pipeline, eng *engine.Engine, sig *sign
 		confirm = DefaultConfirmTimeout
 	}
 	return &Controller{kube: kube, pipeline: p, engine: eng, signal: sig, metrics: m, clock: clk, log: log, confirm: confirm,
-		wake: make(chan ctrlevent.TypedGenericEvent[client.Object], 1024), released: map[string]bool{}, active: map[string]int{}}
+		wake: make(chan ctrlevent.TypedGenericEvent[client.Object], wakeQueue), released: map[string]bool{}, active: map[string]int{}}
+}
+
+// Start marks this replica the leader until ctx ends; the manager runs it on the elected
+// leader only (NeedLeaderElection).
+func (c *Controller) Start(ctx context.Context) error {
+	c.leading.Store(true)
+	<-ctx.Done()
+	c.leading.Store(false)
+	return nil
+}
+
+// NeedLeaderElection: Start runs on the leader only.
+func (c *Controller) NeedLeaderElection() bool { return true }
+
+// Leading reports whether this replica queues releases (it is the leader).
+func (c *Controller) Leading() bool { return c.leading.Load() }
+
+// Pending returns what the controller holds in memory, for the simulation's bounds: releases
+// not yet reconciled, and wake events queued.
+func (c *Controller) Pending() (released, queued int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.released), len(c.wake)
 }
 
 // SetupWithManager registers the controller (leader only, as every controller) and the
@@ -118,6 +174,9 @@ func New(kube client.Reader, p *pipeline.Pipeline, eng *engine.Engine, sig *sign
 func (c *Controller) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &karpv1.NodeClaim{}, IndexHeldOn, HeldOn); err != nil {
 		return fmt.Errorf("indexing nodeclaims by %s: %w", IndexHeldOn, err)
+	}
+	if err := mgr.Add(c); err != nil { // leader only: marks when releases are queued
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).Named("deferral").
 		For(&karpv1.NodeClaim{}, builder.WithPredicates(recorded())).
@@ -173,7 +232,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		c.forget(nc.Name) // being drained: its deferrals end with it
 		return reconcile.Result{}, nil
 	}
-	if _, at, _, ok := signal.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
+	if _, at, _, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
 		// Signalled, not deleting yet: Karpenter must act on a forward (or the router's own
 		// DELETE must land) within the bound; past it the router deletes the NodeClaim.
 		c.forget(nc.Name)
@@ -202,7 +261,8 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	ended, active := false, 0
-	for _, d := range signal.Deferrals(nc) {
+	var errs []error // one record that fails does not hold back the others
+	for _, d := range record.Records(nc) {
 		if !d.Active() {
 			if now.Before(d.Until) {
 				later(d.Until)
@@ -221,22 +281,26 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if errors.Is(err, pipeline.ErrBadRecord) {
 			c.log.Error("dropping a deferral that can never be decided", "nodeclaim", nc.Name, "event_id", d.EventID, "err", err)
 			if err := c.signal.Drop(ctx, nc, d.EventID, err.Error()); err != nil {
-				return reconcile.Result{}, err
+				errs = append(errs, err)
 			}
 			continue
 		}
 		if err != nil {
-			return reconcile.Result{}, fmt.Errorf("deciding deferral %s of nodeclaim %s again: %w", d.EventID, nc.Name, err)
+			errs = append(errs, fmt.Errorf("deciding deferral %s of nodeclaim %s again: %w", d.EventID, nc.Name, err))
+			continue
 		}
 		if dec.Action == policy.ActionDefer {
 			active++
 			later(dec.Until)
 		}
 	}
-	if ended {
+	if ended && len(errs) == 0 {
 		if err := c.signal.Prune(ctx, nc, now); err != nil && !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, fmt.Errorf("pruning ended deferrals of nodeclaim %s: %w", nc.Name, err)
+			errs = append(errs, fmt.Errorf("pruning ended deferrals of nodeclaim %s: %w", nc.Name, err))
 		}
+	}
+	if len(errs) > 0 {
+		return reconcile.Result{}, errors.Join(errs...)
 	}
 	c.mu.Lock()
 	if active > 0 {
@@ -263,6 +327,9 @@ func (c *Controller) forget(name string) {
 // keeps its slot until it settles; the Rechecker releases then).
 func (c *Controller) DrainFinished(ctx context.Context, pool, nodeClaim string) {
 	c.engine.DrainFinished(pool, nodeClaim, c.clock.Now())
+	if !c.Leading() {
+		return
+	}
 	if err := c.ReleasePool(ctx, pool); err != nil {
 		c.log.Error("releasing drains held by pacing", "nodepool", pool, "err", err)
 	}
@@ -336,7 +403,7 @@ func (c *Controller) held(ctx context.Context, key string) ([]heldClaim, error) 
 	for i := range claims.Items {
 		nc := &claims.Items[i]
 		h := heldClaim{nc: nc}
-		for _, d := range signal.Deferrals(nc) {
+		for _, d := range record.Records(nc) {
 			if d.Active() && (h.until.IsZero() || d.Until.Before(h.until)) {
 				h.until = d.Until
 			}
@@ -347,11 +414,21 @@ func (c *Controller) held(ctx context.Context, key string) ([]heldClaim, error) 
 }
 
 func (c *Controller) release(held []heldClaim) {
+	if !c.Leading() {
+		return // the leader's own informers release; a standby's queue is never read
+	}
 	for _, h := range held {
 		c.mu.Lock()
-		c.released[h.nc.Name] = true
+		c.released[h.nc.Name] = true // before the wake: its Reconcile reads it
 		c.mu.Unlock()
-		c.wake <- ctrlevent.TypedGenericEvent[client.Object]{Object: h.nc}
+		select {
+		case c.wake <- ctrlevent.TypedGenericEvent[client.Object]{Object: h.nc}:
+		default:
+			c.mu.Lock()
+			delete(c.released, h.nc.Name)
+			c.mu.Unlock()
+			c.metrics.WakesDropped.Inc()
+		}
 	}
 }
 

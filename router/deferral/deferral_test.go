@@ -28,6 +28,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -49,7 +50,7 @@ func retirementBody(id string, start time.Time) []byte {
 }
 
 // newRig builds a pool of n NodeClaims; each claim i gets the deferral records recs(i).
-func newRig(t *testing.T, poolAnnotations map[string]string, n int, recs func(i int) []signal.Deferral) *rig {
+func newRig(t *testing.T, poolAnnotations map[string]string, n int, recs func(i int) []record.Record) *rig {
 	t.Helper()
 	scheme, err := cluster.NewScheme()
 	if err != nil {
@@ -77,7 +78,9 @@ func newRig(t *testing.T, poolAnnotations map[string]string, n int, recs func(i 
 	eng := engine.New(cluster.New(kube), nil)
 	sig := signal.New(kube, kube, signal.ModeDeleteNodeClaim, nil, "", events.NewFakeRecorder(1000), clk)
 	p := pipeline.New(eng, sig, m, nil, clk, log, 4)
-	return &rig{c: New(kube, p, eng, sig, m, clk, log, 20*time.Second), kube: kube, clock: clk, m: m}
+	c := New(kube, p, eng, sig, m, clk, log, 20*time.Second)
+	c.leading.Store(true) // as the elected leader's: its releases are queued
+	return &rig{c: c, kube: kube, clock: clk, m: m}
 }
 
 func mustJSON(t *testing.T, v any) string {
@@ -110,15 +113,15 @@ func (r *rig) claim(t *testing.T, name string) *karpv1.NodeClaim {
 	return nc
 }
 
-func deferral(i int, until time.Time, hold policy.Hold, deadline time.Time) signal.Deferral {
-	return signal.Deferral{EventID: "ret-" + instanceID(i), Key: "arn:aws:health:eu-west-1::event/EC2/RET/" + instanceID(i), Kind: event.KindScheduledChange,
-		Until: until, Reason: "r", State: signal.StateDeferred, Hold: hold, Event: retirementBody(instanceID(i), deadline)}
+func deferral(i int, until time.Time, hold policy.Hold, deadline time.Time) record.Record {
+	return record.Record{EventID: "ret-" + instanceID(i), Key: "arn:aws:health:eu-west-1::event/EC2/RET/" + instanceID(i), Kind: event.KindScheduledChange,
+		Until: until, Reason: "r", State: record.StateDeferred, Hold: hold, Event: retirementBody(instanceID(i), deadline)}
 }
 
 func TestReconcileRequeuesUntilDueThenDrains(t *testing.T) {
 	deadline := now.Add(2 * time.Hour)
-	r := newRig(t, map[string]string{policy.AnnotationAction: "defer"}, 1, func(i int) []signal.Deferral {
-		return []signal.Deferral{deferral(i, deadline.Add(-policy.DefaultDrainLead), policy.HoldDeadline, deadline)}
+	r := newRig(t, map[string]string{policy.AnnotationAction: "defer"}, 1, func(i int) []record.Record {
+		return []record.Record{deferral(i, deadline.Add(-policy.DefaultDrainLead), policy.HoldDeadline, deadline)}
 	})
 	res := r.reconcile(t, "kafka-0")
 	if res.RequeueAfter != time.Hour {
@@ -144,7 +147,7 @@ func TestReconcileRequeuesUntilDueThenDrains(t *testing.T) {
 // flight, a release lets exactly one held drain go, the oldest.
 func TestReleasePoolReleasesOnlyWhatTheLimitAllows(t *testing.T) {
 	deadline := now.Add(72 * time.Hour)
-	r := newRig(t, map[string]string{policy.AnnotationMaxConcurrentDrains: "2"}, 6, func(i int) []signal.Deferral {
+	r := newRig(t, map[string]string{policy.AnnotationMaxConcurrentDrains: "2"}, 6, func(i int) []record.Record {
 		if i == 0 {
 			return nil
 		}
@@ -153,12 +156,12 @@ func TestReleasePoolReleasesOnlyWhatTheLimitAllows(t *testing.T) {
 		if i == 3 {
 			until = until.Add(-time.Hour)
 		}
-		return []signal.Deferral{deferral(i, until, policy.HoldPacing, deadline)}
+		return []record.Record{deferral(i, until, policy.HoldPacing, deadline)}
 	})
 	// claim 0 is draining
 	nc := r.claim(t, "kafka-0")
 	nc.Annotations = map[string]string{}
-	nc.Annotations[cluster.AnnotationDrainSignalled] = signal.DrainStamp("x", now, signal.ModeDeleteNodeClaim)
+	nc.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp("x", now, string(signal.ModeDeleteNodeClaim))
 	if err := r.kube.Update(context.Background(), nc); err != nil {
 		t.Fatal(err)
 	}
@@ -188,10 +191,10 @@ func TestReleasePoolReleasesOnlyWhatTheLimitAllows(t *testing.T) {
 }
 
 func TestConfirmForwardFallsBack(t *testing.T) {
-	r := newRig(t, nil, 1, func(int) []signal.Deferral { return nil })
+	r := newRig(t, nil, 1, func(int) []record.Record { return nil })
 	nc := r.claim(t, "kafka-0")
 	nc.Annotations = map[string]string{}
-	nc.Annotations[cluster.AnnotationDrainSignalled] = signal.DrainStamp("spot-1", now, signal.ModeForward)
+	nc.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp("spot-1", now, string(signal.ModeForward))
 	if err := r.kube.Update(context.Background(), nc); err != nil {
 		t.Fatal(err)
 	}
@@ -213,10 +216,10 @@ func TestConfirmForwardFallsBack(t *testing.T) {
 }
 
 func TestEndedRecordsArePrunedAfterTheirTime(t *testing.T) {
-	r := newRig(t, nil, 1, func(i int) []signal.Deferral {
+	r := newRig(t, nil, 1, func(i int) []record.Record {
 		d := deferral(i, now.Add(time.Minute), policy.HoldRestartGrace, now.Add(time.Hour))
-		d.State = signal.StateCancelled
-		return []signal.Deferral{d}
+		d.State = record.StateCancelled
+		return []record.Record{d}
 	})
 	if res := r.reconcile(t, "kafka-0"); res.RequeueAfter != time.Minute {
 		t.Errorf("requeue %s", res.RequeueAfter)
@@ -227,18 +230,18 @@ func TestEndedRecordsArePrunedAfterTheirTime(t *testing.T) {
 	r.clock.Step(time.Minute)
 	r.reconcile(t, "kafka-0")
 	nc := r.claim(t, "kafka-0")
-	if len(signal.Deferrals(nc)) != 0 || !nc.DeletionTimestamp.IsZero() {
-		t.Errorf("cancelled record: %+v, deleting %v", signal.Deferrals(nc), !nc.DeletionTimestamp.IsZero())
+	if len(record.Records(nc)) != 0 || !nc.DeletionTimestamp.IsZero() {
+		t.Errorf("cancelled record: %+v, deleting %v", record.Records(nc), !nc.DeletionTimestamp.IsZero())
 	}
 }
 
 func TestHeldOn(t *testing.T) {
 	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}, Annotations: map[string]string{}}}
-	recs := []signal.Deferral{
-		{EventID: "a", State: signal.StateDeferred, Hold: policy.HoldPacing},
-		{EventID: "b", State: signal.StateDeferred, Hold: policy.HoldCheck, Image: "ami-1"},
-		{EventID: "c", State: signal.StateCancelled, Hold: policy.HoldCheck, Image: "ami-2"},
-		{EventID: "d", State: signal.StateDeferred, Hold: policy.HoldWindow},
+	recs := []record.Record{
+		{EventID: "a", State: record.StateDeferred, Hold: policy.HoldPacing},
+		{EventID: "b", State: record.StateDeferred, Hold: policy.HoldCheck, Image: "ami-1"},
+		{EventID: "c", State: record.StateCancelled, Hold: policy.HoldCheck, Image: "ami-2"},
+		{EventID: "d", State: record.StateDeferred, Hold: policy.HoldWindow},
 	}
 	nc.Annotations[cluster.AnnotationDeferred] = mustJSON(t, recs)
 	got := HeldOn(nc)
@@ -256,9 +259,9 @@ func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 // that is not deleting past the bound (the DELETE failed) is deleted again, with no
 // "Karpenter did not act" count.
 func TestConfirmDeleteRetries(t *testing.T) {
-	r := newRig(t, nil, 1, func(int) []signal.Deferral { return nil })
+	r := newRig(t, nil, 1, func(int) []record.Record { return nil })
 	nc := r.claim(t, "kafka-0")
-	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: signal.DrainStamp("ret-1", now, signal.ModeDeleteNodeClaim)}
+	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("ret-1", now, string(signal.ModeDeleteNodeClaim))}
 	if err := r.kube.Update(context.Background(), nc); err != nil {
 		t.Fatal(err)
 	}
@@ -276,14 +279,50 @@ func TestConfirmDeleteRetries(t *testing.T) {
 // not retried forever; the NodeClaim's other records stay.
 func TestBrokenRecordIsDropped(t *testing.T) {
 	deadline := now.Add(72 * time.Hour)
-	r := newRig(t, map[string]string{policy.AnnotationAction: "defer"}, 1, func(i int) []signal.Deferral {
+	r := newRig(t, map[string]string{policy.AnnotationAction: "defer"}, 1, func(i int) []record.Record {
 		bad := deferral(i, now.Add(-time.Minute), policy.HoldDeadline, deadline)
 		bad.EventID, bad.Event = "bad", []byte(`"by hand"`)
-		return []signal.Deferral{bad, deferral(i, deadline.Add(-time.Hour), policy.HoldDeadline, deadline)}
+		return []record.Record{bad, deferral(i, deadline.Add(-time.Hour), policy.HoldDeadline, deadline)}
 	})
 	r.reconcile(t, "kafka-0")
-	ds := signal.Deferrals(r.claim(t, "kafka-0"))
+	ds := record.Records(r.claim(t, "kafka-0"))
 	if len(ds) != 1 || ds[0].EventID == "bad" {
 		t.Errorf("records %+v", ds)
+	}
+}
+
+// TestStandbyQueuesNothing: a standby's informers call the release handlers too, but only the
+// leader's controller reads the wake queue. On the main this fix starts from (351c311) a
+// standby queued every release, and after 1,024 its handler blocked for good (client-go
+// then buffers every later notification without bound).
+func TestStandbyQueuesNothing(t *testing.T) {
+	r := newRig(t, map[string]string{policy.AnnotationMaxConcurrentDrains: "100%"}, 3, func(i int) []record.Record {
+		return []record.Record{{EventID: fmt.Sprint("e", i), Key: fmt.Sprint("e", i), Kind: "scheduled-change", Until: now.Add(time.Hour), State: record.StateDeferred, Hold: policy.HoldPacing}}
+	})
+	r.c.leading.Store(false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 3*wakeQueue; i++ {
+			if err := r.c.ReleasePool(context.Background(), "kafka"); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the standby's release blocked")
+	}
+	if released, queued := r.c.Pending(); released != 0 || queued != 0 {
+		t.Errorf("standby holds %d releases and %d queued wakes, want none", released, queued)
+	}
+	r.c.leading.Store(true)
+	if err := r.c.ReleasePool(context.Background(), "kafka"); err != nil {
+		t.Fatal(err)
+	}
+	if _, queued := r.c.Pending(); queued != 3 {
+		t.Errorf("the leader queued %d wakes, want 3", queued)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 )
 
 // Engine decides events. It is safe for concurrent use: the instances of one event, and
@@ -26,6 +27,8 @@ type Engine struct {
 	pdbs    pdbGate         // nil: the PDB gate is not run
 	alerts  alertGate       // nil: the alert gate is not run
 	pacer   *pacer
+	// unmanaged is the cluster's --unmanaged-nodes: what is done for a Node without a NodeClaim.
+	unmanaged string
 	// imageListeners are told of every EC2 AMI State Change, to drop what they cached.
 	imageListeners []func(ctx context.Context, id, state string)
 }
@@ -58,6 +61,12 @@ func WithGates(pdbs pdbGate, alerts alertGate) Option {
 	return func(e *Engine) { e.pdbs, e.alerts = pdbs, alerts }
 }
 
+// WithUnmanaged sets what the engine decides for a node Karpenter does not manage (a Node
+// without a NodeClaim): policy.UnmanagedIgnore (the default) or policy.UnmanagedCordonDrain.
+func WithUnmanaged(mode string) Option {
+	return func(e *Engine) { e.unmanaged = mode }
+}
+
 // WithSettle gives the engine the reader of a node's pods, for drain-settle "ready" (the
 // owners of the pods a drain evicts, and whether they are Ready again).
 func WithSettle(pods client.Reader) Option {
@@ -67,7 +76,7 @@ func WithSettle(pods client.Reader) Option {
 // New returns an Engine; checker may be nil to run no pre-signal checks. Drains it decides
 // count towards their pool's drains in flight until the cluster shows them (or Unreserve).
 func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine {
-	e := &Engine{model: model, checker: checker, pacer: newPacer(model)}
+	e := &Engine{model: model, checker: checker, pacer: newPacer(model), unmanaged: policy.UnmanagedIgnore}
 	// Options may set the pacer's readers: it exists first.
 	for _, o := range opts {
 		o(e)
@@ -159,14 +168,23 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 		annotations = res.NodePool.Annotations
 	}
 	tg.Policy = policy.FromAnnotations(annotations)
+	if res.Node != nil && res.NodeClaim == nil {
+		// Not Karpenter's: no pool policy, pacing, gates or replacement checks apply; the
+		// cluster's --unmanaged-nodes decides (a drain there evicts with PDBs respected).
+		tg.Unmanaged, tg.NodePool, tg.Policy = e.unmanaged, "", policy.FromAnnotations(nil)
+		return Outcome{Decision: policy.Decide(ev, tg, now), Resolved: res}, nil
+	}
+	if set, err := record.Read(res.NodeClaim); err == nil {
+		tg.RunningSince = set.Running
+	}
 	var d policy.Decision
 	reserved := false
 	if tg.Found && tg.NodePool != "" && policy.Paced(ev, tg.Policy) {
 		// The pool's size and drains in flight matter only here; deciding and reserving a
 		// slot happen under the pool's lock.
 		var err error
-		reserved, err = e.pacer.decide(ctx, tg.NodePool, tg.NodeClaim, now, func(nodes, inFlight int) bool {
-			tg.PoolNodes, tg.DrainsInFlight = nodes, inFlight
+		reserved, err = e.pacer.decide(ctx, tg.NodePool, tg.NodeClaim, ev.Kind == event.KindInstanceStatus, now, func(v poolView) bool {
+			tg.PoolNodes, tg.DrainsInFlight, tg.Impaired = v.Nodes, v.InFlight, v.Impaired
 			d = policy.Decide(ev, tg, now)
 			return d.Action == policy.ActionDrain
 		})

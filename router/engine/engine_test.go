@@ -293,7 +293,7 @@ func TestDrainSettleReady(t *testing.T) {
 	if err := kube.Create(context.Background(), brokerPod("broker-0", "node-2", false)); err != nil {
 		t.Fatal(err)
 	}
-	if d := decideOne(t, eng, 1, now.Add(time.Hour)); d.Action != policy.ActionDefer {
+	if d := decideOne(t, eng, 1, now.Add(5*time.Minute)); d.Action != policy.ActionDefer {
 		t.Errorf("replacement not Ready: %s (%s)", d.Action, d.Reason)
 	}
 	if err := kube.Delete(context.Background(), brokerPod("broker-0", "node-2", false)); err != nil {
@@ -304,5 +304,28 @@ func TestDrainSettleReady(t *testing.T) {
 	}
 	if d := decideOne(t, eng, 1, now.Add(time.Hour+2*time.Second)); d.Action != policy.ActionDrain {
 		t.Errorf("replacement Ready: %s (%s)", d.Action, d.Reason)
+	}
+}
+
+// TestDrainSettleReadyBounded: an owner whose pods never come back (a Job that completed, a
+// ReplicaSet scaled to zero, a deleted owner) holds the pool's slot only until
+// SettleReadyBound; before the bound it is not settled. On the main this fix starts from
+// (351c311) the slot was held for ever, and every later drain waited until deadline minus
+// drain-lead.
+func TestDrainSettleReadyBounded(t *testing.T) {
+	eng, kube := settleRig(t, "ready")
+	if d := decideOne(t, eng, 0, now); d.Action != policy.ActionDrain {
+		t.Fatalf("first drain: %s (%s)", d.Action, d.Reason)
+	}
+	finish(t, eng, kube, 0, now)
+	// The owner is scaled to zero: its pod is gone and none comes back.
+	if err := kube.Delete(context.Background(), brokerPod("broker-0", "node-0", false)); err != nil {
+		t.Fatal(err)
+	}
+	if d := decideOne(t, eng, 1, now.Add(5*time.Minute)); d.Action != policy.ActionDefer || d.Hold != policy.HoldPacing {
+		t.Errorf("before the bound: %s (%s)", d.Action, d.Reason)
+	}
+	if d := decideOne(t, eng, 1, now.Add(policy.SettleReadyBound+time.Second)); d.Action != policy.ActionDrain {
+		t.Errorf("past the bound: %s (%s)", d.Action, d.Reason)
 	}
 }

@@ -7,9 +7,13 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 )
 
 // poolStateTTL is how long a pool's state read from the cluster answers for pacing. Reading it
@@ -34,7 +38,12 @@ type poolPace struct {
 	mu       sync.Mutex
 	read     time.Time       // when members was read; zero: read again
 	members  map[string]bool // NodeClaim name -> draining, as the cluster showed it
-	reserved map[string]bool // keys of drains decided here that members may not show yet
+	impaired map[string]bool // NodeClaims held or drained as impaired, as the cluster showed it
+	// reserved are the drains decided here that members may not show yet, with when: a
+	// reservation the cluster never shows (a forward Karpenter dropped, whose stamp failed)
+	// is given back after reservationBound.
+	reserved map[string]time.Time
+	repairs  map[string]bool // reserved keys that are impaired-instance repairs
 	// settles are the drains of a pool with drain-settle, by NodeClaim: noted when decided,
 	// settling once the NodeClaim is gone, and counted in flight until settled. Kept in
 	// memory: after a restart a settling drain is no longer counted.
@@ -49,6 +58,11 @@ type settle struct {
 	gone   time.Time // zero while the NodeClaim exists
 }
 
+// reservationBound is how long a drain decided here counts without the cluster showing it:
+// longer than a signal takes to show (a write, the cache's watch), shorter than a pacing
+// recheck, so that a slot is never held for good by a drain that did not land.
+const reservationBound = 2 * time.Minute
+
 func newPacer(model *cluster.Model) *pacer {
 	return &pacer{model: model, pools: map[string]*poolPace{}}
 }
@@ -58,7 +72,7 @@ func (p *pacer) pool(name string) *poolPace {
 	defer p.mu.Unlock()
 	pp := p.pools[name]
 	if pp == nil {
-		pp = &poolPace{reserved: map[string]bool{}, settles: map[string]*settle{}}
+		pp = &poolPace{reserved: map[string]time.Time{}, repairs: map[string]bool{}, settles: map[string]*settle{}}
 		p.pools[name] = pp
 	}
 	return pp
@@ -70,14 +84,23 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 	if !pp.read.IsZero() && now.Sub(pp.read) < poolStateTTL && !now.Before(pp.read) {
 		return nil
 	}
-	members, err := p.model.PoolMembers(ctx, pool)
+	claims, err := p.model.PoolClaims(ctx, pool)
 	if err != nil {
 		return err
 	}
-	pp.members, pp.read = members, now
-	for key := range pp.reserved {
-		if draining, present := members[key]; draining || !present {
+	members := make(map[string]bool, len(claims))
+	impaired := map[string]bool{}
+	for _, nc := range claims {
+		members[nc.Name] = cluster.Draining(nc)
+		if Impaired(nc) {
+			impaired[nc.Name] = true
+		}
+	}
+	pp.members, pp.impaired, pp.read = members, impaired, now
+	for key, at := range pp.reserved {
+		if draining, present := members[key]; draining || !present || now.Sub(at) > reservationBound {
 			delete(pp.reserved, key)
+			delete(pp.repairs, key)
 		}
 	}
 	for key, st := range pp.settles {
@@ -98,6 +121,11 @@ func (p *pacer) settled(ctx context.Context, st *settle, now time.Time) bool {
 	if !st.policy.Ready {
 		return !now.Before(st.gone.Add(st.policy.Duration))
 	}
+	if !now.Before(st.gone.Add(policy.SettleReadyBound)) {
+		// An owner whose pods never come back (a Job that completed, a ReplicaSet scaled to
+		// zero by a rollout, a deleted owner) must not hold the pool's slot for ever.
+		return true
+	}
 	if p.pods == nil {
 		return true
 	}
@@ -115,7 +143,7 @@ func (pp *poolPace) inFlight(key string) int {
 		}
 	}
 	for name, draining := range pp.members {
-		if draining && name != key && !pp.reserved[name] {
+		if _, reserved := pp.reserved[name]; draining && name != key && !reserved {
 			n++
 		}
 	}
@@ -127,10 +155,49 @@ func (pp *poolPace) inFlight(key string) int {
 	return n
 }
 
+// impairedOthers counts the pool's nodes held or replaced as impaired, leaving out key:
+// as the cluster shows them, and the repairs reserved here. The caller holds pp.mu.
+func (pp *poolPace) impairedOthers(key string) int {
+	n := 0
+	for name := range pp.impaired {
+		if name != key && !pp.repairs[name] {
+			n++
+		}
+	}
+	for name := range pp.repairs {
+		if name != key {
+			n++
+		}
+	}
+	return n
+}
+
+// Impaired reports whether a NodeClaim is held or drained by the router as an impaired
+// instance: an active instance-status record, or a drain signalled for an impaired finding.
+func Impaired(nc *karpv1.NodeClaim) bool {
+	if id, _, _, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
+		return event.ImpairedFindingID(id)
+	}
+	if nc.Annotations[record.Annotation] == "" {
+		return false
+	}
+	for _, r := range record.Records(nc) {
+		if r.Active() && r.Kind == event.KindInstanceStatus {
+			return true
+		}
+	}
+	return false
+}
+
+// poolView is what a pacing decision reads of its pool.
+type poolView struct {
+	Nodes, InFlight, Impaired int
+}
+
 // decide runs decide with the pool's size and drains in flight, under the pool's lock, and
 // reserves a slot for key (a NodeClaim name; "" reserves nothing) when decide drains. It
 // reports whether it reserved.
-func (p *pacer) decide(ctx context.Context, pool, key string, now time.Time, decide func(nodes, inFlight int) bool) (bool, error) {
+func (p *pacer) decide(ctx context.Context, pool, key string, repair bool, now time.Time, decide func(poolView) bool) (bool, error) {
 	pp := p.pool(pool)
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
@@ -141,10 +208,13 @@ func (p *pacer) decide(ctx context.Context, pool, key string, now time.Time, dec
 	if _, member := pp.members[key]; !member {
 		nodes++ // a NodeClaim the cache does not show yet still counts towards the pool's size
 	}
-	if !decide(nodes, pp.inFlight(key)) || key == "" {
+	if !decide(poolView{Nodes: nodes, InFlight: pp.inFlight(key), Impaired: pp.impairedOthers(key)}) || key == "" {
 		return false, nil
 	}
-	pp.reserved[key] = true
+	pp.reserved[key] = now
+	if repair {
+		pp.repairs[key] = true
+	}
 	return true, nil
 }
 
@@ -154,6 +224,7 @@ func (p *pacer) unreserve(pool, key string) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	delete(pp.reserved, key)
+	delete(pp.repairs, key)
 	delete(pp.settles, key)
 }
 

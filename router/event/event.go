@@ -137,6 +137,9 @@ const (
 	ReasonInvalid     Reason = "invalid"      // a known kind with missing or contradictory fields
 	ReasonForeign     Reason = "foreign"      // another account or region than the router's
 	ReasonOversized   Reason = "oversized"    // larger than any real event
+	// Reasons the intake gives when carrying an event out fails for good.
+	ReasonUnrecordable     Reason = "unrecordable"      // its outcome cannot be recorded on the NodeClaim (refused by the API server for size)
+	ReasonRetriesExhausted Reason = "retries-exhausted" // failed on every one of --max-receives deliveries (the detail says the last error)
 )
 
 // RejectError is the outcome of a message the router cannot act on.

@@ -45,10 +45,13 @@ import (
 // Health.Scheduled, same Deadline to the second). An impaired finding parses into an
 // instance-status Event with no deadline: AWS does not act on an impaired instance.
 const (
-	SourceHealthRouter         = "healthrouter.io"
-	DetailTypeInstanceStatus   = "EC2 Instance Status Finding"
-	FindingScheduledEvent      = "scheduled-event"
-	FindingImpaired            = "impaired"
+	SourceHealthRouter       = "healthrouter.io"
+	DetailTypeInstanceStatus = "EC2 Instance Status Finding"
+	FindingScheduledEvent    = "scheduled-event"
+	FindingImpaired          = "impaired"
+	// FindingRecovered: an instance the poller reported impaired passes its checks again; it
+	// cancels a repair the router holds (the repair cut-off).
+	FindingRecovered           = "recovered"
 	StatusImpaired             = "impaired"
 	instanceStatusIDPrefix     = SourceHealthRouter + "/instance-status/"
 	instanceStatusTypeCodeBase = "EC2_INSTANCE_STATUS_"
@@ -62,6 +65,8 @@ type InstanceStatus struct {
 	InstanceStatus string    `json:"instanceStatus,omitempty"`
 	SystemStatus   string    `json:"systemStatus,omitempty"`
 	ImpairedSince  time.Time `json:"impairedSince,omitzero"`
+	// Recovered is set when the instance passes its checks again.
+	Recovered bool `json:"recovered,omitempty"`
 }
 
 // StatusFinding is one thing the instance-status poller found for one instance.
@@ -105,8 +110,15 @@ type statusDetail struct {
 // across restarts (the instance, EC2's event ID and not-before; or the instance and since
 // when it is impaired), and changes when EC2 reschedules the event.
 func (f StatusFinding) ID() string {
-	if f.Finding == FindingImpaired {
+	switch f.Finding {
+	case FindingImpaired:
 		return instanceStatusIDPrefix + f.InstanceID + "/impaired/" + stampUTC(f.ImpairedSince)
+	case FindingRecovered:
+		return instanceStatusIDPrefix + f.InstanceID + "/recovered/" + stampUTC(f.Time)
+	}
+	if closedDescription(f.Description) {
+		// A completed or cancelled event is another message about the same maintenance.
+		return instanceStatusIDPrefix + f.InstanceID + "/" + f.EventID + "/" + stampUTC(f.NotBefore) + "/closed"
 	}
 	return instanceStatusIDPrefix + f.InstanceID + "/" + f.EventID + "/" + stampUTC(f.NotBefore)
 }
@@ -127,6 +139,8 @@ func (f StatusFinding) Event() ([]byte, Event, error) {
 		d.NotBefore, d.NotAfter = stampUTC(f.NotBefore), stampUTC(f.NotAfter)
 	case FindingImpaired:
 		d.InstanceStatus, d.SystemStatus, d.ImpairedSince = f.InstanceStatus, f.SystemStatus, stampUTC(f.ImpairedSince)
+	case FindingRecovered:
+		d.InstanceStatus, d.SystemStatus = f.InstanceStatus, f.SystemStatus
 	}
 	detail, err := json.Marshal(d)
 	if err != nil {
@@ -199,9 +213,14 @@ func parseInstanceStatus(env envelope, ev *Event) error {
 		}
 		ev.Kind, ev.Deadline = KindScheduledChange, start
 		// EventARN carries EC2's event ID: it stays when EC2 reschedules the event, so a
-		// rescheduled event supersedes the earlier one as an updated Health event does.
+		// rescheduled event supersedes the earlier one as an updated Health event does. A
+		// completed or cancelled event closes it, as a closed Health event does.
+		status := HealthUpcoming
+		if closedDescription(d.Description) {
+			status = HealthClosed
+		}
 		ev.Health = &Health{
-			EventARN: d.EventID, TypeCode: TypeCode(code), Category: "scheduledChange", Status: HealthUpcoming,
+			EventARN: d.EventID, TypeCode: TypeCode(code), Category: "scheduledChange", Status: status,
 			Scheduled: code, Start: start, End: end,
 		}
 	case FindingImpaired:
@@ -219,8 +238,25 @@ func parseInstanceStatus(env envelope, ev *Event) error {
 		}
 		ev.Kind = KindInstanceStatus // no Deadline: AWS does not act on an impaired instance
 		ev.Status = &InstanceStatus{InstanceStatus: d.InstanceStatus, SystemStatus: d.SystemStatus, ImpairedSince: since}
+	case FindingRecovered:
+		if d.InstanceStatus == StatusImpaired || d.SystemStatus == StatusImpaired {
+			return reject(ReasonInvalid, "recovered finding with an impaired status")
+		}
+		ev.Kind = KindInstanceStatus
+		ev.Status = &InstanceStatus{InstanceStatus: d.InstanceStatus, SystemStatus: d.SystemStatus, Recovered: true}
 	default:
-		return reject(ReasonInvalid, "instance-status finding %q: want %s or %s", d.Finding, FindingScheduledEvent, FindingImpaired)
+		return reject(ReasonInvalid, "instance-status finding %q: want %s, %s or %s", d.Finding, FindingScheduledEvent, FindingImpaired, FindingRecovered)
 	}
 	return nil
+}
+
+// closedDescription reports whether EC2 describes a scheduled event as over: it prefixes the
+// description of a completed or cancelled event.
+func closedDescription(desc string) bool {
+	return strings.HasPrefix(desc, "[Completed]") || strings.HasPrefix(desc, "[Canceled]")
+}
+
+// ImpairedFindingID reports whether an event ID is the router's impaired finding's.
+func ImpairedFindingID(id string) bool {
+	return strings.HasPrefix(id, instanceStatusIDPrefix) && strings.Contains(id, "/impaired/")
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 )
 
 const (
@@ -65,6 +66,11 @@ type Config struct {
 	Visibility time.Duration
 	// WaitTime is the long-poll wait (SQS allows 20 s at most).
 	WaitTime time.Duration
+	// MaxReceives is how many deliveries a message that keeps failing gets before the router
+	// dead-letters it itself, with its last error as the reason's detail (0: never; SQS's
+	// redrive is then the only bound, and it gives no reason). Keep it below the queue's
+	// maxReceiveCount.
+	MaxReceives int
 	// HandleTimeout bounds the work on one message (cluster reads and writes, AWS calls),
 	// plus perInstanceBudget per instance it names: past it the message is retried later
 	// rather than holding a worker forever.
@@ -241,6 +247,14 @@ func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 	ctx, cancel := context.WithTimeout(ctx, in.cfg.HandleTimeout+time.Duration(len(ev.Instances))*perInstanceBudget)
 	defer cancel()
 	res, err := in.pipeline.Process(ctx, ev)
+	switch {
+	case err != nil && errors.Is(err, record.ErrTooLarge):
+		re := &event.RejectError{Reason: event.ReasonUnrecordable, Detail: err.Error()}
+		return func(ctx context.Context) error { return in.deadLetter(ctx, m, re) }
+	case err != nil && in.cfg.MaxReceives > 0 && receiveCount(m) >= in.cfg.MaxReceives:
+		re := &event.RejectError{Reason: event.ReasonRetriesExhausted, Detail: fmt.Sprintf("failed on %d deliveries; last: %v", receiveCount(m), err)}
+		return func(ctx context.Context) error { return in.deadLetter(ctx, m, re) }
+	}
 	if err != nil {
 		in.log.Error("carrying out the event; the message will be retried (instances recorded are not decided again)",
 			"event_id", ev.ID, "kind", ev.Kind, "err", err)

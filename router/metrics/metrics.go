@@ -16,7 +16,10 @@ const (
 	AlreadyRecorded      = "health_router_decision_already_recorded_total"     // instances of a redelivered event whose outcome was recorded
 	ForwardUnconfirmed   = "health_router_signal_forward_unconfirmed_total"    // forwards Karpenter did not act on; the NodeClaim was deleted instead
 	Redecisions          = "health_router_deferral_redecisions_total"          // labels: hold
-	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts); drains a gate held
+	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts, repair-cutoff); drains a gate held
+	Unmanaged            = "health_router_decision_unmanaged_total"            // labels: kind, action; events for nodes Karpenter does not manage
+	RecordsUnreadable    = "health_router_records_unreadable_total"            // NodeClaim records this router cannot read (kept as they are)
+	WakesDropped         = "health_router_deferral_wakes_dropped_total"        // releases not queued (the wake queue was full); the recheck covers them
 
 	// Watchdog gauges: Karpenter states users otherwise find by accident.
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool

@@ -18,6 +18,10 @@ type Router struct {
 	// GateHolds counts drains held by a gate (policy.ApplyGates returned a defer with Hold
 	// pdb or alerts), by gate.
 	GateHolds *prometheus.CounterVec
+	// Unmanaged counts events for nodes Karpenter does not manage, by kind and action.
+	Unmanaged         *prometheus.CounterVec
+	RecordsUnreadable prometheus.Counter
+	WakesDropped      prometheus.Counter
 }
 
 // NewRouter creates the collectors and registers them with reg. deferred reports the
@@ -55,8 +59,17 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		GateHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable), by gate.",
 		}, []string{LabelGate}),
+		Unmanaged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: Unmanaged, Help: "Decisions for nodes Karpenter does not manage (a Node without a NodeClaim), by kind and action (skip under --unmanaged-nodes=ignore, drain under cordon-drain).",
+		}, []string{LabelKind, LabelAction}),
+		RecordsUnreadable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: RecordsUnreadable, Help: "Writes refused because a NodeClaim's records cannot be read by this router (a newer router's, or damaged): the records are kept as they are.",
+		}),
+		WakesDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: WakesDropped, Help: "Releases of held deferrals not queued because the wake queue was full; the periodic recheck and each record's own time cover them.",
+		}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds,
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.RecordsUnreadable, m.WakesDropped,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now, as recorded on NodeClaims."}, deferred))
 	return m
 }

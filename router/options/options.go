@@ -14,6 +14,7 @@ import (
 	"k8s.io/component-base/featuregate"
 
 	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/replay"
 	"github.com/health-router/health-router/router/signal"
 )
@@ -137,6 +138,12 @@ type Run struct {
 	InstanceStatusInterval time.Duration
 	// AlertmanagerURL is the Alertmanager the alert gate asks (API v2); empty: none.
 	AlertmanagerURL string
+	// UnmanagedNodes is what the router does for nodes Karpenter does not manage:
+	// policy.UnmanagedIgnore or policy.UnmanagedCordonDrain.
+	UnmanagedNodes string
+	// MaxReceives is how many deliveries a failing message gets before the router
+	// dead-letters it itself, with its last error (0: never).
+	MaxReceives int
 }
 
 // runFlags defines the flags of `health-router run` on o; mode, gateFlag and level are parsed
@@ -173,6 +180,8 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level *string) {
 	fs.StringVar(&o.AlertmanagerURL, "alertmanager-url", "", "Alertmanager (API v2) the pools' hold-while-alerts gate asks, e.g. http://alertmanager.monitoring:9093; empty: a pool asking for the gate finds it unreachable")
 	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s)")
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
+	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (an Event on the Node and a metric, nothing else) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected)")
+	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount; 0: never")
 	return fs, mode, gateFlag, level
 }
 
@@ -208,6 +217,10 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--forward-confirm-timeout %s: want at least 1s", o.ForwardConfirmTimeout)
 	case o.InstanceStatusInterval < 10*time.Second:
 		return o, fmt.Errorf("--instance-status-interval %s: want at least 10s", o.InstanceStatusInterval)
+	case o.UnmanagedNodes != policy.UnmanagedIgnore && o.UnmanagedNodes != policy.UnmanagedCordonDrain:
+		return o, fmt.Errorf("--unmanaged-nodes %q: want %s or %s", o.UnmanagedNodes, policy.UnmanagedIgnore, policy.UnmanagedCordonDrain)
+	case o.MaxReceives < 0:
+		return o, fmt.Errorf("--max-receives %d: want 0 (never) or more", o.MaxReceives)
 	case o.AlertmanagerURL != "" && !validHTTPURL(o.AlertmanagerURL):
 		return o, fmt.Errorf("--alertmanager-url %q: want an http or https URL", o.AlertmanagerURL)
 	case o.QueueURL == "":

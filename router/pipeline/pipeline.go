@@ -13,6 +13,9 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/utils/clock"
@@ -23,6 +26,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -41,6 +45,12 @@ type Publisher interface {
 	Decision(kind, action string)
 }
 
+// NodeDrainer drains a node Karpenter does not manage (--unmanaged-nodes=cordon-drain):
+// Begin records the drain on the Node and cordons it; the drainer evicts its pods from there.
+type NodeDrainer interface {
+	Begin(ctx context.Context, node *corev1.Node, eventID, kind string, deadline time.Time) (already bool, err error)
+}
+
 // Pipeline decides and carries out events.
 type Pipeline struct {
 	engine    *engine.Engine
@@ -50,6 +60,13 @@ type Pipeline struct {
 	clock     clock.PassiveClock
 	log       *slog.Logger
 	parallel  int
+	nodes     NodeDrainer // nil: unmanaged nodes are not drained
+}
+
+// WithNodeDrainer gives the pipeline what drains nodes Karpenter does not manage.
+func (p *Pipeline) WithNodeDrainer(d NodeDrainer) *Pipeline {
+	p.nodes = d
+	return p
 }
 
 // New returns a Pipeline; publisher may be nil, parallel < 1 means DefaultParallelism.
@@ -118,7 +135,7 @@ var ErrBadRecord = errors.New("deferral record holds no event the router can par
 
 // Redecide decides one due (or released) deferral of a NodeClaim again and carries the new
 // outcome out. It returns the new decision (a defer carries its next Until).
-func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec signal.Deferral) (policy.Decision, error) {
+func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec record.Record) (policy.Decision, error) {
 	ev, err := event.Parse(rec.Event)
 	if err != nil {
 		return policy.Decision{}, fmt.Errorf("%w: %s on nodeclaim %s: %v", ErrBadRecord, rec.EventID, nc.Name, err)
@@ -143,12 +160,13 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	}
 	log := p.log.With("event_id", ev.ID, "kind", ev.Kind, "instance", id)
 	if nc := resolved.NodeClaim; nc != nil && !redecide {
-		if rec, ok := signal.Recorded(nc, ev); ok {
+		set, _ := record.Read(nc) // unreadable: nothing is recorded as far as this router can tell
+		if rec, ok := set.Recorded(ev); ok {
 			log.Debug("outcome recorded already", "nodeclaim", nc.Name, "state", rec.State, "recorded_event", rec.EventID)
 			p.metrics.AlreadyRecorded.Inc()
 			return "", true, nil
 		}
-		if stamped, _, _, ok := signal.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok && stamped == ev.ID {
+		if stamped, _, _, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok && stamped == ev.ID {
 			p.metrics.AlreadyRecorded.Inc()
 			return "", true, nil
 		}
@@ -182,31 +200,47 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	for _, c := range d.Checks {
 		p.metrics.CheckResults.WithLabelValues(c.Name, checkResult(c)).Inc()
 	}
-	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts) {
+	unmanaged := o.Resolved.Node != nil && o.Resolved.NodeClaim == nil
+	if unmanaged {
+		p.metrics.Unmanaged.WithLabelValues(string(ev.Kind), string(d.Action)).Inc()
+	}
+	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts || d.Hold == policy.HoldRepairCutoff) {
 		p.metrics.GateHolds.WithLabelValues(string(d.Hold)).Inc()
 	}
 	p.signal.PolicyProblems(o.Resolved, o.Problems)
 	quiet := bulk.quiet
-	switch d.Action {
-	case policy.ActionDrain:
+	switch {
+	case unmanaged && d.Action == policy.ActionDrain:
+		err = p.drainUnmanaged(ctx, ev, d, o.Resolved, quiet)
+	case unmanaged && d.Action == policy.ActionSkip:
+		// Nothing to do, and nothing to retry: told once per event on the Node.
+		if !quiet {
+			p.signal.NotManaged(o.Resolved, ev, d)
+		}
+		ilog.Info("skipped", "reason", d.Reason)
+	case d.Action == policy.ActionDrain:
 		var already bool
 		already, err = p.signal.Drain(ctx, ev, d, o.Resolved, quiet)
-		if err == nil {
+		switch {
+		case err == nil:
 			ilog.Info("drain signalled", "reason", d.Reason, "already_draining", already, "via", p.signal.Via(ev))
-		} else {
+		case errors.Is(err, signal.ErrSentNotRecorded):
+			// The drain went out (or may have): its slot stays taken until the cluster shows
+			// it or the reservation's bound passes, so the pool never goes over its limit.
+		default:
 			p.engine.Unreserve(d.NodePool, d.NodeClaim)
 		}
-	case policy.ActionDefer:
+	case d.Action == policy.ActionDefer:
 		_, err = p.signal.Defer(ctx, ev, d, o.Resolved, quiet)
 		if err == nil {
 			ilog.Info("deferred", "until", d.Until, "hold", d.Hold, "reason", d.Reason)
 		}
-	case policy.ActionIgnore:
+	case d.Action == policy.ActionIgnore:
 		err = p.signal.Ignore(ctx, ev, d, o.Resolved, quiet)
 		if err == nil {
 			ilog.Info("ignored", "reason", d.Reason)
 		}
-	case policy.ActionSkip:
+	case d.Action == policy.ActionSkip:
 		ilog.Info("skipped", "reason", d.Reason)
 	}
 	if err != nil {
@@ -215,6 +249,23 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	}
 	bulk.add(o.Resolved.NodePool, d)
 	return d.Action, false, nil
+}
+
+// drainUnmanaged drains a node Karpenter does not manage through the NodeDrainer: its record
+// and cordon are on the Node, and the drainer evicts its pods with PDBs respected.
+func (p *Pipeline) drainUnmanaged(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) error {
+	if p.nodes == nil {
+		return fmt.Errorf("instance %s: %w, and no drainer for such nodes is configured", d.InstanceID, signal.ErrNotManaged)
+	}
+	already, err := p.nodes.Begin(ctx, res.Node, ev.ID, string(ev.Kind), d.Deadline)
+	if err != nil {
+		return fmt.Errorf("cordoning node %s: %w", res.Node.Name, err)
+	}
+	if !already && !quiet {
+		p.signal.NotManaged(res, ev, d)
+	}
+	p.log.Info("unmanaged node cordoned for draining", "event_id", ev.ID, "instance", d.InstanceID, "node", res.Node.Name, "already", already)
+	return nil
 }
 
 func checkResult(c policy.Check) string {

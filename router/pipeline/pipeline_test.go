@@ -24,6 +24,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -121,7 +122,7 @@ func TestBulkEventResumes(t *testing.T) {
 	}
 	deferred, deleting := 0, 0
 	for _, nc := range r.claims(t) {
-		if len(signal.Deferrals(&nc)) == 1 {
+		if len(record.Records(&nc)) == 1 {
 			deferred++
 		}
 		if !nc.DeletionTimestamp.IsZero() {
@@ -166,7 +167,7 @@ func TestOneMaintenanceDecidedOnce(t *testing.T) {
 	if err != nil || res.AlreadyRecorded != 1 {
 		t.Fatalf("second report: %+v, %v", res, err)
 	}
-	if ds := signal.Deferrals(&r.claims(t)[0]); len(ds) != 1 || ds[0].EventID != "from-health" {
+	if ds := record.Records(&r.claims(t)[0]); len(ds) != 1 || ds[0].EventID != "from-health" {
 		t.Errorf("records %+v", ds)
 	}
 	// Rescheduled (another not-before): decided again.
@@ -196,7 +197,7 @@ func TestRedecideADueDeferral(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := r.claims(t)[0]
-	rec := signal.Deferrals(&nc)[0]
+	rec := record.Records(&nc)[0]
 	d, err := r.p.Redecide(context.Background(), &nc, rec)
 	if err != nil || d.Action != policy.ActionDefer || !d.Until.Equal(start.Add(-time.Hour)) {
 		t.Fatalf("before its time: %s until %s (%v)", d.Action, d.Until, err)
@@ -206,8 +207,8 @@ func TestRedecideADueDeferral(t *testing.T) {
 	if err != nil || d.Action != policy.ActionDrain {
 		t.Fatalf("when due: %s (%v)", d.Action, err)
 	}
-	if nc := r.claims(t)[0]; nc.DeletionTimestamp.IsZero() || len(signal.Deferrals(&nc)) != 0 {
-		t.Errorf("after the drain: deleting %v, records %+v", !nc.DeletionTimestamp.IsZero(), signal.Deferrals(&nc))
+	if nc := r.claims(t)[0]; nc.DeletionTimestamp.IsZero() || len(record.Records(&nc)) != 0 {
+		t.Errorf("after the drain: deleting %v, records %+v", !nc.DeletionTimestamp.IsZero(), record.Records(&nc))
 	}
 	broken := rec
 	broken.Event = []byte("{not json")
@@ -231,7 +232,7 @@ func TestClosedHealthEventCancels(t *testing.T) {
 	if err != nil || res.Actions[policy.ActionIgnore] != 1 {
 		t.Fatalf("closed: %+v, %v", res, err)
 	}
-	if ds := signal.Deferrals(&r.claims(t)[0]); len(ds) != 1 || ds[0].State != signal.StateCancelled {
+	if ds := record.Records(&r.claims(t)[0]); len(ds) != 1 || ds[0].State != record.StateCancelled {
 		t.Errorf("records %+v", ds)
 	}
 }
@@ -240,7 +241,7 @@ func TestClosedHealthEventCancels(t *testing.T) {
 func TestDrainingNodeClaimIsSkipped(t *testing.T) {
 	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
 	nc := r.claims(t)[0]
-	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: signal.DrainStamp("other", now, signal.ModeForward)}
+	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("other", now, string(signal.ModeForward))}
 	if err := r.kube.Update(context.Background(), &nc); err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func TestDrainingNodeClaimIsSkipped(t *testing.T) {
 	if err != nil || res.AlreadyRecorded != 1 || len(res.Actions) != 0 {
 		t.Fatalf("%+v, %v", res, err)
 	}
-	if ds := signal.Deferrals(&r.claims(t)[0]); len(ds) != 0 {
+	if ds := record.Records(&r.claims(t)[0]); len(ds) != 0 {
 		t.Errorf("a deferral written on a draining NodeClaim: %+v", ds)
 	}
 }

@@ -29,6 +29,19 @@ const (
 	HoldRestartGrace Hold = "restart-grace" // a stopped instance may run again
 	HoldPacing       Hold = "pacing"        // max-concurrent-drains: a drain of the pool must finish
 	HoldCheck        Hold = "check"         // a pre-signal check failed or could not answer
+	// HoldRepairCutoff: more of the pool is impaired than its repair cut-off; released when
+	// the storm passes (impaired instances recover or are replaced).
+	HoldRepairCutoff Hold = "repair-cutoff"
+)
+
+// RepairRecheck is how soon an impaired instance held by the repair cut-off is decided again.
+const RepairRecheck = time.Minute
+
+// Values of the router's --unmanaged-nodes: what it does for a node Karpenter does not manage
+// (a managed node group's, a self-managed one: a Node without a NodeClaim).
+const (
+	UnmanagedIgnore      = "ignore"       // a clear "not managed by Karpenter" outcome; nothing is done
+	UnmanagedCordonDrain = "cordon-drain" // cordon and evict its pods (Eviction API, PDBs respected)
 )
 
 // Target is the instance an event names, as the cluster model resolved it.
@@ -44,6 +57,14 @@ type Target struct {
 	// are being drained (deleted or signalled, not yet replaced).
 	PoolNodes      int
 	DrainsInFlight int
+	// Impaired counts the pool's other nodes the router holds or replaces as impaired, for
+	// the repair cut-off of an instance-status event.
+	Impaired int
+	// RunningSince is the latest `running` state change handled for the instance.
+	RunningSince time.Time
+	// Unmanaged is set for a Node without a NodeClaim: the cluster's --unmanaged-nodes
+	// (UnmanagedIgnore or UnmanagedCordonDrain) decides it, not a NodePool.
+	Unmanaged string
 }
 
 // Decision is what the router does with one event for one instance, and why.
@@ -92,10 +113,17 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 		return d.with(ActionSkip, "instance %s is not a node of this cluster", tg.InstanceID)
 	}
 	d.Warnings = append(d.Warnings, tg.Policy.Problems...)
+	if tg.Unmanaged == UnmanagedIgnore {
+		return d.with(ActionSkip, "not managed by Karpenter: node %s has no NodeClaim, and --unmanaged-nodes=%s", tg.Node, UnmanagedIgnore)
+	}
 
 	if ev.Health != nil && ev.Health.Status == event.HealthClosed {
 		d.Cancel = true
 		return d.with(ActionIgnore, "AWS Health event %s is closed: nothing left to do, and any deferral it held is cancelled", ev.Health.TypeCode)
+	}
+	if ev.Kind == event.KindInstanceStatus && ev.Status != nil && ev.Status.Recovered {
+		d.Cancel = true
+		return d.with(ActionIgnore, "instance passes its status checks again: a repair held for it is cancelled")
 	}
 	if ev.Kind == event.KindStateChange {
 		switch ev.State {
@@ -104,6 +132,10 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 		case event.StateRunning:
 			d.Cancel = true
 			return d.with(ActionIgnore, "instance is running: a deferred stop of it is cancelled (a stop/start, not a loss)")
+		case event.StateStopping, event.StateStopped:
+			if !tg.RunningSince.IsZero() && !ev.Time.After(tg.RunningSince) {
+				return d.with(ActionIgnore, "instance was %s at %s but has been running since %s: the stop is over (its event arrived late)", ev.State, stamp(ev.Time), stamp(tg.RunningSince))
+			}
 		}
 	}
 
@@ -205,6 +237,16 @@ func decideImpaired(d Decision, ev event.Event, tg Target, now time.Time, action
 	default:
 		d = d.with(ActionDrain, "%s: %s", chose, what)
 	}
+	if tg.Unmanaged != "" {
+		return d
+	}
+	if cutoff := tg.Policy.RepairCutoff(tg.PoolNodes); tg.Impaired+1 > cutoff {
+		d.Action, d.Until, d.Hold = ActionDefer, now.Add(RepairRecheck), HoldRepairCutoff
+		d.Warnings = append(d.Warnings, fmt.Sprintf("impaired-instance repair stopped in this pool: %d of %d nodes impaired, over its cut-off of %d", tg.Impaired+1, tg.PoolNodes, cutoff))
+		d.Reason = fmt.Sprintf("%s; held by the repair cut-off (%s of the pool, at most %d: %d nodes) while %d of %d nodes are impaired; re-checked at %s",
+			d.Reason, tg.Policy.RepairMaxUnhealthy.String(), tg.Policy.RepairMaxUnhealthyCap, cutoff, tg.Impaired+1, tg.PoolNodes, stamp(d.Until))
+		return d
+	}
 	return pace(d, ev, tg, now)
 }
 
@@ -279,7 +321,7 @@ func pace(d Decision, ev event.Event, tg Target, now time.Time) Decision {
 // Paced reports whether pacing can hold a decision of ev under p: a non-urgent event in a
 // pool with max-concurrent-drains. Only then does the caller need the pool's state.
 func Paced(ev event.Event, p Policy) bool {
-	return p.MaxConcurrentDrains != nil && !ev.Urgent()
+	return (p.MaxConcurrentDrains != nil && !ev.Urgent()) || ev.Kind == event.KindInstanceStatus
 }
 
 // heldUntil is when a drain held on live state (a failed check, a gate) is decided again:

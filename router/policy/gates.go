@@ -38,6 +38,10 @@ const (
 	GateAlerts = "alerts"
 )
 
+// SettleReadyBound is the longest a drain with drain-settle "ready" stays in flight after its
+// NodeClaim is gone: past it the drain counts as settled, whatever its owners' pods do.
+const SettleReadyBound = 10 * time.Minute
+
 // Holds of the gates.
 const (
 	HoldPDB    Hold = GatePDB    // a PodDisruptionBudget of a pod on the node allows no disruption

@@ -26,7 +26,22 @@ const (
 	AnnotationWindowDuration      = Prefix + "window-duration"
 	AnnotationDrainLead           = Prefix + "drain-lead"
 	AnnotationRestartGrace        = Prefix + "restart-grace"
+	// AnnotationRepairMaxUnhealthy is the impaired-instance repair cut-off: while more of the
+	// pool's nodes than this (a percentage, rounded up, or a count) are impaired, the router
+	// replaces none of them (Karpenter's node repair stops at 20%; Cluster API's maxUnhealthy).
+	AnnotationRepairMaxUnhealthy = Prefix + "repair-max-unhealthy"
+	// AnnotationRepairMaxUnhealthyCap caps the cut-off in large pools (a count).
+	AnnotationRepairMaxUnhealthyCap = Prefix + "repair-max-unhealthy-cap"
 )
+
+// Defaults of the repair cut-off: Karpenter's 20%, and at most 10 nodes of any one pool.
+var (
+	DefaultRepairMaxUnhealthy = intstr.FromString("20%")
+)
+
+// DefaultRepairMaxUnhealthyCap caps the default cut-off: an AZ-wide impairment of a
+// 1,000-node pool replaces at most 10 nodes at once.
+const DefaultRepairMaxUnhealthyCap = 10
 
 // Defaults of the timing annotations.
 const (
@@ -63,6 +78,9 @@ type Policy struct {
 	// AlertsUnreachable is UnreachableHold or UnreachableDrain.
 	AlertsUnreachable string
 	DrainSettle       Settle
+	// RepairMaxUnhealthy and RepairMaxUnhealthyCap are the impaired-instance repair cut-off.
+	RepairMaxUnhealthy    intstr.IntOrString
+	RepairMaxUnhealthyCap int
 	// Problems lists the annotations that were ignored, and why.
 	Problems []string
 }
@@ -85,7 +103,8 @@ func ScheduledActionKey(t event.ScheduledType) string {
 // FromAnnotations reads a Policy. It never fails: an invalid value is ignored, as if the
 // annotation were absent, and recorded in Problems so that decisions and Events say why.
 func FromAnnotations(annotations map[string]string) Policy {
-	p := Policy{DrainLead: DefaultDrainLead, RestartGrace: DefaultRestartGrace, RespectPDB: true, AlertsUnreachable: UnreachableHold}
+	p := Policy{DrainLead: DefaultDrainLead, RestartGrace: DefaultRestartGrace, RespectPDB: true, AlertsUnreachable: UnreachableHold,
+		RepairMaxUnhealthy: DefaultRepairMaxUnhealthy, RepairMaxUnhealthyCap: DefaultRepairMaxUnhealthyCap}
 	kindKeys := map[string]event.Kind{}
 	for _, k := range event.InstanceKinds {
 		kindKeys[ActionKey(k)] = k
@@ -171,6 +190,18 @@ func FromAnnotations(annotations map[string]string) Policy {
 				p.AlertsUnreachable = v
 			} else {
 				problem("want %s or %s", UnreachableHold, UnreachableDrain)
+			}
+		case key == AnnotationRepairMaxUnhealthy:
+			if n, err := parseDrainLimit(v); err == nil {
+				p.RepairMaxUnhealthy = n
+			} else {
+				problem("%v", err)
+			}
+		case key == AnnotationRepairMaxUnhealthyCap:
+			if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+				p.RepairMaxUnhealthyCap = n
+			} else {
+				problem("want a whole number of nodes, 0 or more")
 			}
 		case key == AnnotationDrainSettle:
 			if s, err := parseSettle(v); err == nil {
@@ -292,11 +323,23 @@ func (p Policy) DrainLimit(poolNodes int) (int, bool) {
 	return n, true
 }
 
+// RepairCutoff returns how many of a pool's nodes may be impaired before the router stops
+// replacing them: RepairMaxUnhealthy of poolNodes (a percentage rounds up), at most
+// RepairMaxUnhealthyCap.
+func (p Policy) RepairCutoff(poolNodes int) int {
+	n, err := intstr.GetScaledValueFromIntOrPercent(&p.RepairMaxUnhealthy, poolNodes, true)
+	if err != nil {
+		n = 0 // unreachable: validated in FromAnnotations
+	}
+	return min(n, p.RepairMaxUnhealthyCap)
+}
+
 // Annotations returns every annotation key the router reads, for documentation and doctor.
 func Annotations() []string {
 	keys := []string{AnnotationAction, AnnotationMaxConcurrentDrains, AnnotationWindowSchedule,
 		AnnotationWindowDuration, AnnotationDrainLead, AnnotationRestartGrace,
-		AnnotationRespectPDB, AnnotationHoldWhileAlerts, AnnotationHoldWhileAlertsUnreachable, AnnotationDrainSettle}
+		AnnotationRespectPDB, AnnotationHoldWhileAlerts, AnnotationHoldWhileAlertsUnreachable, AnnotationDrainSettle,
+		AnnotationRepairMaxUnhealthy, AnnotationRepairMaxUnhealthyCap}
 	for _, k := range event.InstanceKinds {
 		keys = append(keys, ActionKey(k))
 	}

@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -101,6 +100,12 @@ type instanceLister interface {
 	InstanceIDs(ctx context.Context) ([]string, error)
 }
 
+// heldLister returns the instances whose repair the router holds (the repair cut-off): the
+// poller tells the pipeline when one of them passes its checks again.
+type heldLister interface {
+	HeldImpaired(ctx context.Context) ([]string, error)
+}
+
 // Handler decides an event for its instance and carries the decision out; the router's
 // pipeline implements it (and recognises a maintenance already decided from AWS Health).
 type Handler interface {
@@ -125,6 +130,15 @@ type Poller struct {
 	// and that EC2 still reports.
 	handed   map[string]map[string]bool
 	impaired map[string]*impairment
+	held     heldLister // nil: no repairs are held
+}
+
+// WithHeldImpaired gives the poller the instances whose repair the router holds, read from
+// the cluster at every poll (so a restart forgets none): one that passes its checks again is
+// handed over as recovered, which cancels the held repair.
+func (p *Poller) WithHeldImpaired(l heldLister) *Poller {
+	p.held = l
+	return p
 }
 
 // impairment is an instance seen impaired at every poll since `since`.
@@ -190,6 +204,16 @@ func (p *Poller) Poll(ctx context.Context) error {
 
 	statuses, failed, describeErr := p.describe(ctx, ids)
 	now := p.clock.Now()
+	held := map[string]bool{}
+	if p.held != nil {
+		hs, err := p.held.HeldImpaired(ctx)
+		if err != nil {
+			describeErr = errors.Join(describeErr, fmt.Errorf("listing held repairs: %w", err))
+		}
+		for _, id := range hs {
+			held[id] = true
+		}
+	}
 	var todo []event.StatusFinding
 	for _, id := range ids {
 		if failed[id] {
@@ -198,6 +222,10 @@ func (p *Poller) Poll(ctx context.Context) error {
 		todo = append(todo, p.scheduled(id, statuses[id], now)...)
 		if f, ok := p.impairedFinding(id, statuses[id], now); ok {
 			todo = append(todo, f)
+		} else if held[id] && !impairedStatus(statuses[id]) {
+			st := statuses[id]
+			todo = append(todo, event.StatusFinding{InstanceID: id, Finding: event.FindingRecovered, Time: now, Account: p.opts.Account, Region: p.opts.Region,
+				InstanceStatus: summary(st.InstanceStatus), SystemStatus: summary(st.SystemStatus)})
 		}
 	}
 	handleErr := p.handle(ctx, todo)
@@ -310,16 +338,14 @@ func span(ids []string) string {
 }
 
 // scheduled returns the new scheduled-event findings of one instance and forgets those EC2
-// no longer reports. Karpenter's poller drains on [Completed] and [Canceled] events too;
-// the router skips them: the maintenance is over, or will not happen.
+// no longer reports. Karpenter's poller drains on [Completed] and [Canceled] events too; the
+// router hands them over as closing the maintenance (once each): the pipeline cancels what it
+// deferred for it, whichever source reported it.
 func (p *Poller) scheduled(id string, st ec2types.InstanceStatus, now time.Time) []event.StatusFinding {
 	var out []event.StatusFinding
 	current := map[string]bool{}
 	for _, e := range st.Events {
 		desc := aws.ToString(e.Description)
-		if strings.HasPrefix(desc, "[Completed]") || strings.HasPrefix(desc, "[Canceled]") {
-			continue
-		}
 		code := event.ScheduledType(e.Code)
 		if !slices.Contains(event.ScheduledTypes, code) || e.NotBefore == nil {
 			p.log.Warn("scheduled event not understood; not acted on", "instance", id, "code", string(e.Code), "event_id", aws.ToString(e.InstanceEventId), "description", desc)
@@ -375,6 +401,10 @@ func (p *Poller) impairedFinding(id string, st ec2types.InstanceStatus, now time
 	}, true
 }
 
+func impairedStatus(st ec2types.InstanceStatus) bool {
+	return summary(st.InstanceStatus) == event.StatusImpaired || summary(st.SystemStatus) == event.StatusImpaired
+}
+
 func summary(s *ec2types.InstanceStatusSummary) string {
 	if s == nil {
 		return ""
@@ -397,6 +427,9 @@ func (p *Poller) handle(ctx context.Context, findings []event.StatusFinding) err
 		}
 		p.log.Info("instance-status finding handed over", "instance", f.InstanceID, "event_id", ev.ID, "kind", string(ev.Kind), "finding", f.Finding)
 		p.findings.WithLabelValues(f.Finding).Inc()
+		if f.Finding == event.FindingRecovered {
+			continue // handed at every poll until the held repair is cancelled
+		}
 		if f.Finding == event.FindingImpaired {
 			if imp := p.impaired[f.InstanceID]; imp != nil {
 				imp.handed = true

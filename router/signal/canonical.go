@@ -55,7 +55,9 @@ func NewCanonicalizer(ev event.Event) (*Canonicalizer, error) {
 	for _, id := range ev.Instances {
 		c.instances[id] = true
 	}
-	if ev.Kind != event.KindScheduledChange {
+	if !c.healthEntities() {
+		// The router's own findings (the poller's scheduled events) name one instance in a
+		// detail of their own: nothing to restrict.
 		return c, nil
 	}
 	if err := json.Unmarshal(in.Detail, &c.detail); err != nil {
@@ -70,8 +72,9 @@ func NewCanonicalizer(ev event.Event) (*Canonicalizer, error) {
 		var entity struct {
 			EntityValue string `json:"entityValue"`
 		}
-		if json.Unmarshal(e, &entity) == nil && c.entities[entity.EntityValue] == nil {
-			c.entities[entity.EntityValue] = e
+		// Trimmed as the parser trims it: " i-0a…" names the instance the event decided.
+		if json.Unmarshal(e, &entity) == nil && c.entities[strings.TrimSpace(entity.EntityValue)] == nil {
+			c.entities[strings.TrimSpace(entity.EntityValue)] = e
 		}
 	}
 	return c, nil
@@ -84,7 +87,7 @@ func (c *Canonicalizer) Body(instanceID string) ([]byte, error) {
 		return nil, fmt.Errorf("canonical body of event %s: it does not name instance %s", ev.ID, instanceID)
 	}
 	detail := c.raw
-	if ev.Kind == event.KindScheduledChange {
+	if c.healthEntities() {
 		e := c.entities[instanceID]
 		if e == nil {
 			return nil, fmt.Errorf("canonical body of event %s: instance %s is not among the affected entities", ev.ID, instanceID)
@@ -162,4 +165,10 @@ func partition(region string) string {
 		return "aws-iso-b"
 	}
 	return "aws"
+}
+
+// healthEntities reports whether the event is an AWS Health event, whose detail lists its
+// instances in affectedEntities (restricted to one in each canonical body).
+func (c *Canonicalizer) healthEntities() bool {
+	return c.ev.Kind == event.KindScheduledChange && c.ev.Source != event.SourceHealthRouter
 }

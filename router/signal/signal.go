@@ -6,9 +6,8 @@ package signal
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +28,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 )
 
 // Mode is how a drain is signalled to Karpenter.
@@ -53,100 +53,23 @@ const (
 	ReasonReplacementUnsound = "HealthEventReplacementUnsound"
 	ReasonForwardUnconfirmed = "HealthEventForwardUnconfirmed"
 	ReasonDeferralDropped    = "HealthEventDeferralDropped"
+	ReasonRecordUnreadable   = "HealthRouterRecordUnreadable"
+	ReasonNotManaged         = "HealthEventNotManaged"
 )
+
+// ErrNotManaged marks an instance whose Node has no NodeClaim: Karpenter does not manage it
+// (a managed node group, a self-managed node), so there is nothing to forward or delete.
+var ErrNotManaged = errors.New("not managed by Karpenter: the node has no NodeClaim")
 
 // actions are the Event actions of each reason.
 var actions = map[string]string{
 	ReasonDrained: "Drain", ReasonDeferred: "Defer", ReasonIgnored: "Ignore", ReasonDeferralCancelled: "CancelDeferral",
 }
 
-// Deferral states on the NodeClaim.
-const (
-	StateDeferred   = "deferred"
-	StateCancelled  = "cancelled"  // a running instance, or a closed Health event, ended it
-	StateSuperseded = "superseded" // a newer update of the same Health event replaced it
-)
-
-// Deferral is one deferred event for one instance, as recorded in the NodeClaim's
-// healthrouter.io/deferred annotation (a JSON list). The record is the deferral's durable
-// home: it holds the event itself, so the router decides it again at Until (or when its Hold
-// ends) with nothing kept in SQS.
-type Deferral struct {
-	EventID string     `json:"event_id"`
-	Key     string     `json:"key"` // the Health eventArn, or the event ID
-	Kind    event.Kind `json:"kind"`
-	Until   time.Time  `json:"until"`
-	Reason  string     `json:"reason"`
-	State   string     `json:"state"`
-	// Hold is what the deferral waits for; Image the image a check hold waits on, PDBs the
-	// PodDisruptionBudgets ("namespace/name") a pdb hold waits on.
-	Hold  policy.Hold `json:"hold,omitempty"`
-	Image string      `json:"image,omitempty"`
-	PDBs  []string    `json:"pdbs,omitempty"`
-	// Match identifies a scheduled maintenance whichever source reported it (AWS Health or
-	// EC2's instance status): "<scheduled type>@<not-before, RFC 3339>".
-	Match string `json:"match,omitempty"`
-	// Event is the event's body restricted to this instance, as forwarded to Karpenter.
-	Event json.RawMessage `json:"event,omitempty"`
-}
-
-// Active reports whether the deferral still waits (not cancelled or superseded).
-func (d Deferral) Active() bool { return d.State == StateDeferred }
-
-// Match returns the identity of a scheduled maintenance across its sources, or "" for
-// other events: the same instance, scheduled type and not-before are the same maintenance.
-func Match(ev event.Event) string {
-	if ev.Kind != event.KindScheduledChange || ev.Health == nil || ev.Health.Scheduled == "" || ev.Deadline.IsZero() {
-		return ""
-	}
-	return string(ev.Health.Scheduled) + "@" + ev.Deadline.UTC().Truncate(time.Second).Format(time.RFC3339)
-}
-
-// Recorded returns the NodeClaim's record of ev, if any: an event recorded already needs no
-// new decision. That is the same event (its ID: a redelivery), or the same scheduled
-// maintenance reported by another source (AWS Health and EC2's instance status: another key,
-// the same Match). An update of the same Health event (same key: a new status, a closed
-// event) is never "recorded": it is decided, and supersedes or cancels the record.
-func Recorded(nc *karpv1.NodeClaim, ev event.Event) (Deferral, bool) {
-	match, key := Match(ev), DeferralKey(ev)
-	closed := ev.Health != nil && ev.Health.Status == event.HealthClosed
-	for _, d := range Deferrals(nc) {
-		if d.EventID == ev.ID || (match != "" && !closed && d.Match == match && d.Key != key) {
-			return d, true
-		}
-	}
-	return Deferral{}, false
-}
-
-// DeferralKey identifies an event across its updates: the Health eventArn, else its ID.
-func DeferralKey(ev event.Event) string {
-	if ev.Health != nil && ev.Health.EventARN != "" {
-		return ev.Health.EventARN
-	}
-	return ev.ID
-}
-
-// Deferrals reads a NodeClaim's deferral records.
-func Deferrals(nc *karpv1.NodeClaim) []Deferral {
-	if nc == nil || nc.Annotations[cluster.AnnotationDeferred] == "" {
-		return nil
-	}
-	var ds []Deferral
-	if err := json.Unmarshal([]byte(nc.Annotations[cluster.AnnotationDeferred]), &ds); err != nil {
-		return nil // written by hand and broken: start afresh rather than fail every event
-	}
-	return ds
-}
-
-// DeferralState returns the recorded state of ev on the NodeClaim, or "" if none.
-func DeferralState(nc *karpv1.NodeClaim, ev event.Event) string {
-	for _, d := range Deferrals(nc) {
-		if d.EventID == ev.ID {
-			return d.State
-		}
-	}
-	return ""
-}
+// ErrSentNotRecorded marks a forward that went out (or may have: a send that timed out)
+// while its record on the NodeClaim did not land: the drain must not be signalled again, but
+// the event is retried so that the stamp lands, and with it the confirm-or-fallback.
+var ErrSentNotRecorded = errors.New("drain forwarded, not recorded")
 
 // sendAPI is the part of SQS the forward mode uses.
 type sendAPI interface {
@@ -176,7 +99,12 @@ type Signaller struct {
 	recent   map[string]time.Time // instance -> when this process signalled its drain
 	canonMu  sync.Mutex
 	canon    map[string]*Canonicalizer // parsed events worked on now, by ID and body size
+	// onUnreadable counts a NodeClaim whose records cannot be read (a metric); may be nil.
+	onUnreadable func()
 }
+
+// OnUnreadable sets what counts a NodeClaim whose records this router cannot read.
+func (s *Signaller) OnUnreadable(f func()) { s.onUnreadable = f }
 
 // New returns a Signaller. sqsClient and karpenterQueueURL are used in ModeForward only.
 func New(kube client.Client, fresh client.Reader, mode Mode, sqsClient sendAPI, karpenterQueueURL string, recorder events.EventRecorder, clk clock.Clock) *Signaller {
@@ -228,28 +156,6 @@ func (s *Signaller) remember(id string) {
 	s.recent[id] = s.clock.Now()
 }
 
-// DrainStamp is the value of the drain-signalled annotation: "<event id> <RFC 3339> <via>".
-func DrainStamp(eventID string, at time.Time, via Mode) string {
-	return eventID + " " + at.UTC().Format(time.RFC3339) + " " + string(via)
-}
-
-// ParseDrainStamp reads a drain-signalled annotation; via is empty in stamps written before
-// it was recorded.
-func ParseDrainStamp(v string) (eventID string, at time.Time, via Mode, ok bool) {
-	f := strings.Fields(v)
-	if len(f) < 2 {
-		return "", time.Time{}, "", false
-	}
-	at, err := time.Parse(time.RFC3339, f[1])
-	if err != nil {
-		return "", time.Time{}, "", false
-	}
-	if len(f) > 2 {
-		via = Mode(f[2])
-	}
-	return f[0], at, via, true
-}
-
 // Drain, Defer and Ignore take quiet to leave out the per-instance Kubernetes Events: a bulk
 // event is summarised on its NodePools instead (Summary).
 
@@ -263,51 +169,70 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 	defer func() { _ = s.locks.UnlockKey(d.InstanceID) }()
 
 	claim := res.NodeClaim
-	if claim != nil && (cluster.Draining(claim) || s.signalledRecently(d.InstanceID)) {
+	if claim == nil {
+		// Karpenter manages no such node: the pipeline decides it by --unmanaged-nodes.
+		return false, fmt.Errorf("instance %s: %w", d.InstanceID, ErrNotManaged)
+	}
+	if cluster.Draining(claim) {
 		return true, nil
 	}
 	via := s.Via(ev)
 	stamp := func() error {
-		if claim == nil {
-			return nil
-		}
-		return s.update(ctx, claim, func(nc *karpv1.NodeClaim) bool {
-			ds := Deferrals(nc)
-			ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.Key == DeferralKey(ev) || x.EventID == ev.ID })
-			setDeferrals(nc, ds)
-			nc.Annotations[cluster.AnnotationDrainSignalled] = DrainStamp(ev.ID, s.clock.Now(), via)
-			return true
+		return s.update(ctx, claim, func(nc *karpv1.NodeClaim) (bool, error) {
+			if nc.Annotations[cluster.AnnotationDrainSignalled] != "" || !nc.DeletionTimestamp.IsZero() {
+				return false, nil // recorded by an earlier try, or drained by another: nothing to add
+			}
+			if set, err := record.Read(nc); err == nil {
+				// Every record it held ends with the node; an unreadable value is left as it is.
+				set.Drained(ev.ID, record.Key(ev))
+				if err := writeRecords(nc, set); err != nil {
+					return false, err
+				}
+			}
+			nc.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp(ev.ID, s.clock.Now(), string(via))
+			return true, nil
 		})
 	}
 	switch via {
 	case ModeForward:
-		body, err := s.forwardBody(ev, d.InstanceID)
-		if err != nil {
-			return false, err
+		sentBefore := s.signalledRecently(d.InstanceID)
+		if !sentBefore {
+			body, err := s.forwardBody(ev, d.InstanceID)
+			if err != nil {
+				return false, err
+			}
+			if s.forward == nil {
+				return false, errNoBatcher
+			}
+			if err := s.forward.send(ctx, string(body)); err != nil {
+				if ctx.Err() != nil {
+					// A send abandoned at the deadline may have gone out: not signalled again
+					// for recentTTL, and the retry stamps it.
+					s.remember(d.InstanceID)
+					return false, fmt.Errorf("forwarding event %s for %s to Karpenter: %w: %w", ev.ID, d.InstanceID, ErrSentNotRecorded, err)
+				}
+				return false, fmt.Errorf("forwarding event %s for %s to Karpenter: %w", ev.ID, d.InstanceID, err)
+			}
+			s.remember(d.InstanceID)
 		}
-		if s.forward == nil {
-			return false, errNoBatcher
-		}
-		if err := s.forward.send(ctx, string(body)); err != nil {
-			return false, fmt.Errorf("forwarding event %s for %s to Karpenter: %w", ev.ID, d.InstanceID, err)
-		}
-		s.remember(d.InstanceID)
+		// Sent now, or by an earlier try whose stamp failed: the stamp is what the deferral
+		// controller confirms Karpenter acted on, so the event is retried until it lands.
 		if err := stamp(); err != nil && !apierrors.IsNotFound(err) {
-			// The signal went out; only the record failed. Report it, but do not retry the
-			// signal: the NodeClaim is being drained.
-			s.event(res, corev1.EventTypeWarning, ReasonDrained, "%s; recording it on the NodeClaim failed: %v", d.Reason, err)
-			return false, nil
+			return false, fmt.Errorf("recording the forwarded drain of %s on nodeclaim %s: %w: %w", d.InstanceID, claim.Name, ErrSentNotRecorded, err)
+		}
+		if sentBefore {
+			return true, nil // a duplicate, or the retry that recorded an earlier send
 		}
 	case ModeDeleteNodeClaim:
-		if claim == nil {
-			return false, fmt.Errorf("instance %s has a Node but no NodeClaim: nothing to delete", d.InstanceID)
+		if s.signalledRecently(d.InstanceID) {
+			return true, nil
 		}
-		// With deferral records to clear: the stamp first, from the cached object (one PATCH,
+		// With records to clear: the stamp first, from the cached object (one PATCH,
 		// no conflict), then the DELETE; should the DELETE fail, the deferral controller deletes
 		// a stamped NodeClaim that is not deleting within the confirmation bound. Without
 		// records the DELETE alone records the drain: a deleting NodeClaim counts as draining,
 		// and a redelivered event skips it.
-		if len(Deferrals(claim)) > 0 {
+		if claim.Annotations[record.Annotation] != "" {
 			if err := stamp(); err != nil {
 				if apierrors.IsNotFound(err) {
 					return true, nil
@@ -375,13 +300,13 @@ func (s *Signaller) Fallback(ctx context.Context, nc *karpv1.NodeClaim, waited t
 	if err := s.kube.Delete(ctx, nc.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
 		return false, fmt.Errorf("deleting nodeclaim %s after an unconfirmed drain: %w", nc.Name, err)
 	}
-	id, _, via, _ := ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
-	if via != ModeForward {
+	id, _, via, _ := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
+	if Mode(via) != ModeForward {
 		return false, nil
 	}
-	if err := s.update(ctx, nc, func(c *karpv1.NodeClaim) bool {
-		c.Annotations[cluster.AnnotationDrainSignalled] = DrainStamp(id, s.clock.Now(), ModeDeleteNodeClaim)
-		return true
+	if err := s.update(ctx, nc, func(c *karpv1.NodeClaim) (bool, error) {
+		c.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp(id, s.clock.Now(), string(ModeDeleteNodeClaim))
+		return true, nil
 	}); err != nil && !apierrors.IsNotFound(err) {
 		return true, fmt.Errorf("recording the fallback on nodeclaim %s: %w", nc.Name, err)
 	}
@@ -402,30 +327,11 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 	if err != nil {
 		return false, err
 	}
-	key := DeferralKey(ev)
-	entry := Deferral{EventID: ev.ID, Key: key, Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: StateDeferred,
-		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: Match(ev), Event: body}
-	err = s.update(ctx, res.NodeClaim, func(nc *karpv1.NodeClaim) bool {
-		ds := Deferrals(nc)
-		found := false
-		for i := range ds {
-			switch {
-			case ds[i].EventID == ev.ID:
-				found = true
-				if sameDeferral(ds[i], entry) {
-					return false
-				}
-				ds[i] = entry
-			case ds[i].Key == key && ds[i].State == StateDeferred:
-				ds[i].State = StateSuperseded // an older update of the same Health event
-			}
-		}
-		if !found {
-			ds = append(ds, entry)
-		}
-		setDeferrals(nc, ds)
-		changed = true
-		return true
+	entry := record.Record{EventID: ev.ID, Key: record.Key(ev), Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: record.StateDeferred,
+		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body}
+	err = s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
+		changed = set.Put(entry)
+		return changed
 	})
 	if err != nil {
 		return false, fmt.Errorf("recording deferral on nodeclaim %s: %w", res.NodeClaim.Name, err)
@@ -434,11 +340,6 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 		s.event(res, eventType(d), ReasonDeferred, "%s (%s) deferred until %s: %s", ev.Kind, ev.ID, d.Until.UTC().Format(time.RFC3339), summary(d))
 	}
 	return changed, nil
-}
-
-func sameDeferral(a, b Deferral) bool {
-	return a.EventID == b.EventID && a.Key == b.Key && a.Kind == b.Kind && a.Until.Equal(b.Until) && a.Reason == b.Reason &&
-		a.State == b.State && a.Hold == b.Hold && a.Image == b.Image && slices.Equal(a.PDBs, b.PDBs) && a.Match == b.Match && string(a.Event) == string(b.Event)
 }
 
 // holdImage is the image a drain held by the AMI check waits on.
@@ -460,28 +361,10 @@ func holdImage(d policy.Decision) string {
 func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) error {
 	if res.NodeClaim != nil {
 		var cancelled []string
-		err := s.update(ctx, res.NodeClaim, func(nc *karpv1.NodeClaim) bool {
-			ds := Deferrals(nc)
-			n := len(ds)
-			ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.EventID == ev.ID && x.Active() })
-			removed := len(ds) != n
-			cancelled = cancelled[:0]
-			for i := range ds {
-				if !d.Cancel || ds[i].State != StateDeferred {
-					continue
-				}
-				closedHealth := ev.Health != nil && ds[i].Key == DeferralKey(ev)
-				running := ev.Kind == event.KindStateChange && ds[i].Kind == event.KindStateChange
-				if closedHealth || running {
-					ds[i].State = StateCancelled
-					cancelled = append(cancelled, ds[i].EventID)
-				}
-			}
-			if len(cancelled) == 0 && !removed {
-				return false
-			}
-			setDeferrals(nc, ds)
-			return true
+		err := s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
+			var changed bool
+			cancelled, changed = set.Cancel(ev, d.Cancel)
+			return changed
 		})
 		if err != nil {
 			return fmt.Errorf("updating deferrals on nodeclaim %s: %w", res.NodeClaim.Name, err)
@@ -499,13 +382,7 @@ func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decisio
 
 // Drop removes one deferral record that can never be decided, with a Warning Event.
 func (s *Signaller) Drop(ctx context.Context, nc *karpv1.NodeClaim, eventID, why string) error {
-	err := s.update(ctx, nc, func(c *karpv1.NodeClaim) bool {
-		ds := Deferrals(c)
-		n := len(ds)
-		ds = slices.DeleteFunc(ds, func(x Deferral) bool { return x.EventID == eventID })
-		setDeferrals(c, ds)
-		return len(ds) != n
-	})
+	err := s.updateRecords(ctx, nc, func(set *record.Set) bool { return set.Remove(eventID) })
 	if err != nil {
 		return fmt.Errorf("dropping deferral %s of nodeclaim %s: %w", eventID, nc.Name, err)
 	}
@@ -516,16 +393,7 @@ func (s *Signaller) Drop(ctx context.Context, nc *karpv1.NodeClaim, eventID, why
 // Prune removes the ended deferrals (cancelled, superseded) whose time has passed: they are
 // kept until then only so that a late duplicate of their event is recognised.
 func (s *Signaller) Prune(ctx context.Context, nc *karpv1.NodeClaim, now time.Time) error {
-	return s.update(ctx, nc, func(c *karpv1.NodeClaim) bool {
-		ds := Deferrals(c)
-		n := len(ds)
-		ds = slices.DeleteFunc(ds, func(x Deferral) bool { return !x.Active() && !now.Before(x.Until) })
-		if len(ds) == n {
-			return false
-		}
-		setDeferrals(c, ds)
-		return true
-	})
+	return s.updateRecords(ctx, nc, func(set *record.Set) bool { return set.Prune(now) })
 }
 
 // Summary posts one Event on a NodePool for the instances of one event that got the same
@@ -549,6 +417,15 @@ func (s *Signaller) Summary(pool *karpv1.NodePool, ev event.Event, action policy
 
 var pastTense = map[policy.Action]string{policy.ActionDrain: "drained", policy.ActionDefer: "deferred", policy.ActionIgnore: "ignored"}
 
+// NotManaged posts an Event on a Node Karpenter does not manage: what the router decided for
+// it (nothing, under --unmanaged-nodes=ignore; a cordon and drain under cordon-drain).
+func (s *Signaller) NotManaged(res cluster.Resolved, ev event.Event, d policy.Decision) {
+	if res.Node == nil {
+		return
+	}
+	s.recorder.Eventf(res.Node, nil, corev1.EventTypeWarning, ReasonNotManaged, string(d.Action), "%s (%s): %s", ev.Kind, ev.ID, summary(d))
+}
+
 // PolicyProblems posts a Warning Event on the NodePool for each ignored annotation.
 func (s *Signaller) PolicyProblems(res cluster.Resolved, problems []string) {
 	if res.NodePool == nil {
@@ -562,8 +439,8 @@ func (s *Signaller) PolicyProblems(res cluster.Resolved, problems []string) {
 // update applies mutate to a copy of the NodeClaim as the caller (the cache) has it and
 // patches it with an optimistic lock; on a conflict it reads the NodeClaim fresh and tries
 // again. mutate returns false when there is nothing to change. One write per instance,
-// and a read only when someone else wrote first.
-func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*karpv1.NodeClaim) bool) error {
+// and a read only when someone else wrote first. An error of mutate ends it.
+func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*karpv1.NodeClaim) (bool, error)) error {
 	cur := nc
 	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -580,20 +457,55 @@ func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate fun
 		if next.Annotations == nil {
 			next.Annotations = map[string]string{}
 		}
-		if !mutate(next) {
-			return nil
+		if ok, err := mutate(next); err != nil || !ok {
+			return err
 		}
-		return s.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		err := s.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		if apierrors.IsRequestEntityTooLargeError(err) || (apierrors.IsInvalid(err) && strings.Contains(err.Error(), "annotations")) {
+			// Refused for its size or form: the same write fails on every retry.
+			return fmt.Errorf("%w: %w", record.ErrTooLarge, err)
+		}
+		return err
 	})
 }
 
-func setDeferrals(nc *karpv1.NodeClaim, ds []Deferral) {
-	if len(ds) == 0 {
-		delete(nc.Annotations, cluster.AnnotationDeferred)
-		return
+// updateRecords applies mutate to the NodeClaim's records. Records this router cannot read
+// are kept as they are: the write fails with record.ErrUnreadable, and is counted and told.
+func (s *Signaller) updateRecords(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*record.Set) bool) error {
+	return s.update(ctx, nc, func(c *karpv1.NodeClaim) (bool, error) {
+		set, err := record.Read(c)
+		if err != nil {
+			s.unreadable(c, err)
+			return false, fmt.Errorf("nodeclaim %s: %w", c.Name, err)
+		}
+		if !mutate(&set) {
+			return false, nil
+		}
+		return true, writeRecords(c, set)
+	})
+}
+
+// unreadable tells that a NodeClaim's records cannot be read and are kept as they are.
+func (s *Signaller) unreadable(nc *karpv1.NodeClaim, err error) {
+	if s.onUnreadable != nil {
+		s.onUnreadable()
 	}
-	b, _ := json.Marshal(ds) // a slice of plain structs always marshals
-	nc.Annotations[cluster.AnnotationDeferred] = string(b)
+	s.recorder.Eventf(nc, nil, corev1.EventTypeWarning, ReasonRecordUnreadable, "ReadRecords",
+		"%s is kept as it is and not rewritten (%v): a newer router wrote it, or it is damaged", record.Annotation, err)
+}
+
+// writeRecords sets the records annotation (removing it when there is nothing to keep).
+func writeRecords(nc *karpv1.NodeClaim, set record.Set) error {
+	v, err := record.Encode(set)
+	if err != nil {
+		return fmt.Errorf("nodeclaim %s: %w", nc.Name, err)
+	}
+	if v == "" {
+		delete(nc.Annotations, record.Annotation)
+	} else {
+		nc.Annotations[record.Annotation] = v
+	}
+	return nil
 }
 
 // event posts an Event on the Node and the NodeClaim.

@@ -24,6 +24,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 )
 
 var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
@@ -135,8 +136,8 @@ func TestDrainForwardsOnceAndStamps(t *testing.T) {
 	if len(r.sent.bodies) != 1 || strings.Contains(r.sent.bodies[0], "i-0a1b2c3d4e5f6000b") || !strings.Contains(r.sent.bodies[0], "i-0a1b2c3d4e5f6000a") {
 		t.Fatalf("forwarded %v", r.sent.bodies)
 	}
-	id, at, via, ok := ParseDrainStamp(r.get(t).Annotations[cluster.AnnotationDrainSignalled])
-	if !ok || id != "h1" || !at.Equal(now) || via != ModeForward {
+	id, at, via, ok := record.ParseDrainStamp(r.get(t).Annotations[cluster.AnnotationDrainSignalled])
+	if !ok || id != "h1" || !at.Equal(now) || Mode(via) != ModeForward {
 		t.Errorf("stamp %q", r.get(t).Annotations[cluster.AnnotationDrainSignalled])
 	}
 	// A duplicate handled while the cache is still stale signals nothing.
@@ -172,7 +173,7 @@ func TestDeferRecordsTheEvent(t *testing.T) {
 	if err != nil || !changed {
 		t.Fatalf("defer: changed %v, err %v", changed, err)
 	}
-	ds := Deferrals(r.get(t))
+	ds := record.Records(r.get(t))
 	if len(ds) != 1 || ds[0].Hold != policy.HoldWindow || !ds[0].Until.Equal(until) || ds[0].Match != "instance-retirement@2026-11-28T10:00:00Z" {
 		t.Fatalf("record %+v", ds)
 	}
@@ -181,7 +182,8 @@ func TestDeferRecordsTheEvent(t *testing.T) {
 	if err != nil || len(back.Instances) != 1 || back.Instances[0] != "i-0a1b2c3d4e5f6000a" || back.ID != "h1" {
 		t.Errorf("recorded event: %v %+v", err, back)
 	}
-	if rec, ok := Recorded(r.get(t), ev); !ok || rec.EventID != "h1" {
+	set, _ := record.Read(r.get(t))
+	if rec, ok := set.Recorded(ev); !ok || rec.EventID != "h1" {
 		t.Error("Recorded does not find the deferral")
 	}
 	// A redelivery changes nothing and posts no Event.
@@ -195,15 +197,15 @@ func TestDeferRecordsTheEvent(t *testing.T) {
 	if _, err := s.Defer(context.Background(), upd, d, r.resolved(t), true); err != nil {
 		t.Fatal(err)
 	}
-	ds = Deferrals(r.get(t))
-	if len(ds) != 2 || ds[0].State != StateSuperseded || ds[1].State != StateDeferred {
+	ds = record.Records(r.get(t))
+	if len(ds) != 2 || ds[0].State != record.StateSuperseded || ds[1].State != record.StateDeferred {
 		t.Errorf("after an update: %+v", ds)
 	}
 	// The drain of the newer update removes both records.
 	if _, err := s.Drain(context.Background(), upd, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}, r.resolved(t), true); err != nil {
 		t.Fatal(err)
 	}
-	if ds := Deferrals(r.get(t)); len(ds) != 0 {
+	if ds := record.Records(r.get(t)); len(ds) != 0 {
 		t.Errorf("records left after the drain: %+v", ds)
 	}
 }
@@ -220,15 +222,15 @@ func TestMatchAcrossSources(t *testing.T) {
 	health := parse(t, healthBody)
 	polled := event.Event{ID: "p1", Kind: event.KindScheduledChange, Deadline: health.Deadline.Add(300 * time.Millisecond),
 		Health: &event.Health{Scheduled: event.ScheduledInstanceRetirement}}
-	if Match(health) == "" || Match(health) != Match(polled) {
-		t.Errorf("Match %q vs %q", Match(health), Match(polled))
+	if record.Match(health) == "" || record.Match(health) != record.Match(polled) {
+		t.Errorf("Match %q vs %q", record.Match(health), record.Match(polled))
 	}
 	other := polled
 	other.Health = &event.Health{Scheduled: event.ScheduledInstanceReboot}
-	if Match(other) == Match(health) {
+	if record.Match(other) == record.Match(health) {
 		t.Error("a reboot matches a retirement")
 	}
-	if Match(event.Event{Kind: event.KindSpotInterruption}) != "" {
+	if record.Match(event.Event{Kind: event.KindSpotInterruption}) != "" {
 		t.Error("a spot interruption has a maintenance identity")
 	}
 }
@@ -243,16 +245,16 @@ func TestIgnoreCancelsAndRemoves(t *testing.T) {
 	if err := s.Ignore(context.Background(), running, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionIgnore, Cancel: true}, r.resolved(t), false); err != nil {
 		t.Fatal(err)
 	}
-	ds := Deferrals(r.get(t))
-	if len(ds) != 1 || ds[0].State != StateCancelled || ds[0].Active() {
+	ds := record.Records(r.get(t))
+	if len(ds) != 1 || ds[0].State != record.StateCancelled || ds[0].Active() {
 		t.Fatalf("after running: %+v", ds)
 	}
 	// Pruned only once its time has passed.
-	if err := s.Prune(context.Background(), r.get(t), now); err != nil || len(Deferrals(r.get(t))) != 1 {
+	if err := s.Prune(context.Background(), r.get(t), now); err != nil || len(record.Records(r.get(t))) != 1 {
 		t.Errorf("pruned early: %v", err)
 	}
-	if err := s.Prune(context.Background(), r.get(t), now.Add(16*time.Minute)); err != nil || len(Deferrals(r.get(t))) != 0 {
-		t.Errorf("not pruned after its time: %v %+v", err, Deferrals(r.get(t)))
+	if err := s.Prune(context.Background(), r.get(t), now.Add(16*time.Minute)); err != nil || len(record.Records(r.get(t))) != 0 {
+		t.Errorf("not pruned after its time: %v %+v", err, record.Records(r.get(t)))
 	}
 	// A deferral re-decided as ignored (the pool's policy changed) is removed.
 	if _, err := s.Defer(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer, Until: now.Add(time.Hour)}, r.resolved(t), true); err != nil {
@@ -261,7 +263,7 @@ func TestIgnoreCancelsAndRemoves(t *testing.T) {
 	if err := s.Ignore(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionIgnore}, r.resolved(t), true); err != nil {
 		t.Fatal(err)
 	}
-	if ds := Deferrals(r.get(t)); len(ds) != 0 {
+	if ds := record.Records(r.get(t)); len(ds) != 0 {
 		t.Errorf("ignored deferral kept: %+v", ds)
 	}
 }
@@ -276,7 +278,7 @@ func TestUpdateRereadsOnConflict(t *testing.T) {
 	if err := r.kube.Update(context.Background(), other); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.update(context.Background(), stale, func(nc *karpv1.NodeClaim) bool { nc.Annotations["mine"] = "1"; return true }); err != nil {
+	if err := s.update(context.Background(), stale, func(nc *karpv1.NodeClaim) (bool, error) { nc.Annotations["mine"] = "1"; return true, nil }); err != nil {
 		t.Fatal(err)
 	}
 	got := r.get(t).Annotations
@@ -289,7 +291,7 @@ func TestFallbackDeletesAndRestamps(t *testing.T) {
 	s, r := newRig(t, ModeForward)
 	nc := r.get(t)
 	nc.Finalizers = []string{"karpenter.sh/termination"} // held, as Karpenter's finalizer holds it
-	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: DrainStamp("h1", now, ModeForward)}
+	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("h1", now, string(ModeForward))}
 	if err := r.kube.Update(context.Background(), nc); err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +302,7 @@ func TestFallbackDeletesAndRestamps(t *testing.T) {
 	if got.DeletionTimestamp.IsZero() {
 		t.Error("not deleted")
 	}
-	if _, _, via, _ := ParseDrainStamp(got.Annotations[cluster.AnnotationDrainSignalled]); via != ModeDeleteNodeClaim {
+	if _, _, via, _ := record.ParseDrainStamp(got.Annotations[cluster.AnnotationDrainSignalled]); Mode(via) != ModeDeleteNodeClaim {
 		t.Errorf("stamp %q", got.Annotations[cluster.AnnotationDrainSignalled])
 	}
 	select {
@@ -314,16 +316,16 @@ func TestFallbackDeletesAndRestamps(t *testing.T) {
 }
 
 func TestDrainStampRoundTrip(t *testing.T) {
-	for _, v := range []string{DrainStamp("e1", now, ModeForward), "e1 2026-11-21T12:00:00Z"} {
-		id, at, _, ok := ParseDrainStamp(v)
+	for _, v := range []string{record.DrainStamp("e1", now, string(ModeForward)), "e1 2026-11-21T12:00:00Z"} {
+		id, at, _, ok := record.ParseDrainStamp(v)
 		if !ok || id != "e1" || !at.Equal(now) {
 			t.Errorf("%q: %s %s %v", v, id, at, ok)
 		}
 	}
-	if _, _, _, ok := ParseDrainStamp("garbage"); ok {
+	if _, _, _, ok := record.ParseDrainStamp("garbage"); ok {
 		t.Error("garbage parsed")
 	}
-	b, _ := json.Marshal(Deferral{EventID: "x"})
+	b, _ := json.Marshal(record.Record{EventID: "x"})
 	if strings.Contains(string(b), "hold") || strings.Contains(string(b), `"event"`) {
 		t.Errorf("empty optional fields written: %s", b)
 	}
@@ -356,40 +358,6 @@ func TestForwardsShareBatches(t *testing.T) {
 	start := time.Now()
 	if err := b.send(context.Background(), "alone"); err != nil || time.Since(start) > time.Second {
 		t.Errorf("lone send: %v after %s", err, time.Since(start))
-	}
-}
-
-// TestRecorded: a redelivery and the same maintenance from another source are recorded; an
-// update of the same Health event (a new status, closed) is not, so it is decided.
-func TestRecorded(t *testing.T) {
-	_, r := newRig(t, ModeDeleteNodeClaim)
-	health := parse(t, healthBody)
-	nc := r.get(t)
-	setDeferrals(ensureAnnotations(nc), []Deferral{{EventID: health.ID, Key: DeferralKey(health), Kind: health.Kind, State: StateDeferred, Match: Match(health)}})
-	polled := event.Event{ID: "poll-1", Kind: event.KindScheduledChange, Deadline: health.Deadline,
-		Health: &event.Health{EventARN: "instance-event-0a1b2c3d", Scheduled: event.ScheduledInstanceRetirement, Status: event.HealthUpcoming}}
-	update := health
-	update.ID = "h1-open"
-	update.Health = &event.Health{EventARN: health.Health.EventARN, Scheduled: health.Health.Scheduled, Status: event.HealthOpen}
-	closed := update
-	closed.ID = "h1-closed"
-	closed.Health = &event.Health{EventARN: health.Health.EventARN, Scheduled: health.Health.Scheduled, Status: event.HealthClosed}
-	closedElsewhere := polled
-	closedElsewhere.Health = &event.Health{EventARN: "instance-event-0a1b2c3d", Scheduled: event.ScheduledInstanceRetirement, Status: event.HealthClosed}
-	for _, tt := range []struct {
-		name string
-		ev   event.Event
-		want bool
-	}{
-		{"redelivery", health, true},
-		{"the same maintenance from the poller", polled, true},
-		{"an update of the same Health event", update, false},
-		{"the Health event closed", closed, false},
-		{"a closed report from another source", closedElsewhere, false},
-	} {
-		if _, got := Recorded(nc, tt.ev); got != tt.want {
-			t.Errorf("%s: recorded %v, want %v", tt.name, got, tt.want)
-		}
 	}
 }
 

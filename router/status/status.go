@@ -18,7 +18,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
-	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/record"
 )
 
 // Report is the state of every NodePool read, at Now.
@@ -161,8 +161,8 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 			}
 			s.Drains = append(s.Drains, d)
 		}
-		for _, d := range signal.Deferrals(c) {
-			if d.State != signal.StateDeferred {
+		for _, d := range record.Records(c) {
+			if d.State != record.StateDeferred {
 				continue // history: cancelled or superseded
 			}
 			s.Deferred = append(s.Deferred, Deferred{
@@ -179,7 +179,7 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 // parseSignalled reads healthrouter.io/drain-signalled: "<event id> <RFC 3339 time>", or
 // the time alone as older routers wrote it.
 func parseSignalled(v string) (string, *time.Time) {
-	if id, at, _, ok := signal.ParseDrainStamp(v); ok {
+	if id, at, _, ok := record.ParseDrainStamp(v); ok {
 		at = at.UTC()
 		return id, &at
 	}
@@ -196,7 +196,7 @@ func parseSignalled(v string) (string, *time.Time) {
 
 // holdOf says why a deferral waits: the record's hold, or for records written before holds
 // were recorded, what the reason policy.Decide wrote says.
-func holdOf(d signal.Deferral) string {
+func holdOf(d record.Record) string {
 	if d.Hold != "" {
 		return string(d.Hold)
 	}

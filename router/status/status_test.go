@@ -14,7 +14,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
-	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/record"
 )
 
 // now is Saturday 2026-11-21 12:00 UTC.
@@ -34,7 +34,7 @@ func scheduled(id string, start time.Time) event.Event {
 
 // decided returns the deferral record the signaller writes for a decision that policy.Decide
 // made: the reasons are the real ones, so holdOf is tested on what the router writes.
-func decided(t *testing.T, ev event.Event, ann map[string]string, inFlight int, checks ...policy.Check) signal.Deferral {
+func decided(t *testing.T, ev event.Event, ann map[string]string, inFlight int, checks ...policy.Check) record.Record {
 	t.Helper()
 	tg := policy.Target{InstanceID: "i-0a1b2c3d4e5f60718", Found: true, NodeClaim: "x", NodePool: "p", Policy: policy.FromAnnotations(ann), PoolNodes: 4, DrainsInFlight: inFlight}
 	d := policy.Decide(ev, tg, now)
@@ -44,7 +44,7 @@ func decided(t *testing.T, ev event.Event, ann map[string]string, inFlight int, 
 	if d.Action != policy.ActionDefer {
 		t.Fatalf("decision %s (%s), want defer", d.Action, d.Reason)
 	}
-	return signal.Deferral{EventID: ev.ID, Key: signal.DeferralKey(ev), Kind: ev.Kind, Until: d.Until, Reason: d.Reason, State: signal.StateDeferred}
+	return record.Record{EventID: ev.ID, Key: record.Key(ev), Kind: ev.Kind, Until: d.Until, Reason: d.Reason, State: record.StateDeferred}
 }
 
 func TestHoldOf(t *testing.T) {
@@ -53,7 +53,7 @@ func TestHoldOf(t *testing.T) {
 	amiFailed := policy.Check{Name: "ami", Reason: "image ami-0e1f2a3b4c5d6e7f8 is pending, not available"}
 	for _, tc := range []struct {
 		name string
-		d    signal.Deferral
+		d    record.Record
 		want string
 	}{
 		{"waits for the window", decided(t, scheduled("w", week), saturdays, 0), HoldWindow},
@@ -62,7 +62,7 @@ func TestHoldOf(t *testing.T) {
 		{"stopped instance", decided(t, stop, map[string]string{policy.AnnotationAction: "defer"}, 0), HoldRestartGrace},
 		{"pacing", decided(t, scheduled("p", week), map[string]string{policy.AnnotationMaxConcurrentDrains: "1"}, 1), HoldPacing},
 		{"check", decided(t, scheduled("c", week), nil, 0, amiFailed), HoldCheck},
-		{"a reason the router does not write", signal.Deferral{Reason: "set by hand"}, HoldOther},
+		{"a reason the router does not write", record.Record{Reason: "set by hand"}, HoldOther},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := holdOf(tc.d); got != tc.want {
@@ -91,7 +91,7 @@ func TestOneLine(t *testing.T) {
 	}
 }
 
-func claim(t *testing.T, name string, ds []signal.Deferral, ann map[string]string, deleting bool) *karpv1.NodeClaim {
+func claim(t *testing.T, name string, ds []record.Record, ann map[string]string, deleting bool) *karpv1.NodeClaim {
 	t.Helper()
 	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}, Annotations: map[string]string{}}}
 	nc.Status.NodeName = "node-" + name
@@ -117,15 +117,15 @@ func TestPoolStatus(t *testing.T) {
 	window := decided(t, scheduled("ev-window", week), saturdays, 0)
 	check := decided(t, scheduled("ev-check", week), nil, 0, policy.Check{Name: "ami", Reason: "image ami-1 is pending, not available"})
 	cancelled := window
-	cancelled.EventID, cancelled.State = "ev-old", signal.StateCancelled
+	cancelled.EventID, cancelled.State = "ev-old", record.StateCancelled
 	signalledAt := now.Add(-5 * time.Minute)
 	deletedAt := now.Add(-10 * time.Minute) // claim() deletes 10 minutes ago
 	np := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: saturdays}}
 	claims := []*karpv1.NodeClaim{
-		claim(t, "kafka-d", []signal.Deferral{window, cancelled}, nil, false),
+		claim(t, "kafka-d", []record.Record{window, cancelled}, nil, false),
 		claim(t, "kafka-a", nil, map[string]string{cluster.AnnotationDrainSignalled: "ev-spot " + signalledAt.Format(time.RFC3339)}, false),
 		claim(t, "kafka-b", nil, nil, true),
-		claim(t, "kafka-c", []signal.Deferral{check}, nil, false),
+		claim(t, "kafka-c", []record.Record{check}, nil, false),
 		claim(t, "kafka-e", nil, map[string]string{cluster.AnnotationDrainSignalled: signalledAt.Format(time.RFC3339)}, false),
 	}
 	got := poolStatus(np, claims, now)
@@ -175,7 +175,7 @@ func TestWriteTable(t *testing.T) {
 	rep := Report{Now: now, NodePools: []NodePool{
 		poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: saturdays}}, []*karpv1.NodeClaim{
 			claim(t, "kafka-a", nil, map[string]string{cluster.AnnotationDrainSignalled: "ev-spot " + now.Add(-5*time.Minute).Format(time.RFC3339)}, false),
-			claim(t, "kafka-c", []signal.Deferral{check}, nil, false),
+			claim(t, "kafka-c", []record.Record{check}, nil, false),
 		}, now),
 		poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{policy.AnnotationAction: "bogus"}}}, nil, now),
 	}}

@@ -19,7 +19,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/intake"
-	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/test/bench/gen"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -149,8 +149,8 @@ func TestEC2ThrottledForTheWholeBurst(t *testing.T) {
 		}
 		deferred := 0
 		for i := range claims.Items {
-			for _, df := range signal.Deferrals(&claims.Items[i]) {
-				if df.State == signal.StateDeferred && strings.Contains(df.Reason, "check unavailable") {
+			for _, df := range record.Records(&claims.Items[i]) {
+				if df.State == record.StateDeferred && strings.Contains(df.Reason, "check unavailable") {
 					deferred++
 				}
 			}

@@ -18,7 +18,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
-	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/record"
 )
 
 // requests counts the API requests a client makes, by verb and resource, as the API server's
@@ -215,7 +215,7 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 		if !rec && m.Annotations[cluster.AnnotationDeferred] != "" {
 			nc := &karpv1.NodeClaim{}
 			nc.Annotations = m.Annotations
-			for _, d := range signal.Deferrals(nc) {
+			for _, d := range record.Records(nc) {
 				if o.events[d.EventID] {
 					rec = true
 					break

@@ -22,6 +22,7 @@ import (
 	"github.com/health-router/health-router/router/app"
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -149,11 +150,15 @@ func runWithKarpenter(root string) error {
 		if err != nil {
 			state = "?"
 		}
-		record := "-"
-		for _, d := range signal.Deferrals(nc) {
-			record = fmt.Sprintf("deferred until %s (%s)", d.Until.Format("2006-01-02 15:04"), d.Hold)
+		rec := "-"
+		for _, d := range record.Records(nc) {
+			if d.Active() {
+				rec = fmt.Sprintf("deferred until %s (%s)", d.Until.Format("2006-01-02 15:04"), d.Hold)
+			} else {
+				rec = d.State
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.name, n.Instance, p.expect, claim, state, record)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.name, n.Instance, p.expect, claim, state, rec)
 	}
 	tw.Flush()
 	received, _ := stage.Metric("karpenter_interruption_received_messages_total", nil)

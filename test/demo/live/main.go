@@ -38,6 +38,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/replay"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
@@ -196,7 +197,7 @@ func report(ctx context.Context, kube client.Client, sqsc *sqs.Client, intakeURL
 			state = "drain signalled"
 		}
 		var ds []string
-		for _, d := range signal.Deferrals(nc) {
+		for _, d := range record.Records(nc) {
 			ds = append(ds, fmt.Sprintf("%s -> %s, %s (%s)", d.Kind, d.Until.Format("2006-01-02 15:04"), d.State, d.Hold))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, nc.Labels[karpv1.NodePoolLabelKey], state, strings.Join(ds, "; "))

@@ -1,0 +1,174 @@
+package record
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func health(id, arn string, typ event.ScheduledType, start time.Time, status string) event.Event {
+	return event.Event{ID: id, Kind: event.KindScheduledChange, Source: "aws.health", Deadline: start,
+		Health: &event.Health{EventARN: arn, Scheduled: typ, Start: start, Status: status}}
+}
+
+func TestDecode(t *testing.T) {
+	for _, tt := range []struct {
+		name, value string
+		records     int
+		unreadable  bool
+	}{
+		{"empty", "", 0, false},
+		{"version 1 list", `[{"event_id":"a","state":"deferred"}]`, 1, false},
+		{"version 2", `{"version":2,"records":[{"event_id":"a","state":"deferred"},{"event_id":"b","state":"cancelled"}],"running":"2026-11-21T12:00:00Z"}`, 2, false},
+		{"a newer version is refused, not read as none", `{"version":3,"records":[{"event_id":"a"}]}`, 0, true},
+		{"no version", `{"records":[]}`, 0, true},
+		{"damaged", `[{"event_id":`, 0, true},
+		{"not JSON", `deferred until Friday`, 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Decode(tt.value)
+			if got := errors.Is(err, ErrUnreadable); got != tt.unreadable {
+				t.Fatalf("unreadable %v, want %v (%v)", got, tt.unreadable, err)
+			}
+			if len(s.Records) != tt.records {
+				t.Errorf("%d records, want %d", len(s.Records), tt.records)
+			}
+		})
+	}
+}
+
+func TestEncodeRoundTripAndBounds(t *testing.T) {
+	s := Set{Running: t0}
+	for i := 0; i < 40; i++ {
+		s.Records = append(s.Records, Record{EventID: fmt.Sprint("ended-", i), State: StateCancelled, Event: []byte(`{"big":"body"}`)})
+	}
+	s.Records = append(s.Records, Record{EventID: "live", State: StateDeferred, Until: t0, Event: []byte(`{"id":"live"}`)})
+	v, err := Encode(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Decode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Records) != EndedKept+1 || !back.Running.Equal(t0) {
+		t.Fatalf("%d records (want %d), running %s", len(back.Records), EndedKept+1, back.Running)
+	}
+	if back.Records[0].EventID != "ended-24" || back.Records[EndedKept].EventID != "live" || string(back.Records[EndedKept].Event) != `{"id":"live"}` {
+		t.Errorf("kept %s … %s", back.Records[0].EventID, back.Records[EndedKept].EventID)
+	}
+	for _, r := range back.Records[:EndedKept] {
+		if r.Event != nil {
+			t.Errorf("ended record %s keeps its body", r.EventID)
+		}
+	}
+	if v, err := Encode(Set{}); err != nil || v != "" {
+		t.Errorf("empty set: %q %v", v, err)
+	}
+	huge := Set{Records: []Record{{EventID: "x", State: StateDeferred, Event: []byte(`"` + strings.Repeat("a", MaxBytes) + `"`)}}}
+	if _, err := Encode(huge); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("oversized: %v", err)
+	}
+}
+
+// TestOneMaintenanceTwoSources: AWS Health and the poller report one maintenance under
+// different keys; each later view supersedes, cancels or is recognised, whichever came first.
+func TestOneMaintenanceTwoSources(t *testing.T) {
+	week := t0.Add(7 * 24 * time.Hour)
+	h := health("h1", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthUpcoming)
+	p := health("poll-1", "instance-event-1", event.ScheduledSystemReboot, week, event.HealthUpcoming)
+	rec := func(ev event.Event) Record {
+		return Record{EventID: ev.ID, Key: Key(ev), Kind: ev.Kind, State: StateDeferred, Match: Match(ev), Until: ev.Deadline}
+	}
+	moved := week.Add(48 * time.Hour)
+	for _, tt := range []struct {
+		name   string
+		first  event.Event
+		then   event.Event
+		put    bool // then is deferred (Put); else it is a closing (Cancel)
+		active []string
+		known  bool // then is recognised as recorded
+	}{
+		{"the poller reports what Health recorded", h, p, false, []string{"h1"}, true},
+		{"Health reports what the poller recorded", p, h, false, []string{"poll-1"}, true},
+		{"Health closes what the poller recorded", p, health("h1-closed", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthClosed), false, nil, false},
+		{"the poller's [Canceled] closes what Health recorded", h, health("poll-1-closed", "instance-event-1", event.ScheduledSystemReboot, week, event.HealthClosed), false, nil, false},
+		{"the poller sees a reschedule first", h, health("poll-2", "instance-event-1", event.ScheduledSystemReboot, moved, event.HealthUpcoming), true, []string{"poll-2"}, false},
+		{"Health sees a reschedule first", p, health("h2", "arn:health/1", event.ScheduledSystemReboot, moved, event.HealthUpcoming), true, []string{"h2"}, false},
+		{"an unmapped Health code and the poller", health("h9", "arn:health/9", "", week, event.HealthUpcoming), p, false, []string{"h9"}, true},
+		{"another type at the same time is another maintenance", h, health("poll-stop", "instance-event-2", event.ScheduledInstanceStop, week, event.HealthUpcoming), true, []string{"h1", "poll-stop"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := Set{Records: []Record{rec(tt.first)}}
+			_, known := s.Recorded(tt.then)
+			if known != tt.known {
+				t.Errorf("recorded %v, want %v", known, tt.known)
+			}
+			if !known {
+				if tt.put {
+					s.Put(rec(tt.then))
+				} else {
+					s.Cancel(tt.then, Closed(tt.then))
+				}
+			}
+			var active []string
+			for _, r := range s.Active() {
+				active = append(active, r.EventID)
+			}
+			if fmt.Sprint(active) != fmt.Sprint(tt.active) {
+				t.Errorf("active %v, want %v", active, tt.active)
+			}
+		})
+	}
+}
+
+// TestStaleStop: a stop handled after the `running` that followed it is over.
+func TestStaleStop(t *testing.T) {
+	state := func(id string, st event.InstanceState, at time.Time) event.Event {
+		return event.Event{ID: id, Kind: event.KindStateChange, State: st, Time: at}
+	}
+	var s Set
+	s.Put(Record{EventID: "stop-0", Key: "stop-0", Kind: event.KindStateChange, State: StateDeferred})
+	cancelled, _ := s.Cancel(state("run", event.StateRunning, t0), true)
+	if fmt.Sprint(cancelled) != "[stop-0]" || !s.Running.Equal(t0) {
+		t.Fatalf("running: cancelled %v, running %s", cancelled, s.Running)
+	}
+	for _, tt := range []struct {
+		ev    event.Event
+		stale bool
+	}{
+		{state("late", event.StateStopped, t0.Add(-time.Minute)), true},
+		{state("same-second", event.StateStopping, t0), true},
+		{state("later", event.StateStopped, t0.Add(time.Minute)), false},
+		{state("spot", event.StateShuttingDown, t0.Add(-time.Minute)), false},
+	} {
+		if got := s.StaleStop(tt.ev); got != tt.stale {
+			t.Errorf("%s: stale %v, want %v", tt.ev.ID, got, tt.stale)
+		}
+	}
+	// An older running does not move the marker back.
+	s.Cancel(state("old-run", event.StateRunning, t0.Add(-time.Hour)), true)
+	if !s.Running.Equal(t0) {
+		t.Errorf("running moved back to %s", s.Running)
+	}
+}
+
+func TestDrainedEndsEveryRecord(t *testing.T) {
+	s := Set{Records: []Record{
+		{EventID: "window", Key: "arn:1", State: StateDeferred, Reason: "waiting for the window"},
+		{EventID: "spot", Key: "spot", State: StateDeferred},
+		{EventID: "old", Key: "arn:0", State: StateCancelled},
+	}}
+	if !s.Drained("spot", "spot") {
+		t.Fatal("nothing changed")
+	}
+	if len(s.Active()) != 0 || len(s.Records) != 2 || s.Records[0].State != StateDrained || !strings.Contains(s.Records[0].Reason, "drained for spot") {
+		t.Errorf("records %+v", s.Records)
+	}
+}
