@@ -30,6 +30,7 @@ require (
 require (
 	github.com/stretchr/testify v1.12.1 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
+	pgregory.net/rapid v1.3.0 // indirect
 )
 
 require (

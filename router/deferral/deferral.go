@@ -158,6 +158,10 @@ func (c *Controller) Start(ctx context.Context) error {
 // NeedLeaderElection: Start runs on the leader only.
 func (c *Controller) NeedLeaderElection() bool { return true }
 
+// Wakes is the release queue the controller's source reads; the simulation (test/sim),
+// which plays controller-runtime's workqueue, reads it in its place.
+func (c *Controller) Wakes() <-chan ctrlevent.TypedGenericEvent[client.Object] { return c.wake }
+
 // Leading reports whether this replica queues releases (it is the leader).
 func (c *Controller) Leading() bool { return c.leading.Load() }
 

@@ -192,6 +192,10 @@ func (in *Intake) release(ctx context.Context, msgs []sqstypes.Message) {
 	}
 }
 
+// Process works on one received message, as a worker does: the simulation (test/sim) drives
+// the intake one message at a time through it, in an order of its choosing.
+func (in *Intake) Process(ctx context.Context, m sqstypes.Message) { in.process(ctx, m) }
+
 // process works on one message, keeping it invisible until it is done.
 func (in *Intake) process(ctx context.Context, m sqstypes.Message) {
 	hbCtx, stopHeartbeat := context.WithCancel(ctx)

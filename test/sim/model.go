@@ -1,0 +1,205 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+// The reference model: what the router has been told (only what it processed), and from it
+// when a drain is allowed and when it is owed. It is written from the product's promise and
+// the pools' annotations (PoolAnnotations), not from the router's code.
+
+// Policy facts of the simulated pools, restated for the model.
+const (
+	drainLead     = time.Hour        // kafka's drain-lead
+	restartGrace  = 15 * time.Minute // the default restart-grace
+	impairedAfter = 2 * time.Minute  // the poller's ImpairedAfter
+	kafkaLimit    = 1                // kafka's max-concurrent-drains
+	webCutoff     = 1                // web's repair cut-off: 20% of 5 nodes, rounded up
+	tick          = 10 * time.Minute // the router's loop while time advances
+)
+
+// windowOpen is kafka's window, "0 2 * * 6" for 4h: Saturdays 02:00 to 06:00 UTC.
+func windowOpen(t time.Time) bool {
+	t = t.UTC()
+	return t.Weekday() == time.Saturday && t.Hour() >= 2 && t.Hour() < 6
+}
+
+const (
+	stateActive     = "active"
+	stateCancelled  = "cancelled"
+	stateSuperseded = "superseded"
+)
+
+// maintenance is one scheduled maintenance of one instance, as the router has been told it.
+type maintenance struct {
+	inst  string
+	typ   event.ScheduledType // "" for an AWS Health code the router does not map
+	start time.Time
+	state string
+	known time.Time // when the router first processed a report of it
+}
+
+type stateChange struct {
+	at    time.Time // the event's time
+	state event.InstanceState
+}
+
+// instance is the model of one instance.
+type instance struct {
+	id, pool      string
+	urgent        bool // a Spot warning was processed
+	impairedSince time.Time
+	impairedSeen  bool // a poll saw it impaired for impairedAfter
+	changes       []stateChange
+	drained       time.Time // when the router first signalled its drain
+	drainReason   string
+	gone          bool
+}
+
+type model struct {
+	insts  map[string]*instance
+	maints []*maintenance
+	errs   []string
+}
+
+func newModel() *model { return &model{insts: map[string]*instance{}} }
+
+func (m *model) inst(id, pool string) *instance {
+	in := m.insts[id]
+	if in == nil {
+		in = &instance{id: id, pool: pool}
+		m.insts[id] = in
+	}
+	return in
+}
+
+func (m *model) fail(format string, args ...any) { m.errs = append(m.errs, fmt.Sprintf(format, args...)) }
+
+// reported applies a processed report of a maintenance: a new one, the same one again, a
+// reschedule (same instance and type, another start: the earlier is superseded), or its end.
+func (m *model) reported(inst string, typ event.ScheduledType, start time.Time, closed bool, now time.Time) {
+	for _, mt := range m.maints {
+		if mt.inst != inst || mt.state != stateActive {
+			continue
+		}
+		sameType := mt.typ == typ || mt.typ == "" || typ == ""
+		switch {
+		case sameType && mt.start.Equal(start) && closed:
+			mt.state = stateCancelled
+			return
+		case sameType && mt.start.Equal(start):
+			return // the same maintenance again
+		case mt.typ != "" && mt.typ == typ && !closed:
+			mt.state = stateSuperseded
+		}
+	}
+	if !closed {
+		m.maints = append(m.maints, &maintenance{inst: inst, typ: typ, start: start, state: stateActive, known: now})
+	}
+}
+
+// running reports whether the latest processed state change of in says it runs after at.
+func (in *instance) runningAfter(at time.Time) bool {
+	for _, c := range in.changes {
+		if c.state == event.StateRunning && c.at.After(at) {
+			return true
+		}
+	}
+	return false
+}
+
+// cause returns why a drain of in at now is allowed, or "" when nothing allows it.
+func (m *model) cause(in *instance, now time.Time) string {
+	if in.pool == PoolBatch || in.pool == "" {
+		return ""
+	}
+	if in.urgent {
+		return "spot"
+	}
+	for _, mt := range m.maints {
+		if mt.inst != in.id || mt.state != stateActive {
+			continue
+		}
+		if in.pool == PoolWeb || windowOpen(now) || !now.Before(mt.start.Add(-drainLead)) {
+			return "maintenance"
+		}
+	}
+	for _, c := range in.changes {
+		if (c.state == event.StateStopped || c.state == event.StateStopping) && !in.runningAfter(c.at) {
+			if in.pool == PoolWeb || !now.Before(c.at.Add(restartGrace)) {
+				return "stop"
+			}
+		}
+	}
+	if in.impairedSeen {
+		return "impaired"
+	}
+	return ""
+}
+
+// drained checks one drain the router signalled, when it signalled it.
+func (m *model) drained(in *instance, now time.Time) {
+	if !in.drained.IsZero() {
+		return // a fallback DELETE after a forward: the same drain
+	}
+	cause := m.cause(in, now)
+	in.drained, in.drainReason = now, cause
+	switch {
+	case cause == "":
+		m.fail("%s: %s drained at %s without cause (ignore pool, before its window and deadline minus drain-lead, a stop that ran again, or nothing told)", now.Format(time.RFC3339), in.id, in.pool)
+	case in.pool == PoolKafka && cause != "spot" && !m.forced(in, now):
+		if n := m.inFlight(PoolKafka, in.id, ""); n >= kafkaLimit {
+			m.fail("%s: %s drained with %d kafka drains in flight (max-concurrent-drains %d)", now.Format(time.RFC3339), in.id, n, kafkaLimit)
+		}
+	case cause == "impaired":
+		if n := m.inFlight(in.pool, in.id, "impaired"); n >= webCutoff {
+			m.fail("%s: impaired %s replaced with %d repairs of %s in flight (cut-off %d)", now.Format(time.RFC3339), in.id, n, in.pool, webCutoff)
+		}
+	}
+}
+
+// forced reports whether a maintenance of in has reached deadline minus drain-lead: pacing
+// gives way then.
+func (m *model) forced(in *instance, now time.Time) bool {
+	for _, mt := range m.maints {
+		if mt.inst == in.id && mt.state == stateActive && !now.Before(mt.start.Add(-drainLead)) {
+			return true
+		}
+	}
+	for _, c := range in.changes {
+		if (c.state == event.StateStopped || c.state == event.StateStopping) && !in.runningAfter(c.at) {
+			return true // a stop has no deadline to pace against; its drain is not paced here
+		}
+	}
+	return false
+}
+
+func (m *model) inFlight(pool, except, reason string) int {
+	n := 0
+	for _, in := range m.insts {
+		if in.pool == pool && in.id != except && !in.drained.IsZero() && !in.gone && (reason == "" || in.drainReason == reason) {
+			n++
+		}
+	}
+	return n
+}
+
+// lost checks that every maintenance the router knew in time was drained before AWS acts.
+func (m *model) lost(now time.Time) {
+	for _, mt := range m.maints {
+		in := m.insts[mt.inst]
+		if mt.state != stateActive || in == nil || in.pool == PoolBatch || in.pool == "" || now.Before(mt.start) {
+			continue
+		}
+		if mt.known.After(mt.start.Add(-drainLead - 2*tick)) {
+			continue // told too late for the router's loop to act before AWS
+		}
+		if in.drained.IsZero() || in.drained.After(mt.start) {
+			m.fail("%s: %s maintenance of %s (%s) at %s, known since %s, not drained before it", now.Format(time.RFC3339), mt.typ, in.id, in.pool, mt.start.Format(time.RFC3339), mt.known.Format(time.RFC3339))
+			mt.state = stateCancelled // reported once
+		}
+	}
+}

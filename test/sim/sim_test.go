@@ -1,0 +1,482 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"pgregory.net/rapid"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/signal"
+)
+
+// steps is how many actions one seed runs; `make sim` raises the seeds (-rapid.checks).
+var steps = flag.Int("sim.steps", 60, "actions per simulated run")
+
+// machine drives a world and checks it against the model after every action.
+type machine struct {
+	w       *world
+	m       *model
+	ctx     context.Context
+	// effects are what the router learns from a message: a cause to drain is known while it
+	// is processed (before), an ending (a closed maintenance, a running instance) once the
+	// message is done with (after), so that the model never forgives more than the router knew.
+	effects map[string]effect
+	sent    []string // bodies sent, for duplicates
+	polled  []effect // EC2 changes the next successful poll tells the router
+	horizon time.Time // the latest maintenance the run made
+	evSeq   int
+	pollIDs map[string]string // instance/type -> EC2 instance-event ID
+	goBase  int
+}
+
+func newMachine(t *rapid.T) *machine {
+	mode := rapid.SampledFrom([]signal.Mode{signal.ModeDeleteNodeClaim, signal.ModeForward}).Draw(t, "mode")
+	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}}
+	w, err := newWorldHooked(mode, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.w = w
+	w.lead(w.leader)
+	m.goBase = runtime.NumGoroutine()
+	return m
+}
+
+// newWorldHooked builds the world with the model observing it from the first node on.
+func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
+	w, err := newWorldWith(mode, &world{onLaunch: func(id, pool string) { m.m.inst(id, pool) }})
+	if err != nil {
+		return nil, err
+	}
+	m.m.inst(UnmanagedInstance, "")
+	w.onDrain = func(id string) {
+		if in := m.m.insts[id]; in != nil {
+			m.m.drained(in, w.clock.Now())
+		}
+	}
+	w.queues.onForward = w.onDrain
+	w.onGone = func(id string) {
+		if in := m.m.insts[id]; in != nil {
+			in.gone = true
+		}
+	}
+	return w, nil
+}
+
+func (m *machine) now() time.Time { return m.w.clock.Now() }
+
+// live returns the instances of the cluster now (managed and not), sorted.
+func (m *machine) live() []string {
+	var ids []string
+	for id, in := range m.m.insts {
+		if !in.gone && in.drained.IsZero() {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func (m *machine) pick(t *rapid.T, label string) string {
+	return rapid.SampledFrom(m.live()).Draw(t, label)
+}
+
+// effect is what the router learns from one report.
+type effect struct {
+	before, after func(now time.Time)
+}
+
+func (m *machine) send(body string, e effect) {
+	m.effects[body] = e
+	m.sent = append(m.sent, body)
+	m.w.queues.send(body)
+}
+
+func (m *machine) id() string { m.evSeq++; return fmt.Sprintf("ev-%04d", m.evSeq) }
+
+func envelope(id, source, detailType, instance string, at time.Time, detail any) string {
+	d, _ := json.Marshal(detail)
+	b, _ := json.Marshal(event.Envelope{Version: "0", ID: id, DetailType: detailType, Source: source, Account: "111122223333",
+		Time: at.UTC().Format(time.RFC3339), Region: "eu-west-1", Resources: []string{"arn:aws:ec2:eu-west-1:111122223333:instance/" + instance}, Detail: d})
+	return string(b)
+}
+
+var healthCodes = map[event.ScheduledType]string{
+	event.ScheduledSystemReboot:       "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED",
+	event.ScheduledInstanceRetirement: "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+	"":                                "AWS_EC2_SOMETHING_NEW_SCHEDULED", // a code the router does not map
+}
+
+// Health sends an AWS Health scheduled change (upcoming, or closed) for one instance.
+func (m *machine) Health(t *rapid.T) {
+	inst := m.pick(t, "instance")
+	typ := rapid.SampledFrom([]event.ScheduledType{event.ScheduledSystemReboot, event.ScheduledInstanceRetirement, ""}).Draw(t, "type")
+	start := m.now().Add(rapid.SampledFrom([]time.Duration{90 * time.Minute, 5 * time.Hour, 30 * time.Hour, 3 * 24 * time.Hour, 9 * 24 * time.Hour}).Draw(t, "start")).Truncate(time.Minute)
+	closed := rapid.Bool().Draw(t, "closed")
+	status := event.HealthUpcoming
+	if closed {
+		status = event.HealthClosed
+	}
+	detail := map[string]any{"eventArn": "arn:aws:health:eu-west-1::event/EC2/" + healthCodes[typ] + "/" + inst, "service": "EC2",
+		"eventTypeCode": healthCodes[typ], "eventTypeCategory": "scheduledChange", "statusCode": status,
+		"startTime": start.Format(time.RFC1123), "affectedEntities": []map[string]string{{"entityValue": inst}}}
+	body := envelope(m.id(), "aws.health", "AWS Health Event", inst, m.now(), detail)
+	m.send(body, reportEffect(m.m, inst, typ, start, closed))
+	m.horizon = maxTime(m.horizon, start)
+}
+
+// Poller makes EC2 report a scheduled event (new, rescheduled or cancelled) for one instance;
+// the router learns it at its next poll.
+func (m *machine) Poller(t *rapid.T) {
+	inst := m.pick(t, "instance")
+	typ := rapid.SampledFrom([]event.ScheduledType{event.ScheduledSystemReboot, event.ScheduledInstanceRetirement}).Draw(t, "type")
+	start := m.now().Add(rapid.SampledFrom([]time.Duration{90 * time.Minute, 5 * time.Hour, 30 * time.Hour, 3 * 24 * time.Hour}).Draw(t, "start")).Truncate(time.Minute)
+	cancel := rapid.Bool().Draw(t, "canceled")
+	key := inst + "/" + string(typ)
+	eid, ok := m.pollIDs[key]
+	if !ok {
+		eid = fmt.Sprintf("instance-event-%017d", len(m.pollIDs))
+		m.pollIDs[key] = eid
+	}
+	desc := "The instance is scheduled for " + string(typ)
+	if cancel {
+		desc = "[Canceled] " + desc
+	}
+	m.w.ec2.mu.Lock()
+	evs := m.w.ec2.events[inst]
+	evs = append(evs[:0:0], filterEvents(evs, eid)...)
+	m.w.ec2.events[inst] = append(evs, ec2types.InstanceStatusEvent{InstanceEventId: aws.String(eid), Code: ec2types.EventCode(typ), Description: aws.String(desc),
+		NotBefore: aws.Time(start), NotAfter: aws.Time(start.Add(2 * time.Hour))})
+	m.w.ec2.mu.Unlock()
+	m.polled = append(m.polled, reportEffect(m.m, inst, typ, start, cancel))
+	m.horizon = maxTime(m.horizon, start)
+}
+
+func reportEffect(md *model, inst string, typ event.ScheduledType, start time.Time, closed bool) effect {
+	f := func(now time.Time) { md.reported(inst, typ, start, closed, now) }
+	if closed {
+		return effect{after: f}
+	}
+	return effect{before: f}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func filterEvents(evs []ec2types.InstanceStatusEvent, drop string) []ec2types.InstanceStatusEvent {
+	var out []ec2types.InstanceStatusEvent
+	for _, e := range evs {
+		if aws.ToString(e.InstanceEventId) != drop {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// StopStart sends an instance's stop and its start again, in either order (a standard queue
+// and retries reorder them).
+func (m *machine) StopStart(t *rapid.T) {
+	inst := m.pick(t, "instance")
+	stopAt, runAt := m.now().Add(-3*time.Minute), m.now().Add(-time.Minute)
+	state := func(st event.InstanceState, at time.Time) string {
+		return envelope(m.id(), "aws.ec2", "EC2 Instance State-change Notification", inst, at, map[string]string{"instance-id": inst, "state": string(st)})
+	}
+	stop := state(event.StateStopped, stopAt)
+	run := state(event.StateRunning, runAt)
+	effect := func(st event.InstanceState, at time.Time) effect {
+		f := func(time.Time) {
+			in := m.m.insts[inst]
+			in.changes = append(in.changes, stateChange{at: at, state: st})
+		}
+		if st == event.StateRunning {
+			return effect{after: f}
+		}
+		return effect{before: f}
+	}
+	withRun := rapid.Bool().Draw(t, "runs again")
+	if rapid.Bool().Draw(t, "running first") && withRun {
+		m.send(run, effect(event.StateRunning, runAt))
+		m.send(stop, effect(event.StateStopped, stopAt))
+		return
+	}
+	m.send(stop, effect(event.StateStopped, stopAt))
+	if withRun {
+		m.send(run, effect(event.StateRunning, runAt))
+	}
+}
+
+// Spot sends a Spot interruption warning.
+func (m *machine) Spot(t *rapid.T) {
+	inst := m.pick(t, "instance")
+	body := envelope(m.id(), "aws.ec2", "EC2 Spot Instance Interruption Warning", inst, m.now(), map[string]string{"instance-id": inst, "instance-action": "terminate"})
+	m.send(body, effect{before: func(time.Time) { m.m.insts[inst].urgent = true }})
+}
+
+// Impair makes an instance's system status impaired, or recovers one; the router learns it
+// at its polls (poll).
+func (m *machine) Impair(t *rapid.T) {
+	inst := m.pick(t, "instance")
+	m.w.ec2.mu.Lock()
+	defer m.w.ec2.mu.Unlock()
+	if _, ok := m.w.ec2.impaired[inst]; ok {
+		delete(m.w.ec2.impaired, inst)
+		return
+	}
+	m.w.ec2.impaired[inst] = m.now()
+}
+
+// Duplicate sends a message again (EventBridge delivers at least once).
+func (m *machine) Duplicate(t *rapid.T) {
+	if len(m.sent) == 0 {
+		t.Skip("nothing sent yet")
+	}
+	body := rapid.SampledFrom(m.sent).Draw(t, "body")
+	m.w.queues.send(body)
+}
+
+// Deliver lets the leader's intake take up to n messages.
+func (m *machine) Deliver(t *rapid.T) {
+	m.deliver(rapid.IntRange(1, 5).Draw(t, "n"))
+}
+
+func (m *machine) deliver(n int) {
+	out, err := m.w.queues.ReceiveMessage(m.ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(n), VisibilityTimeout: 30})
+	if err != nil {
+		return
+	}
+	for _, msg := range out.Messages {
+		e := m.effects[aws.ToString(msg.Body)]
+		if e.before != nil {
+			e.before(m.now())
+		}
+		m.w.leader.intake.Process(m.ctx, msg)
+		if m.w.queues.find(msg.ReceiptHandle) == nil && e.after != nil { // deleted or dead-lettered: done with
+			e.after(m.now())
+		}
+	}
+}
+
+// Poll runs the leader's instance-status poller once.
+func (m *machine) Poll(*rapid.T) { m.poll() }
+
+func (m *machine) poll() {
+	now := m.now()
+	m.w.ec2.mu.Lock()
+	for _, e := range m.polled {
+		if e.before != nil {
+			e.before(now)
+		}
+	}
+	impaired := map[string]bool{}
+	for id, since := range m.w.ec2.impaired {
+		impaired[id] = true
+		if in := m.m.insts[id]; in != nil && !now.Before(since.Add(impairedAfter)) {
+			in.impairedSeen = true // a cause from this poll on
+		}
+	}
+	m.w.ec2.mu.Unlock()
+	if err := m.w.leader.poller.Poll(m.ctx); err != nil {
+		return // handed again at the next poll
+	}
+	for _, e := range m.polled {
+		if e.after != nil {
+			e.after(now)
+		}
+	}
+	m.polled = nil
+	for _, in := range m.m.insts {
+		if !impaired[in.id] {
+			in.impairedSeen = false // recovered, as this poll told the router
+		}
+	}
+}
+
+// Faults makes the API server fail (an outage, or conflicting writes) while the leader takes
+// one batch of messages.
+func (m *machine) Faults(t *rapid.T) {
+	outage := rapid.Bool().Draw(t, "outage")
+	m.w.faults.mu.Lock()
+	m.w.faults.apiDown = outage
+	m.w.faults.conflict = rapid.IntRange(0, 3).Draw(t, "conflicts")
+	m.w.faults.mu.Unlock()
+	m.deliver(3)
+	m.w.faults.mu.Lock()
+	m.w.faults.apiDown, m.w.faults.conflict = false, 0
+	m.w.faults.mu.Unlock()
+}
+
+// Karpenter acts on forwards (or drops them: the router's fallback must then delete) and
+// replaces what is deleted.
+func (m *machine) Karpenter(t *rapid.T) {
+	if err := m.w.karpenter(m.ctx, rapid.IntRange(0, 9).Draw(t, "drop") == 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Advance moves time on with the router running: at every tick the leader takes its
+// messages, polls, reconciles its deferrals, and Karpenter acts.
+func (m *machine) Advance(t *rapid.T) {
+	d := rapid.SampledFrom([]time.Duration{time.Minute, tick, time.Hour, 6 * time.Hour, 24 * time.Hour}).Draw(t, "for")
+	m.advance(t, d)
+}
+
+func (m *machine) advance(t *rapid.T, d time.Duration) {
+	for end := m.now().Add(d); m.now().Before(end); {
+		step := min(tick, end.Sub(m.now()))
+		m.w.clock.Step(step)
+		m.deliver(10)
+		m.poll()
+		if err := m.w.reconcile(m.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.w.karpenter(m.ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		m.deliver(10)
+		m.m.lost(m.now())
+	}
+}
+
+// Crash restarts the leader with empty memory.
+func (m *machine) Crash(*rapid.T) { m.w.crash() }
+
+// Failover hands the lease to the standby that has been running all along.
+func (m *machine) Failover(*rapid.T) { m.w.failover() }
+
+// Check runs after every action: the model's verdicts, and what the cluster shows.
+func (m *machine) Check(t *rapid.T) {
+	if len(m.m.errs) > 0 {
+		t.Fatalf("%s", strings.Join(m.m.errs, "\n"))
+	}
+	// The standby's memory and goroutines stay bounded: it queues no release.
+	if released, queued := m.w.standby.ctrl.Pending(); released != 0 || queued != 0 {
+		t.Fatalf("standby holds %d releases and %d queued wakes", released, queued)
+	}
+	if n := runtime.NumGoroutine(); n > m.goBase+200 {
+		t.Fatalf("%d goroutines (started with %d)", n, m.goBase)
+	}
+	// Receives are bounded: a message past --max-receives is dead-lettered, not retried.
+	m.w.queues.mu.Lock()
+	for _, msg := range m.w.queues.intake {
+		if msg.receives > maxReceives {
+			m.w.queues.mu.Unlock()
+			t.Fatalf("message %s received %d times (max %d)", msg.id, msg.receives, maxReceives)
+		}
+	}
+	for _, msg := range m.w.queues.dlq {
+		if aws.ToString(msg.attributes["healthrouter.reason"].StringValue) == "" {
+			m.w.queues.mu.Unlock()
+			t.Fatalf("dead-lettered without a reason: %s", msg.body)
+		}
+	}
+	m.w.queues.mu.Unlock()
+	m.checkRecords(t)
+}
+
+// checkRecords: a cancelled or superseded maintenance leaves no active record, whichever
+// source saw it first; a record is never one the router cannot read.
+func (m *machine) checkRecords(t *rapid.T) {
+	var claims karpv1.NodeClaimList
+	if err := m.w.store.List(m.ctx, &claims); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range claims.Items {
+		set, err := record.Read(&nc)
+		if err != nil {
+			t.Fatalf("nodeclaim %s: %v", nc.Name, err)
+		}
+		inst := cluster.InstanceID(nc.Status.ProviderID)
+		for _, r := range set.Active() {
+			if r.Kind != event.KindScheduledChange || !nc.DeletionTimestamp.IsZero() {
+				continue
+			}
+			if !m.activeMaintenance(inst, r.Match) {
+				t.Fatalf("nodeclaim %s (%s) holds an active record %s (%s) of a maintenance that is cancelled or superseded", nc.Name, inst, r.EventID, r.Match)
+			}
+		}
+	}
+}
+
+func (m *machine) activeMaintenance(inst, match string) bool {
+	typ, at, _ := strings.Cut(match, "@")
+	start, err := time.Parse(time.RFC3339, at)
+	if err != nil {
+		return false
+	}
+	for _, mt := range m.m.maints {
+		if mt.inst == inst && mt.start.Equal(start) && (string(mt.typ) == typ || mt.typ == "" || typ == "") && mt.state == stateActive {
+			return true
+		}
+	}
+	return false
+}
+
+// finish lets the router run, healthy, until every deadline the run made has passed, then
+// checks that nothing was lost and every message was done with.
+func (m *machine) finish(t *rapid.T) {
+	m.advance(t, max(m.horizon.Sub(m.now())+tick, time.Hour))
+	m.Check(t)
+	m.w.queues.mu.Lock()
+	defer m.w.queues.mu.Unlock()
+	if n := len(m.w.queues.intake); n > 0 {
+		t.Fatalf("%d messages neither deleted nor dead-lettered after the run (first: %s)", n, m.w.queues.intake[0].body)
+	}
+}
+
+// TestSimulation runs the state machine: `go test ./test/sim` runs rapid's default 100 seeds,
+// `make sim SEEDS=N` more (rapid shrinks a failure to a minimal sequence and prints its seed).
+func TestSimulation(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		m := newMachine(t)
+		defer m.w.stop(m.w.leader)
+		actions := map[string]func(*rapid.T){
+			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Impair": m.Impair,
+			"Duplicate": m.Duplicate, "Deliver": m.Deliver, "Poll": m.Poll, "Faults": m.Faults, "Karpenter": m.Karpenter,
+			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover,
+		}
+		names := make([]string, 0, len(actions))
+		for n := range actions {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for i := 0; i < *steps; i++ {
+			name := rapid.SampledFrom(names).Draw(t, "action")
+			actions[name](t)
+			m.Check(t)
+		}
+		m.finish(t)
+	})
+}
+
+// defaultChecks is how many seeds `make test` runs (about a minute on two cores); `make sim
+// SEEDS=N` runs N.
+const defaultChecks = "30"
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
+	if !set {
+		_ = flag.Set("rapid.checks", defaultChecks)
+	}
+	os.Exit(m.Run())
+}

@@ -1,0 +1,561 @@
+// Package sim is a deterministic simulation of the whole router: the real pipeline, engine,
+// pacer, signaller, deferral controller, poller and intake, on a fake clock, over
+// controller-runtime's in-memory API server (the fake client, with faults injected at the
+// client's interceptor) and in-memory AWS stand-ins at the SDK interfaces the router already
+// has (SQS for the intake, Karpenter's queue and the dead-letter queue; EC2's
+// DescribeInstanceStatus for the poller). A rapid state machine drives it from one seeded
+// random sequence: AWS Health and poller reports of one maintenance in any order, reschedules
+// and cancellations, state changes out of order, Spot warnings, impaired and recovered
+// instances, redeliveries, API faults, Karpenter replacing NodeClaims, crashes and leader
+// changes, and time jumping across windows and deadlines. After every step the invariants
+// are checked against a reference model (model.go) written apart from the code under test.
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/deferral"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/intake"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/pipeline"
+	"github.com/health-router/health-router/router/poller"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/signal"
+)
+
+// Start is the simulation's epoch: a Friday, so windows (Saturday 02:00) come within a day.
+var Start = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+
+// Pools of the simulated cluster and their policies.
+const (
+	PoolKafka = "kafka" // defer to a Saturday window, one drain at a time
+	PoolWeb   = "web"   // Karpenter's behaviour; repair cut-off 20%
+	PoolBatch = "batch" // ignore everything
+)
+
+// PoolAnnotations are the NodePools' annotations.
+var PoolAnnotations = map[string]map[string]string{
+	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
+		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h"},
+	PoolWeb:   {},
+	PoolBatch: {policy.AnnotationAction: "ignore"},
+}
+
+// PoolSize is the number of nodes each pool keeps (Karpenter replaces what it drains).
+const PoolSize = 5
+
+const (
+	queueURL     = "https://sqs.eu-west-1.amazonaws.com/111122223333/intake"
+	dlqURL       = "https://sqs.eu-west-1.amazonaws.com/111122223333/intake-dlq"
+	karpenterURL = "https://sqs.eu-west-1.amazonaws.com/111122223333/karpenter"
+	// UnmanagedNode is a managed node group's node: a Node with no NodeClaim.
+	UnmanagedNode     = "ng-node-0"
+	UnmanagedInstance = "i-0ffffffffffff0001"
+	maxReceives       = 8
+)
+
+// message is one SQS message of the stand-in queue.
+type message struct {
+	id, body   string
+	receives   int
+	visibleAt  time.Time
+	handle     string
+	attributes map[string]sqstypes.MessageAttributeValue
+}
+
+// queues is the in-memory SQS: the intake queue, its dead-letter queue and Karpenter's
+// queue, with visibility and receive counts on the fake clock.
+type queues struct {
+	mu        sync.Mutex
+	clock     *clocktesting.FakeClock
+	intake    []*message
+	dlq       []*message
+	karpenter []string
+	seq       int
+	down      bool // SQS unreachable
+	onForward func(instance string)
+}
+
+func (q *queues) ReceiveMessage(_ context.Context, in *sqs.ReceiveMessageInput, _ ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.down {
+		return nil, fmt.Errorf("sqs unreachable")
+	}
+	now := q.clock.Now()
+	var out []sqstypes.Message
+	for _, m := range q.intake {
+		if len(out) == int(in.MaxNumberOfMessages) {
+			break
+		}
+		if now.Before(m.visibleAt) {
+			continue
+		}
+		m.receives++
+		q.seq++
+		m.handle = m.id + "/" + strconv.Itoa(q.seq)
+		m.visibleAt = now.Add(time.Duration(in.VisibilityTimeout) * time.Second)
+		out = append(out, sqstypes.Message{MessageId: aws.String(m.id), Body: aws.String(m.body), ReceiptHandle: aws.String(m.handle),
+			Attributes: map[string]string{string(sqstypes.MessageSystemAttributeNameApproximateReceiveCount): strconv.Itoa(m.receives)}})
+	}
+	return &sqs.ReceiveMessageOutput{Messages: out}, nil
+}
+
+func (q *queues) find(handle *string) *message {
+	for _, m := range q.intake {
+		if m.handle == aws.ToString(handle) {
+			return m
+		}
+	}
+	return nil
+}
+
+func (q *queues) DeleteMessage(_ context.Context, in *sqs.DeleteMessageInput, _ ...func(*sqs.Options)) (*sqs.DeleteMessageOutput, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.down {
+		return nil, fmt.Errorf("sqs unreachable")
+	}
+	for i, m := range q.intake {
+		if m.handle == aws.ToString(in.ReceiptHandle) {
+			q.intake = append(q.intake[:i], q.intake[i+1:]...)
+			return &sqs.DeleteMessageOutput{}, nil
+		}
+	}
+	return nil, fmt.Errorf("receipt handle %s is stale", aws.ToString(in.ReceiptHandle))
+}
+
+func (q *queues) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMessageVisibilityInput, _ ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.down {
+		return nil, fmt.Errorf("sqs unreachable")
+	}
+	if m := q.find(in.ReceiptHandle); m != nil {
+		m.visibleAt = q.clock.Now().Add(time.Duration(in.VisibilityTimeout) * time.Second)
+		return &sqs.ChangeMessageVisibilityOutput{}, nil
+	}
+	return nil, fmt.Errorf("receipt handle %s is stale", aws.ToString(in.ReceiptHandle))
+}
+
+func (q *queues) SendMessage(_ context.Context, in *sqs.SendMessageInput, _ ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.down {
+		return nil, fmt.Errorf("sqs unreachable")
+	}
+	if aws.ToString(in.QueueUrl) != dlqURL {
+		return nil, fmt.Errorf("the router sends to the dead-letter queue only, not %s", aws.ToString(in.QueueUrl))
+	}
+	q.dlq = append(q.dlq, &message{body: aws.ToString(in.MessageBody), attributes: in.MessageAttributes})
+	return &sqs.SendMessageOutput{MessageId: aws.String("dlq")}, nil
+}
+
+func (q *queues) SendMessageBatch(_ context.Context, in *sqs.SendMessageBatchInput, _ ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.down {
+		return nil, fmt.Errorf("sqs unreachable")
+	}
+	out := &sqs.SendMessageBatchOutput{}
+	for _, e := range in.Entries {
+		q.karpenter = append(q.karpenter, aws.ToString(e.MessageBody))
+		if q.onForward != nil {
+			q.onForward(instanceOf(aws.ToString(e.MessageBody)))
+		}
+		out.Successful = append(out.Successful, sqstypes.SendMessageBatchResultEntry{Id: e.Id, MessageId: e.Id})
+	}
+	return out, nil
+}
+
+func (q *queues) send(body string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.seq++
+	q.intake = append(q.intake, &message{id: "m" + strconv.Itoa(q.seq), body: body})
+}
+
+// ec2Status is the in-memory EC2 DescribeInstanceStatus: scheduled events and impairments.
+type ec2Status struct {
+	mu       sync.Mutex
+	events   map[string][]ec2types.InstanceStatusEvent
+	impaired map[string]time.Time
+	down     bool
+}
+
+func (e *ec2Status) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeInstanceStatusInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.down {
+		return nil, fmt.Errorf("RequestLimitExceeded")
+	}
+	out := &ec2.DescribeInstanceStatusOutput{}
+	for _, id := range in.InstanceIds {
+		st := ec2types.InstanceStatus{InstanceId: aws.String(id), Events: e.events[id],
+			InstanceStatus: &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusOk},
+			SystemStatus:   &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusOk}}
+		if since, ok := e.impaired[id]; ok {
+			st.SystemStatus = &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusImpaired,
+				Details: []ec2types.InstanceStatusDetails{{Name: ec2types.StatusNameReachability, Status: ec2types.StatusTypeFailed, ImpairedSince: aws.Time(since)}}}
+		}
+		out.InstanceStatuses = append(out.InstanceStatuses, st)
+	}
+	return out, nil
+}
+
+// faults makes the API server fail the router's requests while on.
+type faults struct {
+	mu       sync.Mutex
+	apiDown  bool
+	conflict int // the next n writes conflict
+}
+
+func (f *faults) check(write bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.apiDown {
+		return apierrors.NewServiceUnavailable("simulated API outage")
+	}
+	if write && f.conflict > 0 {
+		f.conflict--
+		return apierrors.NewConflict(schema.GroupResource{Group: "karpenter.sh", Resource: "nodeclaims"}, "simulated", fmt.Errorf("the object has been modified"))
+	}
+	return nil
+}
+
+// replica is one router process: its own in-memory state over the shared API and AWS.
+type replica struct {
+	name     string
+	pipeline *pipeline.Pipeline
+	ctrl     *deferral.Controller
+	poller   *poller.Poller
+	intake   *intake.Intake
+	metrics  *metrics.Router
+	cancel   context.CancelFunc
+	due      map[string]time.Time // NodeClaim -> when the controller's workqueue hands it back
+}
+
+// world is the simulated cluster, AWS and router replicas.
+type world struct {
+	clock    *clocktesting.FakeClock
+	store    client.Client // the API server as the world (the kubelet, Karpenter) sees it
+	router   client.Client // the router's client: faults injected here
+	faults   *faults
+	queues   *queues
+	ec2      *ec2Status
+	mode     signal.Mode
+	leader   *replica
+	standby  *replica
+	recorder *events.FakeRecorder
+	log      *slog.Logger
+	nextInst int
+	// onDrain observes every drain the router signals (a NodeClaim DELETE, or a forward);
+	// onGone every instance Karpenter terminated; onLaunch every node it launched.
+	onDrain  func(instance string)
+	onGone   func(instance string)
+	onLaunch func(instance, pool string)
+}
+
+// newWorldWith builds the cluster and the two replicas; hooks' observers see it from the
+// first node on.
+func newWorldWith(mode signal.Mode, hooks *world) (*world, error) {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	clk := clocktesting.NewFakeClock(Start)
+	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode,
+		ec2:      &ec2Status{events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
+		recorder: &events.FakeRecorder{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), onLaunch: hooks.onLaunch}
+	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
+	for _, ix := range cluster.Indexes() {
+		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
+	}
+	b = b.WithIndex(&karpv1.NodeClaim{}, deferral.IndexHeldOn, deferral.HeldOn)
+	w.store = b.Build()
+	w.router = interceptor.NewClient(w.store.(client.WithWatch), interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if err := w.faults.check(false); err != nil {
+				return err
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := w.faults.check(false); err != nil {
+				return err
+			}
+			return c.List(ctx, list, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if err := w.faults.check(true); err != nil {
+				return err
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			if err := w.faults.check(true); err != nil {
+				return err
+			}
+			if nc, ok := obj.(*karpv1.NodeClaim); ok && w.onDrain != nil {
+				cur := &karpv1.NodeClaim{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(nc), cur); err == nil && cur.DeletionTimestamp.IsZero() {
+					w.onDrain(cluster.InstanceID(cur.Status.ProviderID))
+				}
+			}
+			return c.Delete(ctx, obj, opts...)
+		},
+	})
+	ctx := context.Background()
+	for _, pool := range []string{PoolKafka, PoolWeb, PoolBatch} {
+		if err := w.store.Create(ctx, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: pool, Annotations: PoolAnnotations[pool]}}); err != nil {
+			return nil, err
+		}
+		for i := 0; i < PoolSize; i++ {
+			if _, err := w.addNode(ctx, pool); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := w.store.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: UnmanagedNode, Labels: map[string]string{"eks.amazonaws.com/nodegroup": "system"}},
+		Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + UnmanagedInstance}}); err != nil {
+		return nil, err
+	}
+	w.leader = w.newReplica("a")
+	w.standby = w.newReplica("b")
+	return w, nil
+}
+
+// addNode is Karpenter launching a node of pool: a NodeClaim and its Node.
+func (w *world) addNode(ctx context.Context, pool string) (string, error) {
+	w.nextInst++
+	id := fmt.Sprintf("i-0a1b2c3d4e5f%05x", w.nextInst)
+	name := fmt.Sprintf("%s-%d", pool, w.nextInst)
+	pid := "aws:///eu-west-1a/" + id
+	labels := map[string]string{karpv1.NodePoolLabelKey: pool}
+	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Finalizers: []string{"karpenter.sh/termination"}}}
+	if err := w.store.Create(ctx, nc); err != nil {
+		return "", err
+	}
+	nc.Status = karpv1.NodeClaimStatus{ProviderID: pid, NodeName: name}
+	if err := w.store.Status().Update(ctx, nc); err != nil {
+		return "", err
+	}
+	if err := w.store.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: corev1.NodeSpec{ProviderID: pid}}); err != nil {
+		return "", err
+	}
+	if w.onLaunch != nil {
+		w.onLaunch(id, pool)
+	}
+	return id, nil
+}
+
+// newReplica builds a router process's components over the shared API and AWS, as app.Run
+// wires them (one instance-parallelism so that one seed is one interleaving).
+func (w *world) newReplica(name string) *replica {
+	reg := prometheus.NewRegistry()
+	r := &replica{name: name, due: map[string]time.Time{}}
+	r.metrics = metrics.NewRouter(reg, func() float64 { return r.ctrl.Deferred() })
+	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedIgnore))
+	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
+	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
+	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1)
+	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
+	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl)
+	r.intake = intake.New(intake.Config{QueueURL: queueURL, DeadLetterQueueURL: dlqURL, Account: "111122223333", Region: "eu-west-1",
+		Workers: 1, Visibility: 30 * time.Second, HandleTimeout: time.Minute, MaxReceives: maxReceives}, w.queues, r.pipeline, r.metrics, nil, w.clock, w.log)
+	return r
+}
+
+// lead makes r the elected leader (its controller's Start runs until it loses the lease).
+func (w *world) lead(r *replica) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	started := make(chan struct{})
+	go func() {
+		close(started)
+		_ = r.ctrl.Start(ctx)
+	}()
+	<-started
+	for !r.ctrl.Leading() {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (w *world) stop(r *replica) {
+	if r.cancel != nil {
+		r.cancel()
+		for r.ctrl.Leading() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// deliver receives up to n messages and processes them one at a time, as the intake's
+// workers do.
+func (w *world) deliver(ctx context.Context, n int) (int, error) {
+	out, err := w.queues.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(n), VisibilityTimeout: 30})
+	if err != nil {
+		return 0, nil // an SQS outage: nothing received, the loop waits and tries again
+	}
+	for _, m := range out.Messages {
+		w.leader.intake.Process(ctx, m)
+	}
+	return len(out.Messages), nil
+}
+
+// reconcile plays controller-runtime's workqueue for the leader's deferral controller: every
+// NodeClaim the controller watches (a record or a stamp) whose requeue time has come, and
+// every NodeClaim a release woke; then the periodic recheck of paced pools.
+func (w *world) reconcile(ctx context.Context) error {
+	r := w.leader
+	woken := map[string]bool{}
+	for drained := false; !drained; {
+		select {
+		case ev := <-r.ctrl.Wakes():
+			woken[ev.Object.GetName()] = true
+		default:
+			drained = true
+		}
+	}
+	var claims karpv1.NodeClaimList
+	if err := w.store.List(ctx, &claims); err != nil {
+		return err
+	}
+	now := w.clock.Now()
+	names := make([]string, 0, len(claims.Items))
+	for _, nc := range claims.Items {
+		a := nc.Annotations
+		if a[cluster.AnnotationDeferred] == "" && a[cluster.AnnotationDrainSignalled] == "" {
+			continue
+		}
+		if at, ok := r.due[nc.Name]; ok && now.Before(at) && !woken[nc.Name] {
+			continue
+		}
+		names = append(names, nc.Name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		res, err := r.ctrl.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: name}})
+		switch {
+		case err != nil:
+			r.due[name] = now.Add(time.Second) // the workqueue's rate-limited retry
+		case res.RequeueAfter > 0:
+			r.due[name] = now.Add(res.RequeueAfter)
+		default:
+			delete(r.due, name)
+		}
+	}
+	if err := r.ctrl.ReleasePool(ctx, PoolKafka); err != nil && !apierrors.IsServiceUnavailable(err) {
+		return err
+	}
+	return nil
+}
+
+// karpenter plays Karpenter: it acts on the forwarded messages (deletes the NodeClaims they
+// name), finishes the deletion of every deleting NodeClaim (drained, terminated: the
+// NodeClaim and its Node gone), and launches a replacement in the same pool. Every replica's
+// informer sees the deletion.
+func (w *world) karpenter(ctx context.Context, drop bool) error {
+	w.queues.mu.Lock()
+	forwards := w.queues.karpenter
+	w.queues.karpenter = nil
+	w.queues.mu.Unlock()
+	if !drop {
+		for _, body := range forwards {
+			id := instanceOf(body)
+			var claims karpv1.NodeClaimList
+			if err := w.store.List(ctx, &claims, client.MatchingFields{cluster.IndexInstanceID: id}); err != nil {
+				return err
+			}
+			for i := range claims.Items {
+				if err := w.store.Delete(ctx, &claims.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+					return err
+				}
+			}
+		}
+	}
+	var claims karpv1.NodeClaimList
+	if err := w.store.List(ctx, &claims); err != nil {
+		return err
+	}
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		if nc.DeletionTimestamp.IsZero() {
+			continue
+		}
+		pool := nc.Labels[karpv1.NodePoolLabelKey]
+		if w.onGone != nil {
+			w.onGone(cluster.InstanceID(nc.Status.ProviderID))
+		}
+		nc.Finalizers = nil
+		if err := w.store.Update(ctx, nc); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		if err := w.store.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nc.Status.NodeName}}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		for _, r := range []*replica{w.leader, w.standby} {
+			r.ctrl.DrainFinished(ctx, pool, nc.Name)
+		}
+		if _, err := w.addNode(ctx, pool); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// crash restarts the leader: a new process with empty memory, over the same cluster and queues.
+func (w *world) crash() {
+	w.stop(w.leader)
+	w.leader = w.newReplica(w.leader.name + "'")
+	w.lead(w.leader)
+}
+
+// failover hands the lease to the standby, which has been running all along; the old
+// leader becomes the standby.
+func (w *world) failover() {
+	w.stop(w.leader)
+	w.leader, w.standby = w.standby, w.leader
+	w.lead(w.leader)
+}
+
+// instanceOf is the instance a forwarded body names (its one resource ARN).
+func instanceOf(body string) string {
+	var env struct {
+		Resources []string `json:"resources"`
+	}
+	if json.Unmarshal([]byte(body), &env) != nil || len(env.Resources) != 1 {
+		return ""
+	}
+	r := env.Resources[0]
+	return r[strings.LastIndex(r, "/")+1:]
+}
