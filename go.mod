@@ -3,6 +3,7 @@ module github.com/health-router/health-router
 go 1.26.10
 
 require (
+	github.com/arran4/golang-ical v0.3.4
 	github.com/aws/aws-lambda-go v1.55.1
 	github.com/aws/aws-sdk-go-v2 v1.47.7
 	github.com/aws/aws-sdk-go-v2/config v1.33.6
