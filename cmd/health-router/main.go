@@ -3,7 +3,7 @@
 //
 //	health-router run --queue-url URL --dead-letter-queue-url URL [--karpenter-queue-url URL] ...
 //	health-router replay --cluster CLUSTER.yaml --events PATH [--aws AWS.yaml] [--now RFC3339] [-o table|json]
-//	health-router status [--nodepool NAME] [-o table|json]
+//	health-router status [--nodepool NAME] [-o table|json | --ics]
 //
 // Installed as kubectl-health_router (a copy or a symlink), it is a kubectl plugin:
 // kubectl health-router status.

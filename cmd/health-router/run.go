@@ -16,6 +16,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/health-router/health-router/router/app"
+	"github.com/health-router/health-router/router/calendar"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/status"
@@ -85,6 +86,9 @@ func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) 
 	rep, err := status.Read(ctx, kube, o.Now, o.NodePool)
 	if err != nil {
 		return err
+	}
+	if o.ICS {
+		return calendar.New(calendar.DefaultHorizon).Write(stdout, rep)
 	}
 	if o.Output == "json" {
 		return rep.WriteJSON(stdout)

@@ -30,6 +30,10 @@ const (
 	PollerPolls     = "health_router_poller_polls_total"    // labels: result (success, describe-error, handle-error)
 	PollerFindings  = "health_router_poller_findings_total" // labels: finding (scheduled-event, impaired); each handed over once
 	PollerInstances = "health_router_poller_instances"      // gauge: cluster instances asked about at the last poll
+
+	// Planned maintenance (router/calendar): the drains deferred now, at their until-times.
+	MaintenancePlanned         = "health_router_maintenance_planned_timestamp_seconds" // gauge, labels: nodepool, node, kind; at most calendar.DefaultSeriesLimit series, the earliest
+	MaintenancePlannedOverflow = "health_router_maintenance_planned_overflow"          // gauge: planned drains left out of MaintenancePlanned by its bound
 )
 
 // Prometheus label names.
@@ -46,6 +50,7 @@ const (
 	LabelHold      = "hold"
 	LabelFinding   = "finding"
 	LabelGate      = "gate"
+	LabelNode      = "node"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the

@@ -12,6 +12,8 @@ type Status struct {
 	NodePool   string
 	Now        time.Time
 	Output     string
+	// ICS prints the calendar of planned maintenance (router/calendar) instead of the report.
+	ICS bool
 }
 
 // ParseStatus parses `health-router status` flags; now is the default of --now.
@@ -22,11 +24,15 @@ func ParseStatus(args []string, getenv func(string) string, now time.Time) (Stat
 	fs.StringVar(&o.NodePool, "nodepool", "", "show this NodePool only (default: every NodePool)")
 	nowFlag := fs.String("now", "", "the time to report at, RFC 3339 (default: the current time): for the window and the until-times")
 	fs.StringVar(&o.Output, "o", "table", "output: table or json")
+	fs.BoolVar(&o.ICS, "ics", false, "print the planned maintenance as an iCalendar (.ics) feed instead: deferred drains and the pools' windows of the next 14 days")
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}
 	if o.Output != "table" && o.Output != "json" {
 		return o, fmt.Errorf("-o %q: want table or json", o.Output)
+	}
+	if o.ICS && o.Output == "json" {
+		return o, fmt.Errorf("--ics prints a calendar, -o json a report: choose one")
 	}
 	if *nowFlag != "" {
 		t, err := time.Parse(time.RFC3339, *nowFlag)

@@ -173,6 +173,7 @@ type manifests struct {
 	role               rbacv1.Role
 	roleBinding        rbacv1.RoleBinding
 	serviceMonitor     *unstructured.Unstructured
+	grafanaDashboard   *corev1.ConfigMap
 }
 
 // decode renders the chart (with the given helm arguments, default: ci/default-values.yaml)
@@ -210,6 +211,9 @@ func decode(t *testing.T, args ...string) manifests {
 		case "ServiceMonitor":
 			m.serviceMonitor = u
 			continue
+		case "ConfigMap":
+			m.grafanaDashboard = &corev1.ConfigMap{}
+			into = m.grafanaDashboard
 		default:
 			t.Fatalf("the chart renders a %s (%s) this test does not know: add its checks", kind, u.GetName())
 		}

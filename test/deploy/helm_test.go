@@ -1,10 +1,15 @@
 package deploy_test
 
 import (
-	"github.com/health-router/health-router/router/options"
+	"encoding/json"
 	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/health-router/health-router/router/options"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -12,7 +17,7 @@ import (
 // TestLint runs `helm lint --strict` with the defaults and with every chart-testing values set.
 func TestLint(t *testing.T) {
 	args := [][]string{nil}
-	for _, name := range []string{"default", "irsa", "pod-identity", "servicemonitor", "custom-settings"} {
+	for _, name := range []string{"default", "irsa", "pod-identity", "servicemonitor", "custom-settings", "grafana-dashboard"} {
 		args = append(args, []string{"-f", ciValues(t, name)})
 	}
 	for _, a := range args {
@@ -74,6 +79,46 @@ func TestValuesSets(t *testing.T) {
 		sel, _, _ := unstructuredMap(sm.Object, "spec", "selector", "matchLabels")
 		if len(sel) == 0 || !maps.Equal(sel, toAny(m.service.Labels, sel)) {
 			t.Errorf("ServiceMonitor selects %v; the Service's labels are %v", sel, m.service.Labels)
+		}
+	})
+	t.Run("Grafana dashboard", func(t *testing.T) {
+		if m := decode(t); m.grafanaDashboard != nil {
+			t.Error("the defaults render the Grafana dashboard's ConfigMap")
+		}
+		want, err := os.ReadFile(filepath.Join(chartDir(t), "dashboards", "health-router.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := decode(t, "-f", ciValues(t, "grafana-dashboard"))
+		cm := m.grafanaDashboard
+		if cm == nil {
+			t.Fatal("grafanaDashboard.enabled renders no ConfigMap")
+		}
+		// The kube-prometheus-stack sidecar's default label, the folder annotation, and the
+		// chart's own labels.
+		if cm.Labels["grafana_dashboard"] != "1" || cm.Annotations["grafana_folder"] != "Karpenter" || cm.Labels["app.kubernetes.io/part-of"] != "health-router" {
+			t.Errorf("ConfigMap %s: labels %v, annotations %v", cm.Name, cm.Labels, cm.Annotations)
+		}
+		if cm.Namespace != namespace {
+			t.Errorf("ConfigMap in %q, want the release's %q", cm.Namespace, namespace)
+		}
+		got := cm.Data["health-router.json"]
+		var a, b any
+		if err := json.Unmarshal([]byte(got), &a); err != nil {
+			t.Fatalf("the ConfigMap's health-router.json is not JSON: %v", err)
+		}
+		if err := json.Unmarshal(want, &b); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Error("the ConfigMap's dashboard differs from dashboards/health-router.json")
+		}
+
+		// Another sidecar label, and the sidecar's namespace.
+		m = decode(t, "-f", ciValues(t, "default"), "--set", "grafanaDashboard.enabled=true", "--set", "grafanaDashboard.namespace=monitoring",
+			"--set", "grafanaDashboard.labels.grafana_dashboard=null", "--set", "grafanaDashboard.labels.dashboards=health")
+		if cm := m.grafanaDashboard; cm == nil || cm.Namespace != "monitoring" || cm.Labels["dashboards"] != "health" || cm.Labels["grafana_dashboard"] != "" {
+			t.Errorf("ConfigMap %+v, want it in monitoring with the label dashboards=health only", cm)
 		}
 	})
 	t.Run("custom settings", func(t *testing.T) {
@@ -191,6 +236,7 @@ func TestRefused(t *testing.T) {
 		{"unknown signal", []string{"-f", "DEFAULT", "--set", "settings.signal=evict"}, "signal"},
 		{"unknown log level", []string{"-f", "DEFAULT", "--set", "logLevel=verbose"}, "logLevel"},
 		{"bad digest", []string{"-f", "DEFAULT", "--set", "image.digest=latest"}, "digest"},
+		{"dashboard in a namespace that cannot be", []string{"-f", "DEFAULT", "--set", "grafanaDashboard.namespace=Monitoring"}, "grafanaDashboard/namespace"},
 	} {
 		args := make([]string, len(tt.args))
 		for i, a := range tt.args {
