@@ -27,6 +27,11 @@ const (
 	PollerPolls     = "health_router_poller_polls_total"    // labels: result (success, describe-error, handle-error)
 	PollerFindings  = "health_router_poller_findings_total" // labels: finding (scheduled-event, impaired); each handed over once
 	PollerInstances = "health_router_poller_instances"      // gauge: cluster instances asked about at the last poll
+
+	// Webhook notifications (router/notify).
+	NotifySent        = "health_router_notify_sent_total"     // notices the receiver accepted (2xx)
+	NotifyFailures    = "health_router_notify_failures_total" // labels: reason (http-status, network, dropped-queue-full, gave-up)
+	NotifyQueueLength = "health_router_notify_queue_length"   // gauge: notices waiting to be sent
 )
 
 // Prometheus label names.
