@@ -88,7 +88,11 @@ func Summary(ev event.Event) string {
 		if h == nil {
 			return "scheduled change"
 		}
-		s := fmt.Sprintf("AWS Health %s", orUnknown(h.TypeCode))
+		from := "AWS Health"
+		if ev.Source == event.SourceHealthRouter {
+			from = "EC2 scheduled event" // found by the instance-status poller
+		}
+		s := fmt.Sprintf("%s %s", from, orUnknown(h.TypeCode))
 		if h.Status != "" {
 			s += fmt.Sprintf(" (%s)", h.Status)
 		}
