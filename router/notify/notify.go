@@ -194,7 +194,7 @@ func (n *Notifier) Start(ctx context.Context) error {
 // receiver refuses it for good (a 4xx other than 408, 425 or 429) or ctx is done.
 func (n *Notifier) deliver(ctx context.Context, nt Notice) {
 	log := n.log.With("event_id", nt.EventID, "kind", nt.Kind, "phase", nt.Phase, "action", nt.Action)
-	body, err := render(n.tmpl, nt)
+	body, err := n.Body(nt)
 	if err != nil {
 		n.failures.WithLabelValues(ReasonTemplate).Inc()
 		log.Error("webhook template failed to render a notice", "error", err)
@@ -226,6 +226,14 @@ func (n *Notifier) deliver(ctx context.Context, nt Notice) {
 		case <-n.clk.After(delay):
 		}
 	}
+}
+
+// Body is the request body of a notice, as the template renders it.
+func (n *Notifier) Body(nt Notice) ([]byte, error) {
+	if nt.Cluster == "" {
+		nt.Cluster = n.opts.Cluster
+	}
+	return render(n.tmpl, nt)
 }
 
 // sendError is a failed attempt.

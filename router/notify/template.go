@@ -17,8 +17,8 @@ import (
 // and Mattermost's incoming webhooks take the same). Every value is written through
 // jsonEscape, so any reason text yields valid JSON.
 const DefaultTemplate = `{"text": "{{with .Cluster}}[{{jsonEscape .}}] {{end}}` +
-	`{{if eq .Phase "received"}}Received {{jsonEscape .Kind}}{{else}}Decided {{jsonEscape .Action}} on {{jsonEscape .Kind}}{{end}}` +
-	` for {{jsonEscape (join .Instances ", ")}}` +
+	`{{if eq .Phase "received"}}Received {{jsonEscape .Kind}}{{else}}Decided {{jsonEscape .Action}}: {{jsonEscape .Kind}}{{end}}` +
+	` of {{jsonEscape (join .Instances ", ")}}` +
 	`{{with .Node}} (node {{jsonEscape .}}{{with $.NodePool}}, nodepool {{jsonEscape .}}{{end}}){{end}}` +
 	`\n{{jsonEscape .Summary}}` +
 	`{{if not .Deadline.IsZero}}\nAWS acts at {{rfc3339 .Deadline}}{{end}}` +

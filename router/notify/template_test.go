@@ -91,7 +91,7 @@ func TestDefaultTemplateValidJSON(t *testing.T) {
 					}
 				}
 				if n.Phase == PhaseDecided {
-					for _, want := range []string{reason, "Decided defer", `pool "a"`, "2026-11-21T13:00:00Z"} {
+					for _, want := range []string{reason, "Decided defer: ", `pool "a"`, "2026-11-21T13:00:00Z"} {
 						if !strings.Contains(text, want) {
 							t.Errorf("%s decided: text %q lacks %q", ev.Kind, text, want)
 						}
