@@ -20,7 +20,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
-	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/record"
 )
 
 // TestHandler serves the calendar of a cluster whose records the router's own types wrote,
@@ -30,10 +30,10 @@ func TestHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	records, err := json.Marshal([]signal.Deferral{
+	records, err := json.Marshal([]record.Record{
 		{EventID: "ev-window", Key: "arn:aws:health:eu-west-1::event/EC2/X/ev-window", Kind: event.KindScheduledChange,
-			Until: time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC), Reason: "waiting for the maintenance window", State: signal.StateDeferred, Hold: policy.HoldWindow},
-		{EventID: "ev-old", Kind: event.KindScheduledChange, Until: now.Add(-time.Hour), State: signal.StateSuperseded},
+			Until: time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC), Reason: "waiting for the maintenance window", State: record.StateDeferred, Hold: policy.HoldWindow},
+		{EventID: "ev-old", Kind: event.KindScheduledChange, Until: now.Add(-time.Hour), State: record.StateSuperseded},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,10 @@ const (
 	// Planned maintenance (router/calendar): the drains deferred now, at their until-times.
 	MaintenancePlanned         = "health_router_maintenance_planned_timestamp_seconds" // gauge, labels: nodepool, node, kind; at most calendar.DefaultSeriesLimit series, the earliest
 	MaintenancePlannedOverflow = "health_router_maintenance_planned_overflow"          // gauge: planned drains left out of MaintenancePlanned by its bound
+	// Webhook notifications (router/notify).
+	NotifySent        = "health_router_notify_sent_total"     // notices the receiver accepted (2xx)
+	NotifyFailures    = "health_router_notify_failures_total" // labels: reason (http-status, network, dropped-queue-full, gave-up)
+	NotifyQueueLength = "health_router_notify_queue_length"   // gauge: notices waiting to be sent
 )
 
 // Prometheus label names.

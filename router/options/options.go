@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
 	"k8s.io/component-base/featuregate"
 
 	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/notify"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/replay"
 	"github.com/health-router/health-router/router/signal"
@@ -144,11 +146,20 @@ type Run struct {
 	// MaxReceives is how many deliveries a failing message gets before the router
 	// dead-letters it itself, with its last error (0: never).
 	MaxReceives int
+
+	// WebhookURL receives notifications (router/notify); empty: none are sent. It often
+	// embeds a token: never print it.
+	WebhookURL string
+	// WebhookTemplate is the text of the body template (read from the file when the flag
+	// was @path); empty: notify.DefaultTemplate.
+	WebhookTemplate string
+	// WebhookHeaders are set on every webhook request (usually Authorization).
+	WebhookHeaders map[string]string
 }
 
 // runFlags defines the flags of `health-router run` on o; mode, gateFlag and level are parsed
 // further by ParseRun.
-func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level *string) {
+func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string) {
 	fs = flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.StringVar(&o.QueueURL, "queue-url", "", "URL of the SQS intake queue the EventBridge rules feed (required)")
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "URL of the SQS dead-letter queue for messages the router cannot act on (required)")
@@ -182,7 +193,10 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level *string) {
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
 	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (an Event on the Node and a metric, nothing else) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected)")
 	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount; 0: never")
-	return fs, mode, gateFlag, level
+	fs.StringVar(&o.WebhookURL, "webhook-url", "", "URL that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
+	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
+	headers = fs.String("webhook-headers", "", "headers of every webhook request, name=value,name=value (e.g. Authorization=Bearer <token>); values cannot contain commas")
+	return fs, mode, gateFlag, level, headers
 }
 
 func validHTTPURL(v string) bool {
@@ -193,7 +207,7 @@ func validHTTPURL(v string) bool {
 // RunFlagNames lists the flags of `health-router run`, for the chart's test that every one is
 // reachable from its values.
 func RunFlagNames() []string {
-	fs, _, _, _ := runFlags(&Run{Gates: checks.NewFeatureGates()})
+	fs, _, _, _, _ := runFlags(&Run{Gates: checks.NewFeatureGates()})
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	return names
@@ -202,7 +216,7 @@ func RunFlagNames() []string {
 // ParseRun parses `health-router run` flags and validates them.
 func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	o := Run{Gates: checks.NewFeatureGates()}
-	fs, mode, gateFlag, level := runFlags(&o)
+	fs, mode, gateFlag, level, headers := runFlags(&o)
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}
@@ -268,7 +282,43 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
+	if err := parseWebhook(&o, *headers); err != nil {
+		return o, err
+	}
 	return o, nil
+}
+
+// parseWebhook checks the --webhook-* flags, reads an @path template and parses the headers.
+// Messages never show the URL or a header value: either may be a credential.
+func parseWebhook(o *Run, headers string) error {
+	if o.WebhookURL == "" {
+		switch {
+		case o.WebhookTemplate != "":
+			return fmt.Errorf("--webhook-template needs --webhook-url")
+		case headers != "":
+			return fmt.Errorf("--webhook-headers needs --webhook-url")
+		}
+		return nil
+	}
+	if !validHTTPURL(o.WebhookURL) {
+		return fmt.Errorf("--webhook-url: want an http or https URL")
+	}
+	if path, ok := strings.CutPrefix(o.WebhookTemplate, "@"); ok {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("--webhook-template: reading the template: %v", err)
+		}
+		o.WebhookTemplate = string(b)
+	}
+	if _, err := notify.ParseTemplate(o.WebhookTemplate); err != nil {
+		return fmt.Errorf("--webhook-template: %v", err)
+	}
+	h, err := notify.ParseHeaders(headers)
+	if err != nil {
+		return fmt.Errorf("--webhook-headers: %v", err)
+	}
+	o.WebhookHeaders = h
+	return nil
 }
 
 // Doctor is the configuration of `health-router doctor`.

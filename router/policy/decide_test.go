@@ -370,3 +370,76 @@ func TestInstanceStatusAnnotation(t *testing.T) {
 		t.Errorf("policy = %+v", p)
 	}
 }
+
+// TestDecideSeams: the rules behind the seams issue 15 found, each as a table row.
+func TestDecideSeams(t *testing.T) {
+	impaired := event.Event{ID: "healthrouter.io/instance-status/i-1/impaired/2026-11-21T11:50:00Z", Kind: event.KindInstanceStatus, Time: now,
+		Status: &event.InstanceStatus{SystemStatus: "impaired", ImpairedSince: now.Add(-10 * time.Minute)}}
+	recovered := event.Event{ID: "r", Kind: event.KindInstanceStatus, Time: now, Status: &event.InstanceStatus{InstanceStatus: "ok", SystemStatus: "ok", Recovered: true}}
+	stopped := instanceEvent(event.KindStateChange, event.StateStopped)
+	withPool := func(tg Target, nodes, impaired int, ann map[string]string) Target {
+		tg.Policy, tg.PoolNodes, tg.Impaired = FromAnnotations(ann), nodes, impaired
+		return tg
+	}
+	unmanaged := func(mode string) Target {
+		return Target{InstanceID: "i-0ffffffffffff0001", Found: true, Node: "ng-node-0", Unmanaged: mode}
+	}
+	running := target(nil)
+	running.RunningSince = stopped.Time.Add(time.Minute)
+	tests := []struct {
+		name   string
+		ev     event.Event
+		tg     Target
+		action Action
+		hold   Hold
+		reason string
+		cancel bool
+	}{
+		{"impaired: first of a pool of 10 is replaced", impaired, withPool(target(nil), 10, 0, nil), ActionDrain, "", "instance status", false},
+		{"impaired: a second within 20% of 10", impaired, withPool(target(nil), 10, 1, nil), ActionDrain, "", "", false},
+		{"impaired: a third is over the cut-off", impaired, withPool(target(nil), 10, 2, nil), ActionDefer, HoldRepairCutoff, "repair cut-off", false},
+		{"impaired: the cap bounds a large pool", impaired, withPool(target(nil), 1000, 10, nil), ActionDefer, HoldRepairCutoff, "at most 10", false},
+		{"impaired: a pool that raises its cut-off", impaired, withPool(target(nil), 10, 4, map[string]string{AnnotationRepairMaxUnhealthy: "50%"}), ActionDrain, "", "", false},
+		{"impaired: a count cut-off of zero stops every repair", impaired, withPool(target(nil), 10, 0, map[string]string{AnnotationRepairMaxUnhealthy: "0"}), ActionDefer, HoldRepairCutoff, "", false},
+		{"impaired: ignore is not cut off", impaired, withPool(target(nil), 10, 5, map[string]string{AnnotationAction: "ignore"}), ActionIgnore, "", "", false},
+		{"recovered cancels a held repair", recovered, target(nil), ActionIgnore, "", "passes its status checks again", true},
+		{"a stop older than the last running is over", stopped, running, ActionIgnore, "", "has been running since", false},
+		{"a stop after the last running drains", stopped, func() Target { tg := target(nil); tg.RunningSince = stopped.Time.Add(-time.Hour); return tg }(), ActionDrain, "", "", false},
+		{"unmanaged, ignore: a clear outcome", scheduled(event.ScheduledInstanceRetirement, now.Add(72*time.Hour)), unmanaged(UnmanagedIgnore), ActionSkip, "", "not managed by Karpenter", false},
+		{"unmanaged, ignore: even a Spot warning", instanceEvent(event.KindSpotInterruption, ""), unmanaged(UnmanagedIgnore), ActionSkip, "", "not managed by Karpenter", false},
+		{"unmanaged, cordon-drain: a Spot warning drains", instanceEvent(event.KindSpotInterruption, ""), unmanaged(UnmanagedCordonDrain), ActionDrain, "", "", false},
+		{"unmanaged, cordon-drain: an impaired node is not cut off", impaired, unmanaged(UnmanagedCordonDrain), ActionDrain, "", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(tt.ev, tt.tg, now)
+			if d.Action != tt.action || d.Hold != tt.hold || d.Cancel != tt.cancel || !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("got %s hold %q cancel %v (%s)", d.Action, d.Hold, d.Cancel, d.Reason)
+			}
+			if d.Hold == HoldRepairCutoff && (!d.Until.Equal(now.Add(RepairRecheck)) || len(d.Warnings) == 0) {
+				t.Errorf("a cut-off hold must recheck at %s with a warning: until %s, warnings %v", now.Add(RepairRecheck), d.Until, d.Warnings)
+			}
+		})
+	}
+}
+
+func TestRepairCutoff(t *testing.T) {
+	for _, tt := range []struct {
+		ann   map[string]string
+		nodes int
+		want  int
+	}{
+		{nil, 3, 1}, {nil, 10, 2}, {nil, 11, 3}, {nil, 1000, 10}, {nil, 0, 0},
+		{map[string]string{AnnotationRepairMaxUnhealthy: "3"}, 100, 3},
+		{map[string]string{AnnotationRepairMaxUnhealthyCap: "50"}, 1000, 50},
+		{map[string]string{AnnotationRepairMaxUnhealthy: "oops"}, 10, 2}, // ignored, with a problem
+	} {
+		p := FromAnnotations(tt.ann)
+		if got := p.RepairCutoff(tt.nodes); got != tt.want {
+			t.Errorf("%v over %d nodes: %d, want %d", tt.ann, tt.nodes, got, tt.want)
+		}
+	}
+	if p := FromAnnotations(map[string]string{AnnotationRepairMaxUnhealthyCap: "-1"}); len(p.Problems) != 1 || p.RepairMaxUnhealthyCap != DefaultRepairMaxUnhealthyCap {
+		t.Errorf("a negative cap: %v %d", p.Problems, p.RepairMaxUnhealthyCap)
+	}
+}

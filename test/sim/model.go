@@ -40,6 +40,7 @@ type maintenance struct {
 	start time.Time
 	state string
 	known time.Time // when the router first processed a report of it
+	keys  map[string]bool
 }
 
 type stateChange struct {
@@ -78,26 +79,31 @@ func (m *model) inst(id, pool string) *instance {
 
 func (m *model) fail(format string, args ...any) { m.errs = append(m.errs, fmt.Sprintf(format, args...)) }
 
-// reported applies a processed report of a maintenance: a new one, the same one again, a
-// reschedule (same instance and type, another start: the earlier is superseded), or its end.
-func (m *model) reported(inst string, typ event.ScheduledType, start time.Time, closed bool, now time.Time) {
+// reported applies a processed report of a maintenance under a source's key (an AWS Health
+// eventArn, EC2's instance-event ID): one key is one event across its updates. A report is the
+// same maintenance as another source's when the instance, start and (known) type agree; a new
+// start under the same key, or of the same known type from another source, is a reschedule;
+// a closed report ends its key's maintenance and the same maintenance from the other source.
+func (m *model) reported(key, inst string, typ event.ScheduledType, start time.Time, closed bool, now time.Time) {
+	found := false
 	for _, mt := range m.maints {
 		if mt.inst != inst || mt.state != stateActive {
 			continue
 		}
-		sameType := mt.typ == typ || mt.typ == "" || typ == ""
+		same := mt.start.Equal(start) && (mt.typ == typ || mt.typ == "" || typ == "")
 		switch {
-		case sameType && mt.start.Equal(start) && closed:
-			mt.state = stateCancelled
-			return
-		case sameType && mt.start.Equal(start):
-			return // the same maintenance again
-		case mt.typ != "" && mt.typ == typ && !closed:
+		case closed:
+			if same || mt.keys[key] {
+				mt.state = stateCancelled
+			}
+		case same:
+			mt.keys[key], found = true, true
+		case mt.keys[key] || (mt.typ != "" && mt.typ == typ):
 			mt.state = stateSuperseded
 		}
 	}
-	if !closed {
-		m.maints = append(m.maints, &maintenance{inst: inst, typ: typ, start: start, state: stateActive, known: now})
+	if !closed && !found {
+		m.maints = append(m.maints, &maintenance{inst: inst, typ: typ, start: start, state: stateActive, known: now, keys: map[string]bool{key: true}})
 	}
 }
 

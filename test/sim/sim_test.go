@@ -136,7 +136,7 @@ func (m *machine) Health(t *rapid.T) {
 		"eventTypeCode": healthCodes[typ], "eventTypeCategory": "scheduledChange", "statusCode": status,
 		"startTime": start.Format(time.RFC1123), "affectedEntities": []map[string]string{{"entityValue": inst}}}
 	body := envelope(m.id(), "aws.health", "AWS Health Event", inst, m.now(), detail)
-	m.send(body, reportEffect(m.m, inst, typ, start, closed))
+	m.send(body, reportEffect(m.m, detail["eventArn"].(string), inst, typ, start, closed))
 	m.horizon = maxTime(m.horizon, start)
 }
 
@@ -163,12 +163,12 @@ func (m *machine) Poller(t *rapid.T) {
 	m.w.ec2.events[inst] = append(evs, ec2types.InstanceStatusEvent{InstanceEventId: aws.String(eid), Code: ec2types.EventCode(typ), Description: aws.String(desc),
 		NotBefore: aws.Time(start), NotAfter: aws.Time(start.Add(2 * time.Hour))})
 	m.w.ec2.mu.Unlock()
-	m.polled = append(m.polled, reportEffect(m.m, inst, typ, start, cancel))
+	m.polled = append(m.polled, reportEffect(m.m, eid, inst, typ, start, cancel))
 	m.horizon = maxTime(m.horizon, start)
 }
 
-func reportEffect(md *model, inst string, typ event.ScheduledType, start time.Time, closed bool) effect {
-	f := func(now time.Time) { md.reported(inst, typ, start, closed, now) }
+func reportEffect(md *model, key, inst string, typ event.ScheduledType, start time.Time, closed bool) effect {
+	f := func(now time.Time) { md.reported(key, inst, typ, start, closed, now) }
 	if closed {
 		return effect{after: f}
 	}

@@ -154,7 +154,46 @@ rendered: the router's default applies.
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{- include "health-router.webhookEnv" . }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The --webhook-* environment. The URL (often a token) and the headers come from Secrets; the
+template from the pod's annotation (deployment.yaml sets it).
+*/}}
+{{- define "health-router.webhookEnv" -}}
+{{- with .Values.webhook }}
+{{- if and .url .existingSecret }}
+{{- fail "webhook.url and webhook.existingSecret are exclusive: set one (existingSecret for a URL that holds a token)" }}
+{{- end }}
+{{- if and (or .template .headersSecret) (not (or .url .existingSecret)) }}
+{{- fail "webhook.template and webhook.headersSecret need webhook.url or webhook.existingSecret" }}
+{{- end }}
+{{- if .url }}
+- name: HEALTH_ROUTER_WEBHOOK_URL
+  value: {{ .url | quote }}
+{{- else if .existingSecret }}
+- name: HEALTH_ROUTER_WEBHOOK_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret | quote }}
+      key: {{ required "webhook.secretKey is required with webhook.existingSecret" .secretKey | quote }}
+{{- end }}
+{{- if .template }}
+- name: HEALTH_ROUTER_WEBHOOK_TEMPLATE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.annotations['healthrouter.io/webhook-template']
+{{- end }}
+{{- if .headersSecret }}
+- name: HEALTH_ROUTER_WEBHOOK_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .headersSecret | quote }}
+      key: {{ required "webhook.headersSecretKey is required with webhook.headersSecret" .headersSecretKey | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
