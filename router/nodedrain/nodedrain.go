@@ -216,6 +216,11 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 		byName[n.Name] = n
 	}
 	d.mu.Lock()
+	for name := range d.lastTried {
+		if byName[name] == nil {
+			delete(d.lastTried, name) // done, forgotten or gone
+		}
+	}
 	order(todo, d.lastTried)
 	now := d.clock.Now()
 	work := todo[:min(len(todo), d.opts.PerPass)]
@@ -270,21 +275,28 @@ func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) 
 		why = err.Error()
 	}
 	refused := obs.snapshot()
-	warn := len(refused) > 0 && rec.Overdue(d.clock.Now()) && !rec.Warned
-	if uerr := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+	overdue := len(refused) > 0 && rec.Overdue(d.clock.Now())
+	// warn is decided on the Node as written, not as the cache showed it: a pass that read a
+	// stale copy must not warn a second time.
+	warn := false
+	uerr := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		warn = false
 		cur, ok, err := Records(n)
 		if err != nil || !ok || cur.EventID != rec.EventID || cur.Finished() {
-			return false, nil // forgotten or replaced meanwhile: nothing of ours to record
+			return false, nil // forgotten, replaced or finished meanwhile: nothing of ours to record
 		}
 		cur.Attempts++
 		cur.LastError = truncate(why, lastErrorMax)
-		cur.Warned = cur.Warned || warn
+		if overdue && !cur.Warned {
+			cur.Warned, warn = true, true
+		}
 		n.Annotations[AnnotationNodeDrain] = encode(cur)
 		return true, nil
-	}); uerr != nil && !apierrors.IsNotFound(uerr) {
+	})
+	if uerr != nil && !apierrors.IsNotFound(uerr) {
 		return false, fmt.Errorf("recording the drain of node %s: %w", node.Name, uerr)
 	}
-	if warn {
+	if warn && uerr == nil {
 		d.recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeDrainBlocked, eventAction,
 			"%s (%s): past the drain's deadline %s, a PodDisruptionBudget still refuses to evict %s; the router keeps trying and never overrides it",
 			rec.Kind, rec.EventID, rec.Deadline.UTC().Format(time.RFC3339), blockedNote(refused))
@@ -299,13 +311,17 @@ func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) 
 // finish marks the record done and says so on the Node.
 func (d *Drainer) finish(ctx context.Context, node *corev1.Node, rec Record, log *slog.Logger) (bool, error) {
 	now := d.clock.Now()
+	// Only the pass that writes Done says so: another one may have read a stale copy.
+	wrote := false
 	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		wrote = false
 		cur, ok, err := Records(n)
 		if err != nil || !ok || cur.EventID != rec.EventID || cur.Finished() {
 			return false, nil
 		}
 		cur.Done, cur.LastError = &now, ""
 		n.Annotations[AnnotationNodeDrain] = encode(cur)
+		wrote = true
 		return true, nil
 	})
 	if apierrors.IsNotFound(err) {
@@ -313,6 +329,9 @@ func (d *Drainer) finish(ctx context.Context, node *corev1.Node, rec Record, log
 	}
 	if err != nil {
 		return false, fmt.Errorf("recording the end of the drain of node %s: %w", node.Name, err)
+	}
+	if !wrote {
+		return true, nil
 	}
 	d.recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeDrained, eventAction,
 		"%s (%s): drained by the router, no evictable pod left (started %s)", rec.Kind, rec.EventID, rec.Started.UTC().Format(time.RFC3339))
