@@ -62,32 +62,42 @@ func run(m *testing.M) int {
 	// The drain helper polls each evicted pod every second: client-go's default of 5
 	// requests a second would make the test's rounds wait on the client, not the server.
 	cfg.QPS, cfg.Burst = 100, 200
-	if err := clients(cfg); err != nil {
+	// The cache's watches end before envtest stops: an open watch holds kube-apiserver's
+	// shutdown until envtest gives up on it.
+	stopCache, err := clients(cfg)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		return 1
 	}
+	defer stopCache()
 	fmt.Fprintf(os.Stderr, "envtest up in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return m.Run()
 }
 
-func clients(cfg *rest.Config) error {
+// clients sets the package's clients up and returns what stops the cache (and waits for it).
+func clients(cfg *rest.Config) (stop func(), err error) {
 	scheme, err := cluster.NewScheme()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
 	if err != nil {
-		return fmt.Errorf("cache: %w", err)
+		return nil, fmt.Errorf("cache: %w", err)
 	}
-	go func() { _ = c.Start(context.Background()) }() // lives as long as the test binary
 	if kube, err = client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: c}}); err != nil {
-		return fmt.Errorf("client: %w", err)
+		return nil, fmt.Errorf("client: %w", err)
 	}
 	if direct, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		return fmt.Errorf("client: %w", err)
+		return nil, fmt.Errorf("client: %w", err)
 	}
 	if cs, err = kubernetes.NewForConfig(cfg); err != nil {
-		return fmt.Errorf("clientset: %w", err)
+		return nil, fmt.Errorf("clientset: %w", err)
 	}
-	return nil
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Start(ctx)
+	}()
+	return func() { cancel(); <-done }, nil
 }
