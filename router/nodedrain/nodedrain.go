@@ -1,0 +1,439 @@
+// Package nodedrain drains the Nodes Karpenter does not manage (EKS managed node groups,
+// self-managed nodes: a Node with no NodeClaim) when an AWS event concerns them, as
+// aws-node-termination-handler does: the router cordons the Node and evicts its pods through
+// the Eviction API with kubectl's drain helper, so that PodDisruptionBudgets are respected
+// and never overridden. The drain's record lives on the Node (AnnotationNodeDrain): the
+// elected router resumes every unfinished drain from it, one bounded pass at a time.
+package nodedrain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/kubectl/pkg/drain"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Kubernetes Event reasons, on the drained Node.
+const (
+	// ReasonNodeDrained: no evictable pod is left; the record is done.
+	ReasonNodeDrained = "HealthEventNodeDrained"
+	// ReasonNodeDrainBlocked (Warning): a PodDisruptionBudget still refuses an eviction past
+	// the drain's deadline. The router keeps trying; it never overrides the budget.
+	ReasonNodeDrainBlocked = "HealthEventNodeDrainBlocked"
+)
+
+// eventAction is the action of every Event this package posts.
+const eventAction = "Drain"
+
+// Defaults of Options.
+const (
+	DefaultInterval     = 10 * time.Second
+	DefaultEvictTimeout = 30 * time.Second
+	DefaultPerPass      = 50
+)
+
+// evictRetryDelay is how long the drain helper waits before it asks again for an eviction a
+// PodDisruptionBudget refused (kubectl's own default): the budget changes only when a pod
+// elsewhere becomes ready, and an eviction every few milliseconds would only load the API
+// server. It is shortened for a short EvictTimeout so that a round still asks more than once.
+const evictRetryDelay = 5 * time.Second
+
+// Options tune the drainer; zero values take the defaults.
+type Options struct {
+	// Interval is the time between passes.
+	Interval time.Duration
+	// EvictTimeout bounds one node's eviction round in a pass: the helper's retries of
+	// refused evictions and its wait for evicted pods to be gone.
+	EvictTimeout time.Duration
+	// PerPass is how many Nodes one pass works on, at once.
+	PerPass int
+}
+
+func (o Options) withDefaults() Options {
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.EvictTimeout <= 0 {
+		o.EvictTimeout = DefaultEvictTimeout
+	}
+	if o.PerPass <= 0 {
+		o.PerPass = DefaultPerPass
+	}
+	return o
+}
+
+// Drainer cordons and drains Nodes that carry a Record, one pass at a time.
+type Drainer struct {
+	kube     client.Client        // Node reads (usually the cache) and writes
+	cs       kubernetes.Interface // the drain helper's pod listing and evictions; fresh Node reads
+	clock    clock.WithTicker
+	recorder events.EventRecorder
+	log      *slog.Logger
+	opts     Options
+
+	draining atomic.Int64
+	mu       sync.Mutex
+	// lastTried is when this process last worked on each Node, so that each pass starts with
+	// the drains it has waited on longest.
+	lastTried map[string]time.Time
+}
+
+// New returns a Drainer. kube reads Nodes (a cache will do: Begin and Forget read fresh on a
+// conflict) and writes them; cs lists the pods of a Node and evicts them.
+func New(kube client.Client, cs kubernetes.Interface, clk clock.WithTicker, rec events.EventRecorder, log *slog.Logger, opts Options) *Drainer {
+	return &Drainer{kube: kube, cs: cs, clock: clk, recorder: rec, log: log, opts: opts.withDefaults(), lastTried: map[string]time.Time{}}
+}
+
+// NeedLeaderElection reports true: two routers draining the same Node would double the
+// evictions and fight over its record.
+func (d *Drainer) NeedLeaderElection() bool { return true }
+
+// Draining returns the number of Nodes whose drain was unfinished at the end of the last pass.
+func (d *Drainer) Draining() int { return int(d.draining.Load()) }
+
+// Start runs Pass every Options.Interval until ctx ends (manager.Runnable, on the leader).
+func (d *Drainer) Start(ctx context.Context) error {
+	t := d.clock.NewTicker(d.opts.Interval)
+	defer t.Stop()
+	for {
+		if _, err := d.Pass(ctx); err != nil && ctx.Err() == nil {
+			d.log.Error("node drain pass", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+		}
+	}
+}
+
+// Begin records the drain on the Node and cordons it in one patch (optimistic lock, retried
+// on conflict, idempotent): already=true when the Node carries a record already (nothing
+// written). deadline is the drain's bound (the event's deadline minus drain-lead), or zero.
+func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, eventID, kind string, deadline time.Time) (already bool, err error) {
+	if eventID == "" {
+		return false, fmt.Errorf("beginning a drain of node %s: no event ID", node.Name)
+	}
+	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		_, found, err := Records(n)
+		if err != nil {
+			// Someone else's broken record: overwriting it would lose what they meant.
+			return false, err
+		}
+		already = found
+		if found {
+			return false, nil
+		}
+		rec := Record{EventID: eventID, Kind: kind, Started: d.clock.Now(), Deadline: deadline, Cordoned: !n.Spec.Unschedulable}
+		n.Annotations[AnnotationNodeDrain] = encode(rec)
+		n.Spec.Unschedulable = true
+		return true, nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("beginning a drain of node %s: %w", node.Name, err)
+	}
+	if !already {
+		d.log.Info("node cordoned for a drain", "node", node.Name, "event_id", eventID, "kind", kind, "deadline", deadline)
+	}
+	return already, nil
+}
+
+// Forget removes the record and uncordons the Node, if the router cordoned it (used when an
+// event is cancelled before any pod was evicted, and by tests); no-op without a record.
+func (d *Drainer) Forget(ctx context.Context, name string) error {
+	// Read fresh, not from the cache: a cancellation can follow Begin closely, before the
+	// cache shows the record, and "no record" would then leave the Node cordoned.
+	node, err := d.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading node %s: %w", name, err)
+	}
+	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		if _, ok := n.Annotations[AnnotationNodeDrain]; !ok {
+			return false, nil
+		}
+		// A record that does not parse is removed, but the Node stays cordoned: who cordoned
+		// it is not known.
+		rec, _, err := Records(n)
+		delete(n.Annotations, AnnotationNodeDrain)
+		if err == nil && rec.Cordoned {
+			n.Spec.Unschedulable = false
+		}
+		return true, nil
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("forgetting the drain of node %s: %w", name, err)
+	}
+	d.mu.Lock()
+	delete(d.lastTried, name)
+	d.mu.Unlock()
+	return nil
+}
+
+// Pass evicts the pods of every Node that carries an unfinished record, once (bounded work
+// per pass: Options.PerPass nodes at once, each eviction round bounded by
+// Options.EvictTimeout), marks a record Done once only DaemonSet and mirror pods remain, and
+// posts Events on the Node: ReasonNodeDrained when done, ReasonNodeDrainBlocked (Warning,
+// once per record) when a PodDisruptionBudget refuses an eviction past the record's
+// deadline. It returns the number of Nodes still draining.
+func (d *Drainer) Pass(ctx context.Context) (int, error) {
+	var nodes corev1.NodeList
+	// Every Node is read, without copies, to find the few with a record: the router's cache
+	// holds Nodes already, and the drains are too few to warrant an index of their own.
+	if err := d.kube.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return d.Draining(), fmt.Errorf("listing nodes: %w", err)
+	}
+	var todo []pending
+	byName := map[string]*corev1.Node{}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		rec, ok, err := Records(n)
+		if err != nil {
+			d.log.Warn("node drain record ignored", "node", n.Name, "error", err)
+			continue
+		}
+		if !ok || rec.Finished() {
+			continue
+		}
+		todo = append(todo, pending{node: n.Name, rec: rec})
+		byName[n.Name] = n
+	}
+	d.mu.Lock()
+	for name := range d.lastTried {
+		if byName[name] == nil {
+			delete(d.lastTried, name) // done, forgotten or gone
+		}
+	}
+	order(todo, d.lastTried)
+	now := d.clock.Now()
+	work := todo[:min(len(todo), d.opts.PerPass)]
+	for _, p := range work {
+		d.lastTried[p.node] = now
+	}
+	d.mu.Unlock()
+
+	// The Nodes of a pass drain at once: each round mostly waits (on a budget, on pods
+	// terminating), and one after the other, a pass of many Nodes would outlast a Spot
+	// warning's two minutes.
+	var wg sync.WaitGroup
+	finished := make([]bool, len(work))
+	errs := make([]error, len(work))
+	for i, p := range work {
+		wg.Go(func() {
+			finished[i], errs[i] = d.drainNode(ctx, byName[p.node].DeepCopy(), p.rec)
+		})
+	}
+	wg.Wait()
+	left := len(todo)
+	for _, f := range finished {
+		if f {
+			left--
+		}
+	}
+	d.draining.Store(int64(left))
+	return left, errors.Join(errs...)
+}
+
+// drainNode runs one eviction round on a Node and records its outcome.
+func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) (finished bool, err error) {
+	log := d.log.With("node", node.Name, "event_id", rec.EventID, "kind", rec.Kind)
+	obs := &observer{refused: map[string]string{}}
+	h := d.helper(ctx, obs, log)
+
+	pods, err := podsToEvict(h, node.Name)
+	if err == nil && len(pods) > 0 {
+		err = d.evict(h, pods)
+		if left, lerr := podsToEvict(h, node.Name); lerr != nil {
+			err = errors.Join(err, lerr)
+		} else {
+			pods = left
+		}
+	}
+	if err == nil && len(pods) == 0 {
+		return d.finish(ctx, node, rec, log)
+	}
+
+	why := fmt.Sprintf("%d pod(s) left", len(pods))
+	if err != nil {
+		why = err.Error()
+	}
+	refused := obs.snapshot()
+	overdue := len(refused) > 0 && rec.Overdue(d.clock.Now())
+	// warn is decided on the Node as written, not as the cache showed it: a pass that read a
+	// stale copy must not warn a second time.
+	warn := false
+	uerr := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		warn = false
+		cur, ok, err := Records(n)
+		if err != nil || !ok || cur.EventID != rec.EventID || cur.Finished() {
+			return false, nil // forgotten, replaced or finished meanwhile: nothing of ours to record
+		}
+		cur.Attempts++
+		cur.LastError = truncate(why, lastErrorMax)
+		if overdue && !cur.Warned {
+			cur.Warned, warn = true, true
+		}
+		n.Annotations[AnnotationNodeDrain] = encode(cur)
+		return true, nil
+	})
+	if uerr != nil && !apierrors.IsNotFound(uerr) {
+		return false, fmt.Errorf("recording the drain of node %s: %w", node.Name, uerr)
+	}
+	if warn && uerr == nil {
+		d.recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeDrainBlocked, eventAction,
+			"%s (%s): past the drain's deadline %s, a PodDisruptionBudget still refuses to evict %s; the router keeps trying and never overrides it",
+			rec.Kind, rec.EventID, rec.Deadline.UTC().Format(time.RFC3339), blockedNote(refused))
+	}
+	// The round's failure is the drain's, recorded on it and retried by the next pass (a
+	// refusal is the budget doing its job; pods still terminating are progress); only a
+	// failure to record it is the pass's.
+	log.Info("node drain unfinished", "pods_left", len(pods), "pdb_refused", len(refused), "error", err)
+	return false, nil
+}
+
+// finish marks the record done and says so on the Node.
+func (d *Drainer) finish(ctx context.Context, node *corev1.Node, rec Record, log *slog.Logger) (bool, error) {
+	now := d.clock.Now()
+	// Only the pass that writes Done says so: another one may have read a stale copy.
+	wrote := false
+	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		wrote = false
+		cur, ok, err := Records(n)
+		if err != nil || !ok || cur.EventID != rec.EventID || cur.Finished() {
+			return false, nil
+		}
+		cur.Done, cur.LastError = &now, ""
+		n.Annotations[AnnotationNodeDrain] = encode(cur)
+		wrote = true
+		return true, nil
+	})
+	if apierrors.IsNotFound(err) {
+		return true, nil // the Node is gone: so are its pods
+	}
+	if err != nil {
+		return false, fmt.Errorf("recording the end of the drain of node %s: %w", node.Name, err)
+	}
+	if !wrote {
+		return true, nil
+	}
+	d.recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeDrained, eventAction,
+		"%s (%s): drained by the router, no evictable pod left (started %s)", rec.Kind, rec.EventID, rec.Started.UTC().Format(time.RFC3339))
+	log.Info("node drained", "started", rec.Started)
+	return true, nil
+}
+
+// helper configures kubectl's drain helper for one round on one Node.
+func (d *Drainer) helper(ctx context.Context, obs *observer, log *slog.Logger) *drain.Helper {
+	retryDelay := min(evictRetryDelay, d.opts.EvictTimeout/4)
+	out := logWriter{ctx: ctx, log: log, level: slog.LevelDebug}
+	return &drain.Helper{
+		Ctx:    ctx,
+		Client: observed{Interface: d.cs, obs: obs},
+		// Force lets the helper evict pods that no controller owns (it touches nothing else:
+		// budgets still apply). Without it one bare pod fails the whole drain, and the pod
+		// dies with the instance anyway; evicted, it at least gets its graceful termination.
+		// aws-node-termination-handler drains the same way.
+		Force: true,
+		// DaemonSet pods stay: their controller would put them back on the cordoned Node
+		// (they tolerate unschedulable), and they serve the Node to its end (logs, CNI).
+		IgnoreAllDaemonSets: true,
+		// emptyDir data goes with the instance whether or not the pod is evicted first.
+		DeleteEmptyDirData: true,
+		// -1: each pod's own terminationGracePeriodSeconds.
+		GracePeriodSeconds:   -1,
+		Timeout:              d.opts.EvictTimeout,
+		EvictErrorRetryDelay: retryDelay,
+		// Never delete: a pod is only ever evicted, so that budgets hold (see evict).
+		DisableEviction: false,
+		Out:             out,
+		ErrOut:          out,
+		OnPodDeletionOrEvictionFinished: func(p *corev1.Pod, _ bool, err error) {
+			if err == nil {
+				log.Info("pod evicted", "pod", p.Namespace+"/"+p.Name)
+			}
+		},
+	}
+}
+
+// podsToEvict lists the pods the helper would evict from node: every pod but DaemonSet and
+// mirror pods (and pods terminating: they are waited for).
+func podsToEvict(h *drain.Helper, node string) ([]corev1.Pod, error) {
+	list, errs := h.GetPodsForDeletion(node)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("listing the pods of node %s: %w", node, errors.Join(errs...))
+	}
+	return list.Pods(), nil
+}
+
+// evict runs one eviction round. The helper deletes pods outright when the API server does
+// not advertise the Eviction API: that would bypass every budget, so the round refuses to
+// start then. Every API server EKS runs serves policy/v1 evictions.
+func (d *Drainer) evict(h *drain.Helper, pods []corev1.Pod) error {
+	gv, err := drain.CheckEvictionSupport(d.cs)
+	if err != nil {
+		return fmt.Errorf("discovering the eviction API: %w", err)
+	}
+	if gv != policyv1.SchemeGroupVersion {
+		return fmt.Errorf("the API server does not serve policy/v1 evictions (found %q): refusing to delete pods without their budgets", gv.String())
+	}
+	return h.DeleteOrEvictPods(pods)
+}
+
+// update applies mutate to a copy of node and patches it with an optimistic lock; on a
+// conflict it reads the Node fresh from the API server (the cache may not have caught up)
+// and tries again. mutate returns false when there is nothing to change.
+func (d *Drainer) update(ctx context.Context, node *corev1.Node, mutate func(*corev1.Node) (bool, error)) error {
+	cur := node
+	first := true
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !first {
+			fresh, err := d.cs.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur = fresh
+		}
+		first = false
+		base := cur.DeepCopy()
+		next := cur.DeepCopy()
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		changed, err := mutate(next)
+		if err != nil || !changed {
+			return err
+		}
+		return d.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	})
+}
+
+// logWriter turns the drain helper's progress lines into log records.
+type logWriter struct {
+	ctx   context.Context
+	log   *slog.Logger
+	level slog.Level
+}
+
+func (w logWriter) Write(p []byte) (int, error) {
+	if msg := strings.TrimSpace(string(p)); msg != "" {
+		w.log.Log(w.ctx, w.level, "drain helper", "detail", msg)
+	}
+	return len(p), nil
+}

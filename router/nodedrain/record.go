@@ -1,0 +1,180 @@
+package nodedrain
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+)
+
+// AnnotationNodeDrain holds, as JSON, the Record of a drain the router carries out itself on
+// a Node that Karpenter does not manage.
+const AnnotationNodeDrain = "healthrouter.io/node-drain"
+
+// Record is the drain the router keeps on a Node it drains itself, in the annotation
+// healthrouter.io/node-drain (JSON): the event, its kind, when it began, and the bound
+// (the event's deadline minus drain-lead, or zero for none); Done when no evictable pod is
+// left. The Node is the record's only home: a restarted or newly elected router resumes
+// every unfinished drain from it.
+type Record struct {
+	EventID  string    `json:"event_id"`
+	Kind     string    `json:"kind"`
+	Started  time.Time `json:"started"`
+	Deadline time.Time `json:"deadline,omitzero"`
+	// Done is when the router found no evictable pod left on the Node.
+	Done *time.Time `json:"done,omitempty"`
+	// Attempts counts the eviction rounds; LastError is why the last one did not finish.
+	Attempts  int    `json:"attempts,omitempty"`
+	LastError string `json:"last_error,omitempty"`
+	// Cordoned is set when the router made the Node unschedulable: Forget uncordons only
+	// then, so that a cordon someone else set before the event is left in place.
+	Cordoned bool `json:"cordoned,omitempty"`
+	// Warned is set once the Warning that a PodDisruptionBudget blocks the drain past its
+	// deadline has been posted: once per record, across restarts and leader changes.
+	Warned bool `json:"warned,omitempty"`
+}
+
+// Finished reports whether the drain is done.
+func (r Record) Finished() bool { return r.Done != nil }
+
+// Overdue reports whether the drain's bound has passed at now (never, without a bound).
+func (r Record) Overdue(now time.Time) bool { return !r.Deadline.IsZero() && !now.Before(r.Deadline) }
+
+// Records returns a Node's record (ok=false if none, err if the annotation does not parse).
+func Records(n *corev1.Node) (Record, bool, error) {
+	v, ok := n.Annotations[AnnotationNodeDrain]
+	if !ok {
+		return Record{}, false, nil
+	}
+	rec, err := decode(v)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("annotation %s of node %s: %w", AnnotationNodeDrain, n.Name, err)
+	}
+	return rec, true, nil
+}
+
+func decode(v string) (Record, error) {
+	var rec Record
+	if err := json.Unmarshal([]byte(v), &rec); err != nil {
+		return Record{}, err
+	}
+	// An empty object, or a hand-written one without the event, would be resumed as a drain
+	// nobody can trace back: refuse it.
+	if rec.EventID == "" {
+		return Record{}, errors.New("no event_id")
+	}
+	return rec, nil
+}
+
+func encode(r Record) string {
+	r.Started = r.Started.UTC()
+	r.Deadline = r.Deadline.UTC()
+	if r.Done != nil {
+		done := r.Done.UTC()
+		r.Done = &done
+	}
+	b, _ := json.Marshal(r) // a struct of strings, times and numbers always marshals
+	return string(b)
+}
+
+// lastErrorMax bounds LastError: the annotation is read with the Node by every watcher of
+// Nodes, and a round that failed for a hundred pods must not grow it by a hundred messages.
+const lastErrorMax = 1024
+
+// truncate shortens s to at most n bytes, on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = " …"
+	cut := n - len(mark)
+	for cut > 0 && !utf8Start(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
+
+// pending is one unfinished drain as a pass sees it.
+type pending struct {
+	node string
+	rec  Record
+}
+
+// order sorts the unfinished drains a pass works through: the ones this process tried least
+// recently first (never tried, then oldest), so that drains a PodDisruptionBudget holds for
+// hours do not take every place of every pass; then the nearest deadline (a drain without
+// one last), then the name, for a stable order.
+func order(ps []pending, lastTried map[string]time.Time) {
+	slices.SortFunc(ps, func(a, b pending) int {
+		if c := lastTried[a.node].Compare(lastTried[b.node]); c != 0 {
+			return c
+		}
+		if c := compareDeadlines(a.rec.Deadline, b.rec.Deadline); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.node, b.node)
+	})
+}
+
+// compareDeadlines orders deadlines, the zero time (no deadline) last.
+func compareDeadlines(a, b time.Time) int {
+	switch {
+	case a.IsZero() && b.IsZero():
+		return 0
+	case a.IsZero():
+		return 1
+	case b.IsZero():
+		return -1
+	}
+	return a.Compare(b)
+}
+
+// budgetRefusal returns the API server's explanation when err is an eviction refused by a
+// PodDisruptionBudget: a 429 (the budget allows no disruption now, or its status is not yet
+// current) or a 403 (the budget is in a state that allows none), each with a cause of type
+// DisruptionBudget naming the budget.
+func budgetRefusal(err error) (string, bool) {
+	var status apierrors.APIStatus
+	if err == nil || !errors.As(err, &status) {
+		return "", false
+	}
+	details := status.Status().Details
+	if details == nil {
+		return "", false
+	}
+	for _, c := range details.Causes {
+		if c.Type == policyv1.DisruptionBudgetCause {
+			return c.Message, true
+		}
+	}
+	return "", false
+}
+
+// blockedNote is the Warning's text for the pods a budget refused: "ns/pod: why" for each,
+// at most five, sorted.
+func blockedNote(refused map[string]string) string {
+	const most = 5
+	keys := make([]string, 0, len(refused))
+	for k := range refused {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, 0, most)
+	for _, k := range keys[:min(len(keys), most)] {
+		parts = append(parts, k+": "+refused[k])
+	}
+	s := strings.Join(parts, "; ")
+	if len(keys) > most {
+		s += fmt.Sprintf("; and %d more", len(keys)-most)
+	}
+	return s
+}
