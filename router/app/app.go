@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -33,6 +35,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/awscalls"
+	"github.com/health-router/health-router/router/calendar"
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/cwmetrics"
@@ -41,11 +44,14 @@ import (
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/nodedrain"
+	"github.com/health-router/health-router/router/notify"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/status"
 	"github.com/health-router/health-router/router/watchdog"
 )
 
@@ -97,6 +103,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if o.KubeClientQPS <= 0 || o.KubeClientBurst <= 0 { // an Options built in code, not parsed
 		restCfg.QPS, restCfg.Burst = options.DefaultKubeClientQPS, options.DefaultKubeClientBurst
 	}
+	var kubeClient client.Client // the manager's client, for the calendar handler made before it
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme: scheme,
 		Cache: cache.Options{
@@ -115,13 +122,16 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
-		HealthProbeBindAddress:        o.HealthProbeBindAddress,
-		GracefulShutdownTimeout:       &o.ShutdownTimeout,
+		// The planned-maintenance calendar is served beside /metrics (read on each request).
+		Metrics: metricsserver.Options{BindAddress: o.MetricsBindAddress, ExtraHandlers: map[string]http.Handler{
+			calendar.Path: calendar.Handler(calendarReader{&kubeClient}, clk)}},
+		HealthProbeBindAddress:  o.HealthProbeBindAddress,
+		GracefulShutdownTimeout: &o.ShutdownTimeout,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
+	kubeClient = mgr.GetClient()
 	if err := cluster.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -170,6 +180,47 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		}
 	}
 	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism)
+	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {
+		cs, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			return fmt.Errorf("creating the clientset of the node drainer: %w", err)
+		}
+		drainer := nodedrain.New(mgr.GetClient(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"), nodedrain.Options{})
+		if err := mgr.Add(drainer); err != nil { // leader only
+			return err
+		}
+		pipe.WithNodeDrainer(drainer)
+	}
+	if o.WebhookURL != "" {
+		n, err := notify.New(notify.Options{URL: o.WebhookURL, Template: o.WebhookTemplate, Headers: o.WebhookHeaders, Cluster: o.ClusterName},
+			&http.Client{}, clk, log.With("component", "notify"), reg)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(n); err != nil { // leader only
+			return err
+		}
+		pipe.WithNotifier(n, o.ClusterName)
+	}
+	gauges := calendar.NewGauges(reg, 0)
+	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
+		t := clk.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			if rep, err := status.Read(ctx, mgr.GetClient(), clk.Now(), ""); err == nil {
+				gauges.Update(rep)
+			} else {
+				log.Error("reading planned maintenance for its gauges", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C():
+			}
+		}
+	})); err != nil {
+		return err
+	}
 	deferrals = deferral.New(mgr.GetClient(), pipe, eng, sig, m, clk, log, o.ForwardConfirmTimeout)
 	if err := deferrals.SetupWithManager(ctx, mgr); err != nil {
 		return err
@@ -264,3 +315,15 @@ type leaderRunnable func(context.Context) error
 
 func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
 func (f leaderRunnable) NeedLeaderElection() bool        { return true }
+
+// calendarReader reads through the manager's client once the manager exists: the metrics
+// server (and its calendar handler) is configured before it.
+type calendarReader struct{ c *client.Client }
+
+func (r calendarReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	return (*r.c).Get(ctx, key, obj, opts...)
+}
+
+func (r calendarReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	return (*r.c).List(ctx, list, opts...)
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/notify"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
@@ -61,6 +62,21 @@ type Pipeline struct {
 	log       *slog.Logger
 	parallel  int
 	nodes     NodeDrainer // nil: unmanaged nodes are not drained
+	notify    Notifier    // nil: no notifications
+	cluster   string
+}
+
+// Notifier is told of every event received and every decision carried out, without ever
+// blocking (router/notify: a bounded queue, sent by the leader).
+type Notifier interface {
+	Notify(notify.Notice)
+}
+
+// WithNotifier has the pipeline tell n of each event on receipt and of each decision; cluster
+// names the cluster in the notices.
+func (p *Pipeline) WithNotifier(n Notifier, cluster string) *Pipeline {
+	p.notify, p.cluster = n, cluster
+	return p
 }
 
 // WithNodeDrainer gives the pipeline what drains nodes Karpenter does not manage.
@@ -100,6 +116,9 @@ func (p *Pipeline) Process(ctx context.Context, ev event.Event) (Result, error) 
 		o := p.engine.ImageChanged(ctx, ev)
 		res.Actions[o.Action]++
 		return res, nil
+	}
+	if p.notify != nil {
+		p.notify.Notify(notify.Received(ev, p.cluster))
 	}
 	bulk := newSummary(len(ev.Instances) > BulkInstances)
 	var (
@@ -248,6 +267,9 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		return "", false, fmt.Errorf("carrying out %s: %w", d.Action, err)
 	}
 	bulk.add(o.Resolved.NodePool, d)
+	if p.notify != nil && d.Action != policy.ActionSkip {
+		p.notify.Notify(notify.FromDecision(ev, d, p.cluster))
+	}
 	return d.Action, false, nil
 }
 

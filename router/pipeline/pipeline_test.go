@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -251,5 +252,170 @@ func TestDrainingNodeClaimIsSkipped(t *testing.T) {
 	}
 	if ds := record.Records(&r.claims(t)[0]); len(ds) != 0 {
 		t.Errorf("a deferral written on a draining NodeClaim: %+v", ds)
+	}
+}
+
+// The seams of issue 15, each through the pipeline. Every one of these fails on 351c311.
+
+func spot(id, inst string) event.Event {
+	body := fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","account":"123456789012","time":"2026-11-21T12:00:00Z","region":"eu-west-1","resources":["arn:aws:ec2:eu-west-1:123456789012:instance/%s"],"detail":{"instance-id":%q,"instance-action":"terminate"}}`, id, inst, inst)
+	ev, err := event.Parse([]byte(body))
+	if err != nil {
+		panic(err)
+	}
+	return ev
+}
+
+func stateChange(id, inst string, st event.InstanceState, at time.Time) event.Event {
+	body := fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"EC2 Instance State-change Notification","source":"aws.ec2","account":"123456789012","time":%q,"region":"eu-west-1","resources":[],"detail":{"instance-id":%q,"state":%q}}`,
+		id, at.UTC().Format(time.RFC3339), inst, st)
+	ev, err := event.Parse([]byte(body))
+	if err != nil {
+		panic(err)
+	}
+	return ev
+}
+
+// TestSeamUnmanagedNode (defect 1): a Spot warning for a node-group node (a Node, no NodeClaim)
+// in delete mode is a clear "not managed by Karpenter" outcome, not an error retried to the
+// dead-letter queue; a Health event says so too, not "replacement unsound".
+func TestSeamUnmanagedNode(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": nil}, map[string]int{"web": 1}, 0)
+	for _, ev := range []event.Event{spot("s1", instanceID(0)), retirement("h1", now.Add(72*time.Hour), instanceID(0))} {
+		res, err := r.p.Process(context.Background(), ev)
+		if err != nil || res.Actions[policy.ActionSkip] != 1 {
+			t.Fatalf("%s: %+v, %v", ev.Kind, res, err)
+		}
+	}
+	if n := testutil.ToFloat64(r.m.Unmanaged.WithLabelValues(string(event.KindSpotInterruption), string(policy.ActionSkip))); n != 1 {
+		t.Errorf("unmanaged metric %v", n)
+	}
+	found := false
+	for len(r.recorder.Events) > 0 {
+		if e := <-r.recorder.Events; strings.Contains(e, "HealthEventNotManaged") && strings.Contains(e, "not managed by Karpenter") {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("no HealthEventNotManaged Event on the Node")
+	}
+}
+
+// nodeDrainer records Begin calls (the real one is router/nodedrain, tested on envtest).
+type nodeDrainer struct{ begun []string }
+
+func (d *nodeDrainer) Begin(_ context.Context, node *corev1.Node, eventID, _ string, _ time.Time) (bool, error) {
+	d.begun = append(d.begun, node.Name+"/"+eventID)
+	return false, nil
+}
+
+// TestSeamUnmanagedCordonDrain: with --unmanaged-nodes=cordon-drain the node is handed to the
+// drainer (cordon and evict), once per event.
+func TestSeamUnmanagedCordonDrain(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": nil}, map[string]int{"web": 1}, 0)
+	nd := &nodeDrainer{}
+	clk := clocktesting.NewFakeClock(now)
+	r.p = New(engine.New(cluster.New(r.kube), nil, engine.WithUnmanaged(policy.UnmanagedCordonDrain)), signal.New(r.kube, r.kube, signal.ModeDeleteNodeClaim, nil, "", r.recorder, clk),
+		r.m, nil, clk, slog.New(slog.NewTextHandler(io.Discard, nil)), 1).WithNodeDrainer(nd)
+	if res, err := r.p.Process(context.Background(), spot("s1", instanceID(0))); err != nil || res.Actions[policy.ActionDrain] != 1 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if fmt.Sprint(nd.begun) != "[node-0/s1]" {
+		t.Errorf("drainer began %v", nd.begun)
+	}
+}
+
+// TestSeamPollerFindingDefers (defect 2): a scheduled event found by the poller is deferred
+// like the Health event of the same maintenance: a record, not an error handed back every minute.
+func TestSeamPollerFindingDefers(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+	f := event.StatusFinding{InstanceID: instanceID(0), Finding: event.FindingScheduledEvent, Time: now, Account: "123456789012", Region: "eu-west-1",
+		Code: event.ScheduledSystemReboot, EventID: "instance-event-0123456789abcdef0", NotBefore: now.Add(72 * time.Hour)}
+	_, ev, err := f.Event()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.p.Process(context.Background(), ev); err != nil || res.Actions[policy.ActionDefer] != 1 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	ds := record.Records(&r.claims(t)[0])
+	if len(ds) != 1 || ds[0].Match != "system-reboot@2026-11-24T12:00:00Z" {
+		t.Fatalf("records %+v", ds)
+	}
+	if back, err := event.Parse(ds[0].Event); err != nil || back.ID != ev.ID {
+		t.Errorf("the record's event does not parse back: %v", err)
+	}
+	// [Canceled] by EC2: the poller's closing report cancels it (defect 3).
+	f.Description = "[Canceled] the maintenance will not happen"
+	_, closed, err := f.Event()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.p.Process(context.Background(), closed); err != nil {
+		t.Fatal(err)
+	}
+	if ds := record.Records(&r.claims(t)[0]); len(ds) != 1 || ds[0].State != record.StateCancelled {
+		t.Errorf("after [Canceled]: %+v", ds)
+	}
+}
+
+// TestSeamRunningBeforeStopped (defect 4): a `running` handled before the `stopped` it follows
+// leaves a marker; the late stop is over, and nothing is deferred or drained for it.
+func TestSeamRunningBeforeStopped(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+	if _, err := r.p.Process(context.Background(), stateChange("run", instanceID(0), event.StateRunning, now.Add(-time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.p.Process(context.Background(), stateChange("stop", instanceID(0), event.StateStopped, now.Add(-3*time.Minute)))
+	if err != nil || res.Actions[policy.ActionIgnore] != 1 {
+		t.Fatalf("late stop: %+v, %v", res, err)
+	}
+	nc := r.claims(t)[0]
+	if set, _ := record.Read(&nc); len(set.Active()) != 0 || !nc.DeletionTimestamp.IsZero() {
+		t.Errorf("late stop left %+v (deleting %v)", set, !nc.DeletionTimestamp.IsZero())
+	}
+}
+
+// TestSeamUnreadableRecordsKept (item 4): records a newer router wrote are kept as they are;
+// a deferral is refused (retried, then dead-lettered), a drain still goes, the refusal is told.
+func TestSeamUnreadableRecordsKept(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 2})
+	r.p.signal.OnUnreadable(r.m.RecordsUnreadable.Inc)
+	newer := `{"version":9,"records":[{"event_id":"from-the-future"}]}`
+	for i := range r.claims(t) {
+		nc := r.claims(t)[i]
+		nc.Annotations = map[string]string{record.Annotation: newer}
+		if err := r.kube.Update(context.Background(), &nc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := r.p.Process(context.Background(), retirement("h", now.Add(72*time.Hour), instanceID(0)))
+	if !errors.Is(err, record.ErrUnreadable) {
+		t.Fatalf("deferral onto unreadable records: %v", err)
+	}
+	if got := r.claims(t)[0].Annotations[record.Annotation]; got != newer {
+		t.Errorf("records rewritten: %s", got)
+	}
+	if n := testutil.ToFloat64(r.m.RecordsUnreadable); n != 1 {
+		t.Errorf("unreadable metric %v", n)
+	}
+	if res, err := r.p.Process(context.Background(), spot("s", instanceID(1))); err != nil || res.Actions[policy.ActionDrain] != 1 {
+		t.Errorf("a drain must still go: %+v, %v", res, err)
+	}
+}
+
+// TestSeamDrainEndsEarlierRecords (8g): a NodeClaim drained by a later urgent event no longer
+// shows its earlier record as deferred.
+func TestSeamDrainEndsEarlierRecords(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+	if _, err := r.p.Process(context.Background(), retirement("h", now.Add(72*time.Hour), instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.p.Process(context.Background(), spot("s", instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	ds := record.Records(&r.claims(t)[0])
+	if len(ds) != 1 || ds[0].State != record.StateDrained {
+		t.Errorf("records after the drain: %+v", ds)
 	}
 }

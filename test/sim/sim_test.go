@@ -469,7 +469,7 @@ func TestSimulation(t *testing.T) {
 
 // defaultChecks is how many seeds `make test` runs (about a minute on two cores); `make sim
 // SEEDS=N` runs N.
-const defaultChecks = "30"
+const defaultChecks = "20"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
