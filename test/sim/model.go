@@ -77,7 +77,9 @@ func (m *model) inst(id, pool string) *instance {
 	return in
 }
 
-func (m *model) fail(format string, args ...any) { m.errs = append(m.errs, fmt.Sprintf(format, args...)) }
+func (m *model) fail(format string, args ...any) {
+	m.errs = append(m.errs, fmt.Sprintf(format, args...))
+}
 
 // reported applies a processed report of a maintenance under a source's key (an AWS Health
 // eventArn, EC2's instance-event ID): one key is one event across its updates. A report is the

@@ -29,15 +29,15 @@ var steps = flag.Int("sim.steps", 60, "actions per simulated run")
 
 // machine drives a world and checks it against the model after every action.
 type machine struct {
-	w       *world
-	m       *model
-	ctx     context.Context
+	w   *world
+	m   *model
+	ctx context.Context
 	// effects are what the router learns from a message: a cause to drain is known while it
 	// is processed (before), an ending (a closed maintenance, a running instance) once the
 	// message is done with (after), so that the model never forgives more than the router knew.
 	effects map[string]effect
-	sent    []string // bodies sent, for duplicates
-	polled  []effect // EC2 changes the next successful poll tells the router
+	sent    []string  // bodies sent, for duplicates
+	polled  []effect  // EC2 changes the next successful poll tells the router
 	horizon time.Time // the latest maintenance the run made
 	evSeq   int
 	pollIDs map[string]string // instance/type -> EC2 instance-event ID

@@ -47,8 +47,8 @@ import (
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/pipeline"
-	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/signal"
 )
 
