@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/health-router
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit lint fuzz bench demo replay clean image image-push chart-docs manifests
+.PHONY: help build test unit lint fuzz bench demo replay clean image image-push chart-docs manifests sim
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -32,6 +32,11 @@ test: lint ## everything CI runs: lint, unit, integration and drills (moto, envt
 	KUBEBUILDER_ASSETS=$$assets KARPENTER_BIN=$$karpenter HELM_BIN=$$helm ALERTMANAGER_BIN=$$alertmanager \
 	$(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
 	test/tools/terraform-tests.sh
+
+SEEDS ?= 200
+STEPS ?= 60
+sim: ## the deterministic simulation of the router with SEEDS seeds of STEPS actions (make test runs 20)
+	$(GO) test -count=1 -timeout 60m ./test/sim -rapid.checks=$(SEEDS) -sim.steps=$(STEPS)
 
 unit: ## unit tests only (no moto, no envtest)
 	$(GO) test -short ./router/...
