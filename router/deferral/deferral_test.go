@@ -326,3 +326,4 @@ func TestStandbyQueuesNothing(t *testing.T) {
 		t.Errorf("the leader queued %d wakes, want 3", queued)
 	}
 }
+

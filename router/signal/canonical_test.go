@@ -190,3 +190,18 @@ func TestCanonicalBuildsTheARNInThePartition(t *testing.T) {
 		}
 	}
 }
+
+// TestCanonicalTrimsEntityValue (issue 15, 8d): the parser trims an affected entity's value;
+// the canonical body must find the same instance (on 351c311 it failed "not among the affected
+// entities", and the drain or deferral of that instance was retried to the dead-letter queue).
+func TestCanonicalTrimsEntityValue(t *testing.T) {
+	body := `{"version":"0","id":"h1","detail-type":"AWS Health Event","source":"aws.health","account":"111122223333","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":[],"detail":{"eventArn":"arn:aws:health:eu-west-1::event/EC2/X/1","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":"Sat, 28 Nov 2026 10:00:00 GMT","affectedEntities":[{"entityValue":" i-0a1b2c3d4e5f6000a "}]}}`
+	ev, err := event.Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Canonical(ev, "i-0a1b2c3d4e5f6000a")
+	if err != nil || !strings.Contains(string(out), "i-0a1b2c3d4e5f6000a") {
+		t.Fatalf("%s %v", out, err)
+	}
+}

@@ -428,3 +428,43 @@ func TestFailedDeleteIsRetried(t *testing.T) {
 		t.Errorf("not deleted on the retry: %v", err)
 	}
 }
+
+// TestForwardWhoseStampFailed (issue 15, 8a): the forward went out but its stamp did not land.
+// On 351c311 that was a success with no stamp: no confirm-or-fallback, and its pacing slot held
+// until the cluster happened to show a drain. Now it is an error the pipeline retries (keeping
+// the slot), and the retry stamps without forwarding again.
+func TestForwardWhoseStampFailed(t *testing.T) {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kafka-a"}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-0a1b2c3d4e5f6000a"}}
+	failures := 1
+	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(claim).WithInterceptorFuncs(interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if failures > 0 {
+				failures--
+				return errors.New("EOF")
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}).Build()
+	sent := &sentMessages{}
+	s := New(kube, kube, ModeForward, sent, "karpenter", events.NewFakeRecorder(10), clocktesting.NewFakeClock(now))
+	ev := parse(t, healthBody)
+	d := policy.Decision{EventID: ev.ID, InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}
+	res := cluster.Resolved{InstanceID: "i-0a1b2c3d4e5f6000a", NodeClaim: claim}
+	if _, err := s.Drain(context.Background(), ev, d, res, true); !errors.Is(err, ErrSentNotRecorded) {
+		t.Fatalf("stamp failure: %v", err)
+	}
+	if _, err := s.Drain(context.Background(), ev, d, res, true); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	got := &karpv1.NodeClaim{}
+	if err := kube.Get(context.Background(), client.ObjectKey{Name: "kafka-a"}, got); err != nil || got.Annotations[cluster.AnnotationDrainSignalled] == "" {
+		t.Errorf("the retry did not stamp: %v %v", err, got.Annotations)
+	}
+	if len(sent.bodies) != 1 {
+		t.Errorf("forwarded %d times, want once", len(sent.bodies))
+	}
+}
