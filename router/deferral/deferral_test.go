@@ -326,4 +326,3 @@ func TestStandbyQueuesNothing(t *testing.T) {
 		t.Errorf("the leader queued %d wakes, want 3", queued)
 	}
 }
-
