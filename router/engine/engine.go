@@ -193,6 +193,12 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 		}
 	} else {
 		d = policy.Decide(ev, tg, now)
+		if d.Action == policy.ActionDrain && tg.NodePool != "" && tg.NodeClaim != "" && tg.Policy.MaxConcurrentDrains != nil {
+			// An urgent drain is never held, but it is in flight: counted at once, so that a
+			// paced drain decided before the cache shows it does not go over the limit.
+			e.pacer.take(tg.NodePool, tg.NodeClaim, now)
+			reserved = true
+		}
 	}
 	// Gates before checks: they read the cache; the checks ask EC2.
 	if d.Action == policy.ActionDrain && policy.Gated(ev, tg.Policy) {

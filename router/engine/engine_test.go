@@ -329,3 +329,22 @@ func TestDrainSettleReadyBounded(t *testing.T) {
 		t.Errorf("past the bound: %s (%s)", d.Action, d.Reason)
 	}
 }
+
+// TestUrgentDrainCountsAtOnce: found by the simulation (seed 4309708758477942132, shrunk to a
+// Spot warning and an impaired instance in one paced pool within the pool cache's second). An
+// urgent drain is never held, but it is in flight: a paced drain decided before the cache shows
+// it must see it. On 351c311 the second drain went over max-concurrent-drains.
+func TestUrgentDrainCountsAtOnce(t *testing.T) {
+	eng, _ := settleRig(t, "0s")
+	if d := decideOne(t, eng, 0, now); d.Action != policy.ActionDrain { // reads the pool: nothing in flight
+		t.Fatalf("first: %s (%s)", d.Action, d.Reason)
+	}
+	eng.Unreserve("kafka", "kafka-0") // as if its signal failed: the pool has no drain in flight
+	outs, err := eng.Decide(context.Background(), spot(instance("kafka", 1)), now)
+	if err != nil || outs[0].Action != policy.ActionDrain {
+		t.Fatalf("spot: %v %+v", err, outs)
+	}
+	if d := decideOne(t, eng, 2, now); d.Action != policy.ActionDefer || d.Hold != policy.HoldPacing {
+		t.Errorf("a paced drain beside an urgent one in flight: %s (%s)", d.Action, d.Reason)
+	}
+}

@@ -218,6 +218,14 @@ func (p *pacer) decide(ctx context.Context, pool, key string, repair bool, now t
 	return true, nil
 }
 
+// take counts a drain decided outside the limit (an urgent one) as in flight from now.
+func (p *pacer) take(pool, key string, now time.Time) {
+	pp := p.pool(pool)
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	pp.reserved[key] = now
+}
+
 // unreserve gives a reserved slot back: the drain was not signalled after all.
 func (p *pacer) unreserve(pool, key string) {
 	pp := p.pool(pool)
