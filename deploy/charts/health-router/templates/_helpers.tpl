@@ -106,6 +106,7 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_FORWARD_CONFIRM_TIMEOUT" $s.forwardConfirmTimeout)
   (list "HEALTH_ROUTER_INSTANCE_STATUS_INTERVAL" $s.instanceStatusInterval)
   (list "HEALTH_ROUTER_ALERTMANAGER_URL" $s.alertmanagerURL)
+  (list "HEALTH_ROUTER_UNMANAGED_NODES" $s.unmanagedNodes)
   (list "HEALTH_ROUTER_AWS_ENDPOINT_URL" $s.awsEndpointURL) }}
 {{- range $strings }}
 {{- if index . 1 }}
@@ -126,7 +127,8 @@ rendered: the router's default applies.
 {{- $ints := list
   (list "HEALTH_ROUTER_WORKERS" $s.workers)
   (list "HEALTH_ROUTER_KUBE_CLIENT_BURST" $s.kubeClientBurst)
-  (list "HEALTH_ROUTER_INSTANCE_PARALLELISM" $s.instanceParallelism) }}
+  (list "HEALTH_ROUTER_INSTANCE_PARALLELISM" $s.instanceParallelism)
+  (list "HEALTH_ROUTER_MAX_RECEIVES" $s.maxReceives) }}
 {{- range $ints }}
 {{- if not (kindIs "invalid" (index . 1)) }}
 - name: {{ index . 0 }}
