@@ -240,14 +240,10 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	case d.Action == policy.ActionDrain:
 		var already bool
 		already, err = p.signal.Drain(ctx, ev, d, o.Resolved, quiet)
-		switch {
-		case err == nil:
+		if err == nil {
 			ilog.Info("drain signalled", "reason", d.Reason, "already_draining", already, "via", p.signal.Via(ev))
-		case errors.Is(err, signal.ErrSentNotRecorded):
-			// The drain went out (or may have): its slot stays taken until the cluster shows
-			// it or the reservation's bound passes, so the pool never goes over its limit.
-		default:
-			p.engine.Unreserve(d.NodePool, d.NodeClaim)
+		} else {
+			p.engine.Unreserve(d.NodePool, d.NodeClaim) // nothing was signalled (a stamp comes first)
 		}
 	case d.Action == policy.ActionDefer:
 		_, err = p.signal.Defer(ctx, ev, d, o.Resolved, quiet)

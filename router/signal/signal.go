@@ -66,11 +66,6 @@ var actions = map[string]string{
 	ReasonDrained: "Drain", ReasonDeferred: "Defer", ReasonIgnored: "Ignore", ReasonDeferralCancelled: "CancelDeferral",
 }
 
-// ErrSentNotRecorded marks a forward that went out (or may have: a send that timed out)
-// while its record on the NodeClaim did not land: the drain must not be signalled again, but
-// the event is retried so that the stamp lands, and with it the confirm-or-fallback.
-var ErrSentNotRecorded = errors.New("drain forwarded, not recorded")
-
 // sendAPI is the part of SQS the forward mode uses.
 type sendAPI interface {
 	SendMessageBatch(context.Context, *sqs.SendMessageBatchInput, ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
@@ -195,33 +190,29 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 	}
 	switch via {
 	case ModeForward:
-		sentBefore := s.signalledRecently(d.InstanceID)
-		if !sentBefore {
-			body, err := s.forwardBody(ev, d.InstanceID)
-			if err != nil {
-				return false, err
-			}
-			if s.forward == nil {
-				return false, errNoBatcher
-			}
-			if err := s.forward.send(ctx, string(body)); err != nil {
-				if ctx.Err() != nil {
-					// A send abandoned at the deadline may have gone out: not signalled again
-					// for recentTTL, and the retry stamps it.
-					s.remember(d.InstanceID)
-					return false, fmt.Errorf("forwarding event %s for %s to Karpenter: %w: %w", ev.ID, d.InstanceID, ErrSentNotRecorded, err)
-				}
-				return false, fmt.Errorf("forwarding event %s for %s to Karpenter: %w", ev.ID, d.InstanceID, err)
-			}
-			s.remember(d.InstanceID)
+		if s.signalledRecently(d.InstanceID) {
+			return true, nil // a duplicate handled before the cache shows the stamp
 		}
-		// Sent now, or by an earlier try whose stamp failed: the stamp is what the deferral
-		// controller confirms Karpenter acted on, so the event is retried until it lands.
-		if err := stamp(); err != nil && !apierrors.IsNotFound(err) {
-			return false, fmt.Errorf("recording the forwarded drain of %s on nodeclaim %s: %w: %w", d.InstanceID, claim.Name, ErrSentNotRecorded, err)
+		body, err := s.forwardBody(ev, d.InstanceID)
+		if err != nil {
+			return false, err
 		}
-		if sentBefore {
-			return true, nil // a duplicate, or the retry that recorded an earlier send
+		if s.forward == nil {
+			return false, errNoBatcher
+		}
+		// The stamp first (write-ahead): a stamp that fails sends nothing, so a retry cannot
+		// forward twice; a send that fails after it leaves a stamped NodeClaim, which the
+		// deferral controller deletes past the confirmation bound (the confirm-or-fallback).
+		if err := stamp(); err != nil {
+			if apierrors.IsNotFound(err) {
+				return true, nil
+			}
+			return false, fmt.Errorf("recording the drain of %s on nodeclaim %s before forwarding it: %w", d.InstanceID, claim.Name, err)
+		}
+		s.remember(d.InstanceID)
+		if err := s.forward.send(ctx, string(body)); err != nil {
+			s.event(res, corev1.EventTypeWarning, ReasonDrained, "%s; forwarding it to Karpenter failed (%v): the router deletes the NodeClaim itself within the confirmation bound", d.Reason, err)
+			return false, nil
 		}
 	case ModeDeleteNodeClaim:
 		if s.signalledRecently(d.InstanceID) {

@@ -429,10 +429,11 @@ func TestFailedDeleteIsRetried(t *testing.T) {
 	}
 }
 
-// TestForwardWhoseStampFailed (issue 15, 8a): the forward went out but its stamp did not land.
-// On 351c311 that was a success with no stamp: no confirm-or-fallback, and its pacing slot held
-// until the cluster happened to show a drain. Now it is an error the pipeline retries (keeping
-// the slot), and the retry stamps without forwarding again.
+// TestForwardWhoseStampFailed (issue 15, 8a): on 351c311 a forward went out first and its stamp
+// after; a stamp that failed was a success with no stamp (no confirm-or-fallback, the pacing slot
+// held). Now the stamp comes first: a stamp that fails sends nothing and is an error (retried,
+// the slot given back), and the retry stamps and forwards once. A send that fails after the stamp
+// is left to the deferral controller's fallback delete.
 func TestForwardWhoseStampFailed(t *testing.T) {
 	scheme, err := cluster.NewScheme()
 	if err != nil {
@@ -454,8 +455,8 @@ func TestForwardWhoseStampFailed(t *testing.T) {
 	ev := parse(t, healthBody)
 	d := policy.Decision{EventID: ev.ID, InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}
 	res := cluster.Resolved{InstanceID: "i-0a1b2c3d4e5f6000a", NodeClaim: claim}
-	if _, err := s.Drain(context.Background(), ev, d, res, true); !errors.Is(err, ErrSentNotRecorded) {
-		t.Fatalf("stamp failure: %v", err)
+	if _, err := s.Drain(context.Background(), ev, d, res, true); err == nil || len(sent.bodies) != 0 {
+		t.Fatalf("a failed stamp: err %v, %d forwarded (want an error and nothing sent)", err, len(sent.bodies))
 	}
 	if _, err := s.Drain(context.Background(), ev, d, res, true); err != nil {
 		t.Fatalf("retry: %v", err)
