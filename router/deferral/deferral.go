@@ -268,8 +268,8 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var errs []error // one record that fails does not hold back the others
 	for _, d := range record.Records(nc) {
 		if !d.Active() {
-			if now.Before(d.Until) {
-				later(d.Until)
+			if now.Before(d.KeptUntil()) {
+				later(d.KeptUntil())
 			} else {
 				ended = true
 			}

@@ -233,8 +233,13 @@ func TestClosedHealthEventCancels(t *testing.T) {
 	if err != nil || res.Actions[policy.ActionIgnore] != 1 {
 		t.Fatalf("closed: %+v, %v", res, err)
 	}
-	if ds := record.Records(&r.claims(t)[0]); len(ds) != 1 || ds[0].State != record.StateCancelled {
+	// The deferral is cancelled; the closing report is kept as applied (a tombstone), so that
+	// the same report again (the poller's, after a restart) is recognised, not re-applied.
+	if ds := record.Records(&r.claims(t)[0]); len(ds) != 2 || ds[0].State != record.StateCancelled || ds[1].State != record.StateClosed || ds[1].EventID != "e-closed" {
 		t.Errorf("records %+v", ds)
+	}
+	if res, err := r.p.Process(context.Background(), closed); err != nil || res.AlreadyRecorded != 1 {
+		t.Errorf("the closing report again: %+v, %v", res, err)
 	}
 }
 
@@ -354,7 +359,7 @@ func TestSeamPollerFindingDefers(t *testing.T) {
 	if _, err := r.p.Process(context.Background(), closed); err != nil {
 		t.Fatal(err)
 	}
-	if ds := record.Records(&r.claims(t)[0]); len(ds) != 1 || ds[0].State != record.StateCancelled {
+	if ds := record.Records(&r.claims(t)[0]); len(ds) != 2 || ds[0].State != record.StateCancelled || ds[1].State != record.StateClosed {
 		t.Errorf("after [Canceled]: %+v", ds)
 	}
 }

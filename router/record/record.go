@@ -43,6 +43,10 @@ const (
 	StateCancelled  = "cancelled"  // a running instance, or a closed or cancelled maintenance, ended it
 	StateSuperseded = "superseded" // a newer update or a reschedule of the same maintenance replaced it
 	StateDrained    = "drained"    // the node is being drained for another event
+	// StateClosed marks a closing report (a closed Health event, a [Canceled] or [Completed]
+	// poller finding) as applied: the poller reports it again after a restart, and the second
+	// report must not cancel what was recorded after the first.
+	StateClosed = "closed"
 )
 
 // Bounds of what one NodeClaim keeps.
@@ -243,7 +247,7 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 	match, key := Match(ev), Key(ev)
 	closed := Closed(ev)
 	for _, r := range s.Records {
-		if r.EventID == ev.ID || (!closed && r.Key != key && SameMaintenance(r.Match, match)) {
+		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && SameMaintenance(r.Match, match)) {
 			return r, true
 		}
 	}
@@ -302,6 +306,13 @@ func (s *Set) Cancel(ev event.Event, cancel bool) (cancelled []string, changed b
 		return nil, changed
 	}
 	key, match := Key(ev), Match(ev)
+	if Closed(ev) && !slices.ContainsFunc(s.Records, func(r Record) bool { return r.EventID == ev.ID }) {
+		defer func() {
+			s.Records = append(s.Records, Record{EventID: ev.ID, Key: key, Kind: ev.Kind, State: StateClosed, Match: match,
+				Until: ev.Deadline.UTC(), EventTime: ev.Time.UTC(), Reason: "closing report applied"})
+			changed = true
+		}()
+	}
 	for i := range s.Records {
 		r := &s.Records[i]
 		if !r.Active() {
@@ -341,11 +352,23 @@ func (s *Set) Remove(eventID string) bool {
 	return len(s.Records) != n
 }
 
-// Prune removes the ended records whose time has passed.
+// Prune removes the ended records whose time has passed: their until-time and, for a
+// scheduled maintenance, the maintenance's own time. Until then a late duplicate of their event
+// is recognised (Recorded) and cannot bring an ended maintenance back.
 func (s *Set) Prune(now time.Time) bool {
 	n := len(s.Records)
-	s.Records = slices.DeleteFunc(s.Records, func(r Record) bool { return !r.Active() && !now.Before(r.Until) })
+	s.Records = slices.DeleteFunc(s.Records, func(r Record) bool { return !r.Active() && !now.Before(r.KeptUntil()) })
 	return len(s.Records) != n
+}
+
+// KeptUntil is when an ended record may go: its until-time, or its maintenance's time if later.
+func (r Record) KeptUntil() time.Time {
+	if _, at, ok := strings.Cut(r.Match, "@"); ok {
+		if t, err := time.Parse(time.RFC3339, at); err == nil && t.After(r.Until) {
+			return t
+		}
+	}
+	return r.Until
 }
 
 // Active returns the active records.

@@ -89,6 +89,11 @@ func (m *model) fail(format string, args ...any) {
 func (m *model) reported(key, inst string, typ event.ScheduledType, start time.Time, closed bool, now time.Time) {
 	found := false
 	for _, mt := range m.maints {
+		if !closed && mt.state != stateActive && mt.keys[key] && mt.start.Equal(start) {
+			return // a late duplicate of an event that ended: it does not bring it back
+		}
+	}
+	for _, mt := range m.maints {
 		if mt.inst != inst || mt.state != stateActive {
 			continue
 		}

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -262,6 +263,7 @@ type replica struct {
 	metrics  *metrics.Router
 	cancel   context.CancelFunc
 	due      map[string]time.Time // NodeClaim -> when the controller's workqueue hands it back
+	seen     map[string]string    // NodeClaim -> the resourceVersion last reconciled (the watch)
 }
 
 // world is the simulated cluster, AWS and router replicas.
@@ -295,7 +297,7 @@ func newWorldWith(mode signal.Mode, hooks *world) (*world, error) {
 	clk := clocktesting.NewFakeClock(Start)
 	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode,
 		ec2:      &ec2Status{events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
-		recorder: &events.FakeRecorder{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), onLaunch: hooks.onLaunch}
+		recorder: &events.FakeRecorder{}, log: simLog(), onLaunch: hooks.onLaunch}
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
@@ -382,7 +384,7 @@ func (w *world) addNode(ctx context.Context, pool string) (string, error) {
 // wires them (one instance-parallelism so that one seed is one interleaving).
 func (w *world) newReplica(name string) *replica {
 	reg := prometheus.NewRegistry()
-	r := &replica{name: name, due: map[string]time.Time{}}
+	r := &replica{name: name, due: map[string]time.Time{}, seen: map[string]string{}}
 	r.metrics = metrics.NewRouter(reg, func() float64 { return r.ctrl.Deferred() })
 	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedIgnore))
 	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
@@ -457,13 +459,19 @@ func (w *world) reconcile(ctx context.Context) error {
 		if a[cluster.AnnotationDeferred] == "" && a[cluster.AnnotationDrainSignalled] == "" {
 			continue
 		}
-		if at, ok := r.due[nc.Name]; ok && now.Before(at) && !woken[nc.Name] {
+		// The watch hands a changed NodeClaim over at once; otherwise its requeue time decides.
+		if at, ok := r.due[nc.Name]; ok && now.Before(at) && !woken[nc.Name] && r.seen[nc.Name] == nc.ResourceVersion {
 			continue
 		}
 		names = append(names, nc.Name)
 	}
 	sort.Strings(names)
+	versions := map[string]string{}
+	for _, nc := range claims.Items {
+		versions[nc.Name] = nc.ResourceVersion
+	}
 	for _, name := range names {
+		r.seen[name] = versions[name]
 		res, err := r.ctrl.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: name}})
 		switch {
 		case err != nil:
@@ -558,4 +566,13 @@ func instanceOf(body string) string {
 	}
 	r := env.Resources[0]
 	return r[strings.LastIndex(r, "/")+1:]
+}
+
+// simLog is the router's logger in the simulation: silent, or with SIM_LOG=1 every line (to
+// follow a failing seed).
+func simLog() *slog.Logger {
+	if os.Getenv("SIM_LOG") == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
