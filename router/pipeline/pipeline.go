@@ -185,11 +185,16 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 			p.metrics.AlreadyRecorded.Inc()
 			return "", true, nil
 		}
-		if stamped, _, _, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok && stamped == ev.ID {
+		stamped, _, via, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
+		resend := ok && stamped == ev.ID && signal.Mode(via) == signal.ModeForward && nc.DeletionTimestamp.IsZero()
+		if ok && stamped == ev.ID && !resend {
 			p.metrics.AlreadyRecorded.Inc()
 			return "", true, nil
 		}
-		if cluster.Draining(nc) && !ev.Urgent() {
+		// A forward stamped by an earlier try of this event that Karpenter has not acted on yet
+		// is decided again: the signaller sends it again (the earlier try may have died before
+		// its send).
+		if cluster.Draining(nc) && !ev.Urgent() && !resend {
 			// Being drained (by this event before a retry, or another): nothing to decide,
 			// nothing to write. An urgent event still goes through and is recorded as a drain
 			// (the signaller finds it draining already and signals nothing).

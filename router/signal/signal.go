@@ -168,10 +168,20 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		// Karpenter manages no such node: the pipeline decides it by --unmanaged-nodes.
 		return false, fmt.Errorf("instance %s: %w", d.InstanceID, ErrNotManaged)
 	}
-	if cluster.Draining(claim) {
-		return true, nil
-	}
 	via := s.Via(ev)
+	resend := false
+	switch {
+	case !claim.DeletionTimestamp.IsZero():
+		return true, nil
+	case claim.Annotations[cluster.AnnotationDrainSignalled] != "":
+		// Stamped by an earlier try of this same event whose send may not have gone out (the
+		// process died between the stamp and the send): send again until Karpenter acts.
+		id, _, stampedVia, _ := record.ParseDrainStamp(claim.Annotations[cluster.AnnotationDrainSignalled])
+		if id != ev.ID || Mode(stampedVia) != ModeForward || via != ModeForward {
+			return true, nil
+		}
+		resend = true
+	}
 	stamp := func() error {
 		return s.update(ctx, claim, func(nc *karpv1.NodeClaim) (bool, error) {
 			if nc.Annotations[cluster.AnnotationDrainSignalled] != "" || !nc.DeletionTimestamp.IsZero() {
@@ -203,11 +213,13 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		// The stamp first (write-ahead): a stamp that fails sends nothing, so a retry cannot
 		// forward twice; a send that fails after it leaves a stamped NodeClaim, which the
 		// deferral controller deletes past the confirmation bound (the confirm-or-fallback).
-		if err := stamp(); err != nil {
-			if apierrors.IsNotFound(err) {
-				return true, nil
+		if !resend {
+			if err := stamp(); err != nil {
+				if apierrors.IsNotFound(err) {
+					return true, nil
+				}
+				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s before forwarding it: %w", d.InstanceID, claim.Name, err)
 			}
-			return false, fmt.Errorf("recording the drain of %s on nodeclaim %s before forwarding it: %w", d.InstanceID, claim.Name, err)
 		}
 		s.remember(d.InstanceID)
 		if err := s.forward.send(ctx, string(body)); err != nil {
