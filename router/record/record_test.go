@@ -172,3 +172,42 @@ func TestDrainedEndsEveryRecord(t *testing.T) {
 		t.Errorf("records %+v", s.Records)
 	}
 }
+
+// TestClosingReportAppliedOnce: found by the simulation. The poller reports a [Canceled] event
+// again after a restart; the second report must not cancel a maintenance recorded after the
+// first (the outcome depended on when the router restarted).
+func TestClosingReportAppliedOnce(t *testing.T) {
+	week := t0.Add(7 * 24 * time.Hour)
+	canceled := health("poll-closed", "instance-event-1", event.ScheduledSystemReboot, week, event.HealthClosed)
+	var s Set
+	s.Cancel(canceled, true) // nothing to cancel yet: the report is kept as applied
+	later := health("h1", "arn:health/1", "", week, event.HealthUpcoming)
+	if _, known := s.Recorded(later); known {
+		t.Fatal("a closing report counts as the same maintenance recorded")
+	}
+	s.Put(Record{EventID: later.ID, Key: Key(later), Kind: later.Kind, State: StateDeferred, Match: Match(later), Until: week})
+	if _, known := s.Recorded(canceled); !known {
+		t.Fatal("the closing report again is not recognised as applied")
+	}
+	if len(s.Active()) != 1 {
+		t.Errorf("active %+v", s.Active())
+	}
+}
+
+// TestEndedKeptUntilTheMaintenance: found by the simulation. An ended record is kept until its
+// maintenance's time, not only its until-time (a window before it): a late duplicate of its
+// event is recognised and does not bring the maintenance back.
+func TestEndedKeptUntilTheMaintenance(t *testing.T) {
+	week := t0.Add(7 * 24 * time.Hour)
+	ev := health("h1", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthUpcoming)
+	s := Set{Records: []Record{{EventID: ev.ID, Key: Key(ev), Kind: ev.Kind, State: StateCancelled, Match: Match(ev), Until: t0.Add(time.Hour)}}}
+	if s.Prune(t0.Add(2 * time.Hour)) {
+		t.Fatal("pruned before its maintenance")
+	}
+	if _, known := s.Recorded(ev); !known {
+		t.Error("a late duplicate is not recognised")
+	}
+	if !s.Prune(week) || len(s.Records) != 0 {
+		t.Errorf("not pruned at its maintenance: %+v", s.Records)
+	}
+}
