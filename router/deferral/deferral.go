@@ -37,6 +37,7 @@ import (
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
@@ -69,7 +70,12 @@ func HeldOn(o client.Object) []string {
 		return nil
 	}
 	var keys []string
+	repair := false
 	for _, d := range record.Records(nc) {
+		if d.Active() && d.Kind == event.KindInstanceStatus && !repair {
+			// Any held repair (by the cut-off, pacing, a check) ends if the instance recovers.
+			keys, repair = append(keys, RepairKey), true
+		}
 		switch {
 		case !d.Active():
 		case d.Hold == policy.HoldPacing:
@@ -80,15 +86,13 @@ func HeldOn(o client.Object) []string {
 			for _, p := range d.PDBs {
 				keys = append(keys, "pdb/"+p)
 			}
-		case d.Hold == policy.HoldRepairCutoff:
-			keys = append(keys, RepairKey)
 		}
 	}
 	return keys
 }
 
-// RepairKey is the IndexHeldOn value of NodeClaims whose impaired-instance repair is held by
-// the repair cut-off.
+// RepairKey is the IndexHeldOn value of NodeClaims whose impaired-instance repair is held
+// (by the repair cut-off, pacing or a check): the poller watches them for recovery.
 const RepairKey = "repair"
 
 // HeldImpaired returns the instances whose repair is held by the repair cut-off (the
@@ -152,7 +156,18 @@ func (c *Controller) Start(ctx context.Context) error {
 	c.leading.Store(true)
 	<-ctx.Done()
 	c.leading.Store(false)
-	return nil
+	// No longer the leader: what was queued for this replica's controller will not be read
+	// (the new leader releases from its own informers and records), so it is let go.
+	c.mu.Lock()
+	clear(c.released)
+	c.mu.Unlock()
+	for {
+		select {
+		case <-c.wake:
+		default:
+			return nil
+		}
+	}
 }
 
 // NeedLeaderElection: Start runs on the leader only.

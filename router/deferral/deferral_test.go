@@ -326,3 +326,31 @@ func TestStandbyQueuesNothing(t *testing.T) {
 		t.Errorf("the leader queued %d wakes, want 3", queued)
 	}
 }
+
+// TestLeadershipLostLetsGo: found by the simulation (seed 11326855635866004735): a replica that
+// loses the lease kept the releases it had queued as leader, which nobody reads any more.
+func TestLeadershipLostLetsGo(t *testing.T) {
+	r := newRig(t, map[string]string{policy.AnnotationMaxConcurrentDrains: "100%"}, 2, func(i int) []record.Record {
+		return []record.Record{{EventID: fmt.Sprint("e", i), Key: fmt.Sprint("e", i), Kind: "scheduled-change", Until: now.Add(time.Hour), State: record.StateDeferred, Hold: policy.HoldPacing}}
+	})
+	r.c.leading.Store(false)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.c.Start(ctx) }()
+	for !r.c.Leading() {
+		time.Sleep(time.Millisecond)
+	}
+	if err := r.c.ReleasePool(context.Background(), "kafka"); err != nil {
+		t.Fatal(err)
+	}
+	if released, queued := r.c.Pending(); released != 2 || queued != 2 {
+		t.Fatalf("as leader: %d released, %d queued", released, queued)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if released, queued := r.c.Pending(); released != 0 || queued != 0 {
+		t.Errorf("after losing the lease: %d released, %d queued", released, queued)
+	}
+}
