@@ -59,7 +59,7 @@ func newMachine(t *rapid.T) *machine {
 
 // newWorldHooked builds the world with the model observing it from the first node on.
 func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
-	w, err := newWorldWith(mode, &world{onLaunch: func(id, pool string) { m.m.inst(id, pool) }})
+	w, err := newWorldWith(mode, func(id, pool string) { m.m.inst(id, pool) })
 	if err != nil {
 		return nil, err
 	}

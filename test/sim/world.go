@@ -287,9 +287,8 @@ type world struct {
 	onLaunch func(instance, pool string)
 }
 
-// newWorldWith builds the cluster and the two replicas; hooks' observers see it from the
-// first node on.
-func newWorldWith(mode signal.Mode, hooks *world) (*world, error) {
+// newWorldWith builds the cluster and the two replicas; onLaunch sees every node from the first.
+func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*world, error) {
 	scheme, err := cluster.NewScheme()
 	if err != nil {
 		return nil, err
@@ -297,7 +296,7 @@ func newWorldWith(mode signal.Mode, hooks *world) (*world, error) {
 	clk := clocktesting.NewFakeClock(Start)
 	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode,
 		ec2:      &ec2Status{events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
-		recorder: &events.FakeRecorder{}, log: simLog(), onLaunch: hooks.onLaunch}
+		recorder: &events.FakeRecorder{}, log: simLog(), onLaunch: onLaunch}
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
