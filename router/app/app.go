@@ -48,10 +48,12 @@ import (
 	"github.com/health-router/health-router/router/notify"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/pipeline"
+	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/status"
+	"github.com/health-router/health-router/router/upcoming"
 	"github.com/health-router/health-router/router/watchdog"
 )
 
@@ -201,6 +203,20 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return err
 		}
 		pipe.WithNotifier(n, o.ClusterName)
+	}
+	if o.PodEventsPerEvent > 0 {
+		// Pods are read uncached, per node (the manager's client reads Pods from the API server).
+		pn := podnotice.New(mgr.GetClient(), mgr.GetEventRecorder("health-router"), clk, log.With("component", "podnotice"), reg,
+			podnotice.Options{PerEvent: o.PodEventsPerEvent})
+		if err := mgr.Add(pn); err != nil { // every replica: the one that decides tells
+			return err
+		}
+		pipe.WithPodNotifier(pn)
+	}
+	if o.NodeMarks {
+		if err := upcoming.New(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetClient(), log.With("component", "upcoming"), reg).SetupWithManager(mgr); err != nil {
+			return err
+		}
 	}
 	gauges := calendar.NewGauges(reg, 0)
 	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {

@@ -58,19 +58,23 @@ func trimLabels(labels map[string]string, keep func(string) bool) map[string]str
 // architecture and OS; the shape labels the AMI check reads are kept once, on the NodeClaim
 // (Karpenter copies them from there onto the Node).
 func keepNodeLabel(k string) bool {
-	return strings.HasPrefix(k, "karpenter.sh/") || k == corev1.LabelArchStable || k == corev1.LabelOSStable
+	return strings.HasPrefix(k, "karpenter.sh/") || strings.HasPrefix(k, routerPrefix) || k == corev1.LabelArchStable || k == corev1.LabelOSStable
 }
 
 // conditionsRead are the NodeClaim conditions the router reads (the watchdog): Empty (written
 // by Karpenter before v1) and Drifted.
 var conditionsRead = map[string]bool{"Empty": true, karpv1.ConditionTypeDrifted: true}
 
+// routerPrefix prefixes what the router writes: its annotations and labels (records, the
+// upcoming maintenance on a Node) and its taint.
+const routerPrefix = "healthrouter.io/"
+
 // routerAnnotations returns the annotations the router writes and reads on a NodeClaim (its
 // records, healthrouter.io/*); Karpenter's own hashes and the rest are dropped.
 func routerAnnotations(a map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range a {
-		if strings.HasPrefix(k, "healthrouter.io/") {
+		if strings.HasPrefix(k, routerPrefix) {
 			if out == nil {
 				out = map[string]string{}
 			}
@@ -88,11 +92,17 @@ func TrimNode(obj any) (any, error) {
 		return obj, nil
 	}
 	n.ManagedFields = nil
-	n.Annotations = nil
+	n.Annotations = routerAnnotations(n.Annotations)
 	n.OwnerReferences = nil
 	n.Finalizers = nil
 	n.Labels = trimLabels(n.Labels, keepNodeLabel)
-	n.Spec = corev1.NodeSpec{ProviderID: n.Spec.ProviderID}
+	var taints []corev1.Taint
+	for _, t := range n.Spec.Taints {
+		if strings.HasPrefix(t.Key, routerPrefix) {
+			taints = append(taints, t)
+		}
+	}
+	n.Spec = corev1.NodeSpec{ProviderID: n.Spec.ProviderID, Taints: taints}
 	n.Status = corev1.NodeStatus{}
 	return n, nil
 }

@@ -13,9 +13,11 @@ import (
 func TestTrimNode(t *testing.T) {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "ip-10-0-1-2", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
-			Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0"},
-			Labels:      map[string]string{corev1.LabelArchStable: "arm64", karpv1.NodePoolLabelKey: "kafka", "karpenter.k8s.aws/instance-gpu-count": "1", "team": "payments"}},
-		Spec:   corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/i-0123456789abcdef0", Taints: []corev1.Taint{{Key: "x"}}},
+			Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0", "healthrouter.io/maintenance": "{}"},
+			Labels: map[string]string{corev1.LabelArchStable: "arm64", karpv1.NodePoolLabelKey: "kafka", "karpenter.k8s.aws/instance-gpu-count": "1", "team": "payments",
+				"healthrouter.io/maintenance-at": "1796436000"}},
+		Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/i-0123456789abcdef0", Unschedulable: true,
+			Taints: []corev1.Taint{{Key: "x"}, {Key: "healthrouter.io/maintenance-upcoming", Value: "scheduled-change", Effect: corev1.TaintEffectPreferNoSchedule}}},
 		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"a"}, SizeBytes: 1}}, Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}},
 	}
 	out, err := TrimNode(n)
@@ -33,7 +35,13 @@ func TestTrimNode(t *testing.T) {
 	if _, ok := got.Labels["karpenter.k8s.aws/instance-gpu-count"]; ok {
 		t.Errorf("a shape label kept on the Node: %v", got.Labels)
 	}
-	if _, ok := got.Labels["team"]; ok || got.ManagedFields != nil || got.Annotations != nil || len(got.Status.Images) > 0 || got.Spec.Taints != nil || got.Status.Capacity != nil {
+	// The router's own marks (router/upcoming) are kept: it compares them with what the
+	// records say without reading the Node from the API server.
+	if got.Labels["healthrouter.io/maintenance-at"] == "" || len(got.Annotations) != 1 || got.Annotations["healthrouter.io/maintenance"] == "" ||
+		len(got.Spec.Taints) != 1 || got.Spec.Taints[0].Key != "healthrouter.io/maintenance-upcoming" {
+		t.Errorf("the router's marks were dropped: %+v %+v", got.ObjectMeta, got.Spec)
+	}
+	if _, ok := got.Labels["team"]; ok || got.ManagedFields != nil || len(got.Status.Images) > 0 || got.Spec.Unschedulable || got.Status.Capacity != nil {
 		t.Errorf("kept what the router never reads: %+v", got)
 	}
 	if o, _ := TrimNode("not a node"); o != "not a node" {

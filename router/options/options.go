@@ -16,6 +16,7 @@ import (
 
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/notify"
+	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/replay"
 	"github.com/health-router/health-router/router/signal"
@@ -143,6 +144,12 @@ type Run struct {
 	// UnmanagedNodes is what the router does for nodes Karpenter does not manage:
 	// policy.UnmanagedIgnore or policy.UnmanagedCordonDrain.
 	UnmanagedNodes string
+	// NodeMarks has the router show each node's pending outcome on the Node (router/upcoming):
+	// the healthrouter.io/maintenance-at label, the healthrouter.io/maintenance annotation,
+	// and the taint of pools that ask for it. It needs permission to patch Nodes.
+	NodeMarks bool
+	// PodEventsPerEvent bounds the pod Events of one event (router/podnotice); 0: none.
+	PodEventsPerEvent int
 	// MaxReceives is how many deliveries a failing message gets before the router
 	// dead-letters it itself, with its last error (0: never).
 	MaxReceives int
@@ -192,6 +199,8 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s)")
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
 	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (an Event on the Node and a metric, nothing else) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected)")
+	fs.BoolVar(&o.NodeMarks, "node-marks", true, "show each node's pending outcome (deferred, held) on its Node: the label healthrouter.io/maintenance-at (Unix seconds), the annotation healthrouter.io/maintenance, and in pools annotated healthrouter.io/taint-upcoming=true a PreferNoSchedule taint; needs permission to patch Nodes")
+	fs.IntVar(&o.PodEventsPerEvent, "pod-events-per-event", podnotice.DefaultPerEvent, "Kubernetes Events written on the pods of the nodes an event drains or defers, at most this many per event (and 110 per node); the pods past it are counted in one summary Event per namespace; 0: no pod Events")
 	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount; 0: never")
 	fs.StringVar(&o.WebhookURL, "webhook-url", "", "URL that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
 	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
@@ -233,6 +242,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--instance-status-interval %s: want at least 10s", o.InstanceStatusInterval)
 	case o.UnmanagedNodes != policy.UnmanagedIgnore && o.UnmanagedNodes != policy.UnmanagedCordonDrain:
 		return o, fmt.Errorf("--unmanaged-nodes %q: want %s or %s", o.UnmanagedNodes, policy.UnmanagedIgnore, policy.UnmanagedCordonDrain)
+	case o.PodEventsPerEvent < 0:
+		return o, fmt.Errorf("--pod-events-per-event %d: want 0 (none) or more", o.PodEventsPerEvent)
 	case o.MaxReceives < 0:
 		return o, fmt.Errorf("--max-receives %d: want 0 (never) or more", o.MaxReceives)
 	case o.AlertmanagerURL != "" && !validHTTPURL(o.AlertmanagerURL):

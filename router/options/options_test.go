@@ -70,8 +70,12 @@ func TestParseRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.KubeClientQPS != 200 || o.KubeClientBurst != 300 || o.InstanceParallelism != 16 || o.ForwardConfirmTimeout != 20*time.Second || o.Signal != "delete-nodeclaim" ||
-		!o.InstanceStatusPoller || o.InstanceStatusInterval != time.Minute {
+		!o.InstanceStatusPoller || o.InstanceStatusInterval != time.Minute || !o.NodeMarks || o.PodEventsPerEvent != 1000 {
 		t.Errorf("defaults: %+v", o)
+	}
+	o, err = ParseRun(append(req, "--node-marks=false"), env(map[string]string{"HEALTH_ROUTER_POD_EVENTS_PER_EVENT": "0"}))
+	if err != nil || o.NodeMarks || o.PodEventsPerEvent != 0 {
+		t.Errorf("node marks and pod Events off: %+v, %v", o, err)
 	}
 	o, err = ParseRun(append(req, "--karpenter-queue-url", "k", "--kube-client-qps", "50"), env(map[string]string{"HEALTH_ROUTER_KUBE_CLIENT_BURST": "75", "HEALTH_ROUTER_KUBE_CLIENT_QPS": "9"}))
 	if err != nil {
@@ -100,6 +104,7 @@ func TestParseRunErrorsNameTheFlag(t *testing.T) {
 		{append(req, "--signal", "forward"), "--karpenter-queue-url"},
 		{append(req, "--signal", "smoke"), "--signal"},
 		{append(req, "--workers", "0"), "--workers"},
+		{append(req, "--pod-events-per-event", "-1"), "--pod-events-per-event"},
 		{append(req, "--log-level", "loud"), "--log-level"},
 	} {
 		_, err := ParseRun(tt.args, env(nil))

@@ -26,6 +26,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/notify"
+	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
@@ -63,7 +64,20 @@ type Pipeline struct {
 	parallel  int
 	nodes     NodeDrainer // nil: unmanaged nodes are not drained
 	notify    Notifier    // nil: no notifications
+	pods      PodNotifier // nil: the pods are not told
 	cluster   string
+}
+
+// PodNotifier is told of each drain and deferral of a node, to tell its pods' owners
+// (router/podnotice: bounded, never blocking).
+type PodNotifier interface {
+	Notify(podnotice.Notice)
+}
+
+// WithPodNotifier has the pipeline tell n of each node's drain and deferral.
+func (p *Pipeline) WithPodNotifier(n PodNotifier) *Pipeline {
+	p.pods = n
+	return p
 }
 
 // Notifier is told of every event received and every decision carried out, without ever
@@ -270,6 +284,10 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	bulk.add(o.Resolved.NodePool, d)
 	if p.notify != nil && d.Action != policy.ActionSkip {
 		p.notify.Notify(notify.FromDecision(ev, d, p.cluster))
+	}
+	if p.pods != nil && (d.Action == policy.ActionDrain || d.Action == policy.ActionDefer) {
+		p.pods.Notify(podnotice.Notice{EventID: ev.ID, Kind: ev.Kind, Action: d.Action, Hold: d.Hold, Until: d.Until, Deadline: d.Deadline,
+			Node: d.Node, NodePool: d.NodePool, Reason: d.Reason})
 	}
 	return d.Action, false, nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
@@ -422,5 +423,36 @@ func TestSeamDrainEndsEarlierRecords(t *testing.T) {
 	ds := record.Records(&r.claims(t)[0])
 	if len(ds) != 1 || ds[0].State != record.StateDrained {
 		t.Errorf("records after the drain: %+v", ds)
+	}
+}
+
+type podNotices struct{ got []podnotice.Notice }
+
+func (p *podNotices) Notify(n podnotice.Notice) { p.got = append(p.got, n) }
+
+// TestPodNotices: the pods' owners are told of a deferral (with its planned time) and of the
+// drain when it comes due; not of an ignore, nor of an instance with no node.
+func TestPodNotices(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}, "web": {policy.AnnotationAction: "ignore"}}, map[string]int{"kafka": 1, "web": 1})
+	pn := &podNotices{}
+	r.p.WithPodNotifier(pn)
+	start := now.Add(90 * time.Minute)
+	if _, err := r.p.Process(context.Background(), retirement("e", start, instanceID(0), instanceID(1), "i-0ffffffffffffffff")); err != nil {
+		t.Fatal(err)
+	}
+	if len(pn.got) != 1 || pn.got[0].Node != "node-0" || pn.got[0].Action != policy.ActionDefer || !pn.got[0].Until.Equal(start.Add(-time.Hour)) ||
+		pn.got[0].NodePool != "kafka" || pn.got[0].EventID != "e" || !pn.got[0].Deadline.Equal(start) {
+		t.Fatalf("notices %+v, want the kafka node's deferral", pn.got)
+	}
+	r.p.clock.(*clocktesting.FakeClock).Step(31 * time.Minute)
+	var nc karpv1.NodeClaim
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-0"}, &nc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.p.Redecide(context.Background(), &nc, record.Records(&nc)[0]); err != nil {
+		t.Fatal(err)
+	}
+	if len(pn.got) != 2 || pn.got[1].Action != policy.ActionDrain || pn.got[1].Node != "node-0" {
+		t.Errorf("notices %+v, want the drain second", pn.got)
 	}
 }

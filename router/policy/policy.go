@@ -32,6 +32,10 @@ const (
 	AnnotationRepairMaxUnhealthy = Prefix + "repair-max-unhealthy"
 	// AnnotationRepairMaxUnhealthyCap caps the cut-off in large pools (a count).
 	AnnotationRepairMaxUnhealthyCap = Prefix + "repair-max-unhealthy-cap"
+	// AnnotationTaintUpcoming (bool, default false) puts a PreferNoSchedule taint on a node
+	// while it has a pending outcome (deferred, held), so that new pods prefer other nodes;
+	// nothing is evicted for it.
+	AnnotationTaintUpcoming = Prefix + "taint-upcoming"
 )
 
 // Defaults of the repair cut-off: Karpenter's 20%, and at most 10 nodes of any one pool.
@@ -81,6 +85,8 @@ type Policy struct {
 	// RepairMaxUnhealthy and RepairMaxUnhealthyCap are the impaired-instance repair cut-off.
 	RepairMaxUnhealthy    intstr.IntOrString
 	RepairMaxUnhealthyCap int
+	// TaintUpcoming is healthrouter.io/taint-upcoming.
+	TaintUpcoming bool
 	// Problems lists the annotations that were ignored, and why.
 	Problems []string
 }
@@ -172,6 +178,12 @@ func FromAnnotations(annotations map[string]string) Policy {
 				p.RestartGrace = d
 			} else {
 				problem("%v", err)
+			}
+		case key == AnnotationTaintUpcoming:
+			if b, err := strconv.ParseBool(v); err == nil {
+				p.TaintUpcoming = b
+			} else {
+				problem("want true or false")
 			}
 		case key == AnnotationRespectPDB:
 			if b, err := strconv.ParseBool(v); err == nil {

@@ -18,6 +18,7 @@ func TestFromAnnotations(t *testing.T) {
 		AnnotationWindowDuration:                          "4h",
 		AnnotationDrainLead:                               "2h",
 		AnnotationRestartGrace:                            "10m",
+		AnnotationTaintUpcoming:                           "true",
 		"karpenter.sh/other":                              "left alone",
 	})
 	if len(p.Problems) != 0 {
@@ -29,6 +30,9 @@ func TestFromAnnotations(t *testing.T) {
 	if p.DrainLead != 2*time.Hour || p.RestartGrace != 10*time.Minute || p.Window == nil || p.Window.Duration != 4*time.Hour {
 		t.Errorf("timing: %+v", p)
 	}
+	if !p.TaintUpcoming {
+		t.Error("taint-upcoming=true not read")
+	}
 	if n, ok := p.DrainLimit(12); !ok || n != 3 { // 20% of 12 rounds up to 3
 		t.Errorf("DrainLimit(12) = %d, %v", n, ok)
 	}
@@ -36,7 +40,7 @@ func TestFromAnnotations(t *testing.T) {
 
 func TestFromAnnotationsDefaults(t *testing.T) {
 	p := FromAnnotations(nil)
-	if p.DrainLead != DefaultDrainLead || p.RestartGrace != DefaultRestartGrace || p.Window != nil || p.Default != "" {
+	if p.DrainLead != DefaultDrainLead || p.RestartGrace != DefaultRestartGrace || p.Window != nil || p.Default != "" || p.TaintUpcoming {
 		t.Errorf("defaults: %+v", p)
 	}
 	if _, ok := p.DrainLimit(10); ok {
@@ -57,6 +61,7 @@ func TestFromAnnotationsInvalid(t *testing.T) {
 		{map[string]string{AnnotationMaxConcurrentDrains: "-1"}, "negative", func(p Policy) bool { return p.MaxConcurrentDrains == nil }},
 		{map[string]string{AnnotationMaxConcurrentDrains: "lots"}, "percentage", func(p Policy) bool { return p.MaxConcurrentDrains == nil }},
 		{map[string]string{AnnotationMaxConcurrentDrains: "150%"}, "percentage", func(p Policy) bool { return p.MaxConcurrentDrains == nil }},
+		{map[string]string{AnnotationTaintUpcoming: "yes please"}, "want true or false", func(p Policy) bool { return !p.TaintUpcoming }},
 		{map[string]string{AnnotationDrainLead: "1 hour"}, "duration", func(p Policy) bool { return p.DrainLead == DefaultDrainLead }},
 		{map[string]string{AnnotationRestartGrace: "-5m"}, "negative", func(p Policy) bool { return p.RestartGrace == DefaultRestartGrace }},
 		{map[string]string{AnnotationWindowSchedule: "0 2 * * 6"}, "must be set together", func(p Policy) bool { return p.Window == nil }},

@@ -459,7 +459,7 @@ type groupResource struct{ group, resource string }
 // clusterRoleAllowlist is everything the ClusterRole may grant: the resources the router
 // touches, with the verbs it uses on each. The chart's README explains each.
 var clusterRoleAllowlist = map[groupResource][]string{
-	{"", "nodes"}:                           {"get", "list", "watch"},
+	{"", "nodes"}:                           {"get", "list", "watch", "patch"},
 	{"karpenter.sh", "nodeclaims"}:          {"get", "list", "watch", "patch", "delete"},
 	{"karpenter.sh", "nodepools"}:           {"get", "list", "watch"},
 	{"karpenter.k8s.aws", "ec2nodeclasses"}: {"get", "list", "watch"},
@@ -545,6 +545,29 @@ func TestRuleProblems(t *testing.T) {
 		}
 		if !slices.ContainsFunc(got, func(p string) bool { return strings.Contains(p, tt.want) }) {
 			t.Errorf("%s: problems %q, want one containing %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestRBACNodeMarks: patching Nodes is granted for the node marks (on by default) or for
+// cordon-drain, and not when neither is on.
+func TestRBACNodeMarks(t *testing.T) {
+	patchesNodes := func(m manifests) bool {
+		return slices.ContainsFunc(m.clusterRole.Rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Contains(r.Resources, "nodes") && slices.Contains(r.Verbs, "patch")
+		})
+	}
+	for _, tt := range []struct {
+		set  []string
+		want bool
+	}{
+		{nil, true},
+		{[]string{"--set", "settings.nodeMarks=false"}, false},
+		{[]string{"--set", "settings.nodeMarks=false", "--set", "settings.unmanagedNodes=cordon-drain"}, true},
+		{[]string{"--set", "settings.nodeMarks=true"}, true},
+	} {
+		if got := patchesNodes(decode(t, append([]string{"-f", ciValues(t, "default")}, tt.set...)...)); got != tt.want {
+			t.Errorf("%v: patch nodes granted %v, want %v", tt.set, got, tt.want)
 		}
 	}
 }

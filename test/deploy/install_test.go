@@ -266,7 +266,6 @@ func rbacAuthorizes(t *testing.T, c client.Client, d *appsv1.Deployment) {
 		{"list", "", "secrets", ""},
 		{"delete", "", "pods", ""},
 		{"create", "", "pods/eviction", "default"},
-		{"patch", "", "nodes", ""},
 		{"delete", "", "nodes", ""},
 		{"update", "", "nodes/status", ""},
 		{"create", "karpenter.sh", "nodeclaims", ""},

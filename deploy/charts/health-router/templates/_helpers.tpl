@@ -117,7 +117,8 @@ rendered: the router's default applies.
 {{- $bools := list
   (list "HEALTH_ROUTER_CLOUDWATCH_METRICS" $s.cloudWatchMetrics)
   (list "HEALTH_ROUTER_LEADER_ELECT" $s.leaderElect)
-  (list "HEALTH_ROUTER_INSTANCE_STATUS_POLLER" $s.instanceStatusPoller) }}
+  (list "HEALTH_ROUTER_INSTANCE_STATUS_POLLER" $s.instanceStatusPoller)
+  (list "HEALTH_ROUTER_NODE_MARKS" $s.nodeMarks) }}
 {{- range $bools }}
 {{- if not (kindIs "invalid" (index . 1)) }}
 - name: {{ index . 0 }}
@@ -128,7 +129,8 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_WORKERS" $s.workers)
   (list "HEALTH_ROUTER_KUBE_CLIENT_BURST" $s.kubeClientBurst)
   (list "HEALTH_ROUTER_INSTANCE_PARALLELISM" $s.instanceParallelism)
-  (list "HEALTH_ROUTER_MAX_RECEIVES" $s.maxReceives) }}
+  (list "HEALTH_ROUTER_MAX_RECEIVES" $s.maxReceives)
+  (list "HEALTH_ROUTER_POD_EVENTS_PER_EVENT" $s.podEventsPerEvent) }}
 {{- range $ints }}
 {{- if not (kindIs "invalid" (index . 1)) }}
 - name: {{ index . 0 }}
