@@ -368,6 +368,14 @@ func (m *machine) advance(t *rapid.T, d time.Duration) {
 		}
 		m.deliver(10)
 		m.m.lost(m.now())
+		// The marks catch up at the next pass of their controller: no mark outlives its outcome
+		// by more than that, none appears without one.
+		if err := m.w.reconcileMarks(m.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.w.checkMarks(m.ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

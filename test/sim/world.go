@@ -50,7 +50,9 @@ import (
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/upcoming"
 )
 
 // Start is the simulation's epoch: a Friday, so windows (Saturday 02:00) come within a day.
@@ -66,7 +68,7 @@ const (
 // PoolAnnotations are the NodePools' annotations.
 var PoolAnnotations = map[string]map[string]string{
 	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
-		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h"},
+		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true"},
 	PoolWeb:   {},
 	PoolBatch: {policy.AnnotationAction: "ignore"},
 }
@@ -258,12 +260,14 @@ type replica struct {
 	name     string
 	pipeline *pipeline.Pipeline
 	ctrl     *deferral.Controller
+	marks    *upcoming.Controller
 	poller   *poller.Poller
 	intake   *intake.Intake
 	metrics  *metrics.Router
 	cancel   context.CancelFunc
 	due      map[string]time.Time // NodeClaim -> when the controller's workqueue hands it back
 	seen     map[string]string    // NodeClaim -> the resourceVersion last reconciled (the watch)
+	marked   map[string]string    // NodeClaim -> its and its Node's resourceVersions at the marks' last pass
 }
 
 // world is the simulated cluster, AWS and router replicas.
@@ -383,13 +387,14 @@ func (w *world) addNode(ctx context.Context, pool string) (string, error) {
 // wires them (one instance-parallelism so that one seed is one interleaving).
 func (w *world) newReplica(name string) *replica {
 	reg := prometheus.NewRegistry()
-	r := &replica{name: name, due: map[string]time.Time{}, seen: map[string]string{}}
+	r := &replica{name: name, due: map[string]time.Time{}, seen: map[string]string{}, marked: map[string]string{}}
 	r.metrics = metrics.NewRouter(reg, func() float64 { return r.ctrl.Deferred() })
 	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedIgnore))
 	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
 	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
 	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1)
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
+	r.marks = upcoming.New(w.router, w.router, w.router, w.log, nil)
 	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl)
 	r.intake = intake.New(intake.Config{QueueURL: queueURL, DeadLetterQueueURL: dlqURL, Account: "111122223333", Region: "eu-west-1",
 		Workers: 1, Visibility: 30 * time.Second, HandleTimeout: time.Minute, MaxReceives: maxReceives}, w.queues, r.pipeline, r.metrics, nil, w.clock, w.log)
@@ -398,6 +403,7 @@ func (w *world) newReplica(name string) *replica {
 
 // lead makes r the elected leader (its controller's Start runs until it loses the lease).
 func (w *world) lead(r *replica) {
+	clear(r.marked) // a new leader's controllers start from a full list
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	started := make(chan struct{})
@@ -483,6 +489,86 @@ func (w *world) reconcile(ctx context.Context) error {
 	}
 	if err := r.ctrl.ReleasePool(ctx, PoolKafka); err != nil && !apierrors.IsServiceUnavailable(err) {
 		return err
+	}
+	return w.reconcileMarks(ctx)
+}
+
+// reconcileMarks plays the leader's node-marks controller: its watch hands every changed
+// NodeClaim and Node over; here it goes over all of them (a dozen). A fault leaves the
+// NodeClaim to the next pass, as the workqueue's retry would.
+func (w *world) reconcileMarks(ctx context.Context) error {
+	var claims karpv1.NodeClaimList
+	if err := w.store.List(ctx, &claims); err != nil {
+		return err
+	}
+	var nodes corev1.NodeList
+	if err := w.store.List(ctx, &nodes); err != nil {
+		return err
+	}
+	nodeVersion := map[string]string{}
+	for _, n := range nodes.Items {
+		nodeVersion[n.Name] = n.ResourceVersion
+	}
+	r := w.leader
+	for _, nc := range claims.Items {
+		// The watch: only a NodeClaim or Node that changed since its last pass (a new leader
+		// starts with none seen, as its informers list everything).
+		version := nc.ResourceVersion + "/" + nodeVersion[nc.Status.NodeName]
+		if r.marked[nc.Name] == version {
+			continue
+		}
+		_, err := r.marks.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: nc.Name}})
+		switch {
+		case err == nil:
+			r.marked[nc.Name] = version
+		case apierrors.IsServiceUnavailable(err) || apierrors.IsConflict(err):
+			delete(r.marked, nc.Name) // the workqueue's retry
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// checkMarks: every Node carries exactly the marks its NodeClaim's records call for (none
+// when nothing is pending), with the taint only in a pool that asks for it.
+func (w *world) checkMarks(ctx context.Context) error {
+	var claims karpv1.NodeClaimList
+	if err := w.store.List(ctx, &claims); err != nil {
+		return err
+	}
+	owned := map[string]bool{}
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		owned[nc.Status.NodeName] = true
+		var n corev1.Node
+		if err := w.store.Get(ctx, client.ObjectKey{Name: nc.Status.NodeName}, &n); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return err
+		}
+		set, err := record.Read(nc)
+		if err != nil {
+			return err
+		}
+		pool := nc.Labels[karpv1.NodePoolLabelKey]
+		want := upcoming.Desired(set, PoolAnnotations[pool][policy.AnnotationTaintUpcoming] == "true")
+		if !nc.DeletionTimestamp.IsZero() {
+			want = upcoming.Marks{}
+		}
+		if got := upcoming.Current(&n); got != want {
+			return fmt.Errorf("node %s (pool %s) carries %+v, its records call for %+v", n.Name, pool, got, want)
+		}
+	}
+	var nodes corev1.NodeList
+	if err := w.store.List(ctx, &nodes); err != nil {
+		return err
+	}
+	for _, n := range nodes.Items {
+		if !owned[n.Name] && !upcoming.Current(&n).None() {
+			return fmt.Errorf("node %s has no NodeClaim and carries %+v", n.Name, upcoming.Current(&n))
+		}
 	}
 	return nil
 }
