@@ -96,6 +96,14 @@ locals {
       Action   = ["kms:Decrypt", "kms:GenerateDataKey"]
       Resource = var.kms_key_arn
     }],
+    # NodePools annotated healthrouter.io/reschedule=true: the router moves a scheduled event
+    # into the pool's maintenance window. The router's one EC2 write, so only when asked for.
+    !var.enable_reschedule ? [] : [{
+      Sid      = "RescheduleEvents"
+      Effect   = "Allow"
+      Action   = "ec2:ModifyInstanceEventStartTime"
+      Resource = "*"
+    }],
   )
 }
 

@@ -213,6 +213,12 @@ variable "karpenter_interruption_queue_arn" {
   }
 }
 
+variable "enable_reschedule" {
+  description = "Grant the router ec2:ModifyInstanceEventStartTime, for NodePools annotated healthrouter.io/reschedule=true: the router then moves a scheduled event that has a deadline into the pool's maintenance window. Off by default: it is the only EC2 write the router makes. Run doctor with --reschedule to check the grant."
+  type        = bool
+  default     = false
+}
+
 ################################################################################
 # Karpenter side
 ################################################################################

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/policy"
 )
 
 // Status of one check.
@@ -74,9 +76,11 @@ type eventsAPI interface {
 	DescribeRule(context.Context, *eventbridge.DescribeRuleInput, ...func(*eventbridge.Options)) (*eventbridge.DescribeRuleOutput, error)
 }
 
-// ec2API is what doctor asks EC2: whether the router's credentials may poll instance status.
+// ec2API is what doctor asks EC2: whether the router's credentials may poll instance status
+// and move scheduled events (DryRun calls).
 type ec2API interface {
 	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
+	ModifyInstanceEventStartTime(context.Context, *ec2.ModifyInstanceEventStartTimeInput, ...func(*ec2.Options)) (*ec2.ModifyInstanceEventStartTimeOutput, error)
 }
 
 type iamAPI interface {
@@ -96,6 +100,9 @@ type Config struct {
 	// InstanceStatusPoller is whether the router runs its instance-status poller
 	// (--instance-status-poller), the half of the takeover that replaces Karpenter's.
 	InstanceStatusPoller bool
+	// Reschedule is whether NodePools use healthrouter.io/reschedule=true (--reschedule):
+	// the router then needs ec2:ModifyInstanceEventStartTime.
+	Reschedule bool
 }
 
 // Doctor runs the checks.
@@ -139,6 +146,9 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	}
 	d.describeInstanceStatus(ctx, &r, c.KarpenterRoleARN)
 	d.routerInstanceStatus(ctx, &r, c.InstanceStatusPoller)
+	if c.Reschedule {
+		d.routerReschedule(ctx, &r)
+	}
 	takeover(&r)
 	if d.kube == nil {
 		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
@@ -178,6 +188,41 @@ func (d *Doctor) routerInstanceStatus(ctx context.Context, r *Report, enabled bo
 			"grant the router's role ec2:DescribeInstanceStatus (terraform: statement InstanceStatusPoller)"})
 	default:
 		*r = append(*r, Item{Unknown, CheckRouterInstanceStatus, fmt.Sprintf("cannot tell whether the router may call ec2:DescribeInstanceStatus: %v", err), ""})
+	}
+}
+
+// CheckRouterReschedule is the check of the router's permission to move scheduled events.
+const CheckRouterReschedule = "router's ec2:ModifyInstanceEventStartTime"
+
+// The reschedule check's DryRun call names an instance and an event that do not exist, and a
+// start in the past, so that a stand-in that ignores DryRun moves nothing.
+const (
+	placeholderInstance = "i-00000000000000000"
+	placeholderEvent    = "instance-event-00000000000000000"
+)
+
+var placeholderStart = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// routerReschedule checks that the router's credentials may call
+// ec2:ModifyInstanceEventStartTime, which pools annotated healthrouter.io/reschedule=true need,
+// with a DryRun call. A stand-in that ignores DryRun answers that the placeholder instance or
+// event does not exist: it got past authorisation, so that counts as allowed.
+func (d *Doctor) routerReschedule(ctx context.Context, r *Report) {
+	const fix = "grant the router's role ec2:ModifyInstanceEventStartTime (terraform: enable_reschedule = true, statement RescheduleEvents)"
+	_, err := d.ec2.ModifyInstanceEventStartTime(ctx, &ec2.ModifyInstanceEventStartTimeInput{
+		DryRun: aws.Bool(true), InstanceId: aws.String(placeholderInstance), InstanceEventId: aws.String(placeholderEvent), NotBefore: aws.Time(placeholderStart),
+	})
+	allowed, denied := dryRun(err)
+	var ae smithy.APIError
+	switch {
+	case allowed:
+		*r = append(*r, Item{OK, CheckRouterReschedule, "the router's credentials may move scheduled events into maintenance windows", ""})
+	case denied:
+		*r = append(*r, Item{Fail, CheckRouterReschedule, fmt.Sprintf("denied to the router's credentials, so pools with %s=true keep their events where AWS put them (their ordinary policy applies): %v", policy.AnnotationReschedule, err), fix})
+	case errors.As(err, &ae) && (ae.ErrorCode() == "InvalidInstanceID.NotFound" || ae.ErrorCode() == "InvalidInstanceEventIDNotFound"):
+		*r = append(*r, Item{OK, CheckRouterReschedule, fmt.Sprintf("the endpoint ignored DryRun and looked the placeholder event up (%s): the call was authorised", ae.ErrorCode()), ""})
+	default:
+		*r = append(*r, Item{Unknown, CheckRouterReschedule, fmt.Sprintf("cannot tell whether the router may call ec2:ModifyInstanceEventStartTime: %v", err), fix})
 	}
 }
 

@@ -116,7 +116,7 @@ func (f StatusFinding) ID() string {
 	case FindingRecovered:
 		return instanceStatusIDPrefix + f.InstanceID + "/recovered/" + stampUTC(f.Time)
 	}
-	if closedDescription(f.Description) {
+	if ClosedDescription(f.Description) {
 		// A completed or cancelled event is another message about the same maintenance.
 		return instanceStatusIDPrefix + f.InstanceID + "/" + f.EventID + "/" + stampUTC(f.NotBefore) + "/closed"
 	}
@@ -216,7 +216,7 @@ func parseInstanceStatus(env envelope, ev *Event) error {
 		// rescheduled event supersedes the earlier one as an updated Health event does. A
 		// completed or cancelled event closes it, as a closed Health event does.
 		status := HealthUpcoming
-		if closedDescription(d.Description) {
+		if ClosedDescription(d.Description) {
 			status = HealthClosed
 		}
 		ev.Health = &Health{
@@ -250,9 +250,9 @@ func parseInstanceStatus(env envelope, ev *Event) error {
 	return nil
 }
 
-// closedDescription reports whether EC2 describes a scheduled event as over: it prefixes the
+// ClosedDescription reports whether EC2 describes a scheduled event as over: it prefixes the
 // description of a completed or cancelled event.
-func closedDescription(desc string) bool {
+func ClosedDescription(desc string) bool {
 	return strings.HasPrefix(desc, "[Completed]") || strings.HasPrefix(desc, "[Canceled]")
 }
 

@@ -347,6 +347,9 @@ type Doctor struct {
 	// InstanceStatusPoller is the router's --instance-status-poller (same environment
 	// variable), for the takeover check.
 	InstanceStatusPoller bool
+	// Reschedule says NodePools use healthrouter.io/reschedule=true: doctor checks that the
+	// router may call ec2:ModifyInstanceEventStartTime.
+	Reschedule bool
 }
 
 // ParseDoctor parses `health-router doctor` flags.
@@ -364,6 +367,7 @@ func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
 	gateFlag := fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller")
+	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}

@@ -36,6 +36,10 @@ const (
 	// while it has a pending outcome (deferred, held), so that new pods prefer other nodes;
 	// nothing is evicted for it.
 	AnnotationTaintUpcoming = Prefix + "taint-upcoming"
+	// AnnotationReschedule (bool, default false) lets the router move a scheduled event that
+	// has a deadline into the pool's maintenance window (EC2 ModifyInstanceEventStartTime).
+	// It needs a maintenance window: without one it is ignored, and listed in Problems.
+	AnnotationReschedule = Prefix + "reschedule"
 )
 
 // Defaults of the repair cut-off: Karpenter's 20%, and at most 10 nodes of any one pool.
@@ -87,6 +91,9 @@ type Policy struct {
 	RepairMaxUnhealthyCap int
 	// TaintUpcoming is healthrouter.io/taint-upcoming.
 	TaintUpcoming bool
+	// Reschedule is healthrouter.io/reschedule: move scheduled events into Window. It is
+	// true only with a Window.
+	Reschedule bool
 	// Problems lists the annotations that were ignored, and why.
 	Problems []string
 }
@@ -215,6 +222,12 @@ func FromAnnotations(annotations map[string]string) Policy {
 			} else {
 				problem("want a whole number of nodes, 0 or more")
 			}
+		case key == AnnotationReschedule:
+			if b, err := strconv.ParseBool(v); err == nil {
+				p.Reschedule = b
+			} else {
+				problem("want true or false")
+			}
 		case key == AnnotationDrainSettle:
 			if s, err := parseSettle(v); err == nil {
 				p.DrainSettle = s
@@ -232,6 +245,12 @@ func FromAnnotations(annotations map[string]string) Policy {
 		} else {
 			p.Window = w
 		}
+	}
+	if p.Reschedule && p.Window == nil {
+		// Nothing to move the events into: the pool's ordinary policy applies, as if unset.
+		p.Reschedule = false
+		p.Problems = append(p.Problems, fmt.Sprintf("%s=%q ignored: the pool has no valid maintenance window (%s and %s) to move events into",
+			AnnotationReschedule, annotations[AnnotationReschedule], AnnotationWindowSchedule, AnnotationWindowDuration))
 	}
 	return p
 }
@@ -351,7 +370,7 @@ func Annotations() []string {
 	keys := []string{AnnotationAction, AnnotationMaxConcurrentDrains, AnnotationWindowSchedule,
 		AnnotationWindowDuration, AnnotationDrainLead, AnnotationRestartGrace,
 		AnnotationRespectPDB, AnnotationHoldWhileAlerts, AnnotationHoldWhileAlertsUnreachable, AnnotationDrainSettle,
-		AnnotationRepairMaxUnhealthy, AnnotationRepairMaxUnhealthyCap}
+		AnnotationRepairMaxUnhealthy, AnnotationRepairMaxUnhealthyCap, AnnotationReschedule}
 	for _, k := range event.InstanceKinds {
 		keys = append(keys, ActionKey(k))
 	}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ func TestFromAnnotations(t *testing.T) {
 
 func TestFromAnnotationsDefaults(t *testing.T) {
 	p := FromAnnotations(nil)
-	if p.DrainLead != DefaultDrainLead || p.RestartGrace != DefaultRestartGrace || p.Window != nil || p.Default != "" || p.TaintUpcoming {
+	if p.DrainLead != DefaultDrainLead || p.RestartGrace != DefaultRestartGrace || p.Window != nil || p.Default != "" || p.TaintUpcoming || p.Reschedule {
 		t.Errorf("defaults: %+v", p)
 	}
 	if _, ok := p.DrainLimit(10); ok {
@@ -70,6 +71,8 @@ func TestFromAnnotationsInvalid(t *testing.T) {
 		{map[string]string{AnnotationWindowSchedule: "CRON_TZ=Mars/Olympus 0 2 * * 6", AnnotationWindowDuration: "1h"}, "Mars/Olympus", func(p Policy) bool { return p.Window == nil }},
 		{map[string]string{Prefix + "acton": "ignore"}, "unknown annotation", func(p Policy) bool { return p.Default == "" }},
 		{map[string]string{ActionKey("spot"): "ignore"}, "unknown annotation", func(p Policy) bool { return p.Kinds == nil }},
+		{map[string]string{AnnotationReschedule: "yes please", AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"}, "want true or false", func(p Policy) bool { return !p.Reschedule && p.Window != nil }},
+		{map[string]string{AnnotationReschedule: "true"}, "no valid maintenance window", func(p Policy) bool { return !p.Reschedule }},
 	}
 	for _, tt := range tests {
 		p := FromAnnotations(tt.ann)
@@ -79,6 +82,59 @@ func TestFromAnnotationsInvalid(t *testing.T) {
 		if !tt.check(p) {
 			t.Errorf("%v: invalid value was not ignored: %+v", tt.ann, p)
 		}
+	}
+}
+
+// TestReschedule: healthrouter.io/reschedule is off by default and takes effect only with a
+// maintenance window to move events into.
+func TestReschedule(t *testing.T) {
+	window := map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range window {
+			m[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	tests := []struct {
+		name     string
+		ann      map[string]string
+		want     bool
+		problems []string // each a substring of one problem, in order
+	}{
+		{"unset", window, false, nil},
+		{"true", with(AnnotationReschedule, "true"), true, nil},
+		{"spaces around", with(AnnotationReschedule, " true "), true, nil},
+		{"1", with(AnnotationReschedule, "1"), true, nil},
+		{"false", with(AnnotationReschedule, "false"), false, nil},
+		{"invalid", with(AnnotationReschedule, "always"), false, []string{AnnotationReschedule + `="always" ignored: want true or false`}},
+		{"empty", with(AnnotationReschedule, ""), false, []string{"want true or false"}},
+		{"no window", map[string]string{AnnotationReschedule: "true"}, false, []string{AnnotationReschedule + `="true" ignored: the pool has no valid maintenance window`}},
+		{"no window, off", map[string]string{AnnotationReschedule: "false"}, false, nil},
+		{"invalid window", with(AnnotationReschedule, "true", AnnotationWindowDuration, "forever"), false,
+			[]string{"maintenance window ignored", AnnotationReschedule + `="true" ignored`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := FromAnnotations(tt.ann)
+			if p.Reschedule != tt.want {
+				t.Errorf("Reschedule = %v, want %v", p.Reschedule, tt.want)
+			}
+			if len(p.Problems) != len(tt.problems) {
+				t.Fatalf("problems %q, want %d", p.Problems, len(tt.problems))
+			}
+			for i, want := range tt.problems {
+				if !strings.Contains(p.Problems[i], want) {
+					t.Errorf("problem %d %q, want it to mention %q", i, p.Problems[i], want)
+				}
+			}
+		})
+	}
+	if !slices.Contains(Annotations(), AnnotationReschedule) {
+		t.Error("Annotations() must list " + AnnotationReschedule)
 	}
 }
 

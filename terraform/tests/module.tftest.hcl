@@ -138,6 +138,10 @@ run "defaults" {
     error_message = "ec2:DescribeInstanceStatus is granted in one statement only"
   }
   assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if contains(flatten([s.Action]), "ec2:ModifyInstanceEventStartTime") || s.Sid == "RescheduleEvents"]) == 0
+    error_message = "no ec2:ModifyInstanceEventStartTime unless enable_reschedule"
+  }
+  assert {
     condition     = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : !contains(flatten([s.Action]), "sqs:*") && !contains(flatten([s.Action]), "*")])
     error_message = "no wildcard actions in the router policy"
   }
@@ -244,6 +248,27 @@ run "irsa_kms_forward_and_karpenter_deny" {
   assert {
     condition     = aws_cloudwatch_metric_alarm.router_silent[0].alarm_actions == toset(["arn:aws:sns:eu-west-1:111122223333:oncall"])
     error_message = "alarms must notify the SNS topic"
+  }
+}
+
+run "reschedule" {
+  command = plan
+
+  variables {
+    enable_reschedule = true
+  }
+
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "RescheduleEvents"]).Action == "ec2:ModifyInstanceEventStartTime" && one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "RescheduleEvents"]).Effect == "Allow"
+    error_message = "enable_reschedule must grant ec2:ModifyInstanceEventStartTime, and that action only"
+  }
+  assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if contains(flatten([s.Action]), "ec2:ModifyInstanceEventStartTime")]) == 1
+    error_message = "ec2:ModifyInstanceEventStartTime is granted in one statement only"
+  }
+  assert {
+    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueues", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RescheduleEvents"])
+    error_message = "enable_reschedule adds one statement and changes no other"
   }
 }
 

@@ -16,14 +16,31 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 )
 
-// EC2InstanceStatus serves DescribeInstanceStatus in EC2's Query protocol, as EC2 answers it: a
-// form-encoded POST with Action=DescribeInstanceStatus, InstanceId.N, IncludeAllInstances
-// and NextToken in; a DescribeInstanceStatusResponse document with instanceStatusSet items
-// (instanceState, systemStatus, instanceStatus with details, eventsSet) and nextToken out;
-// InvalidInstanceID.NotFound when an asked ID does not exist. Moto cannot report scheduled
-// events or impaired status, so the poller's tests use this server.
+// EC2InstanceStatus serves DescribeInstanceStatus and ModifyInstanceEventStartTime in EC2's
+// Query protocol, as EC2 answers them. Moto reports no scheduled events, no impaired status
+// and does not serve ModifyInstanceEventStartTime, so the poller's and the reschedule
+// package's tests use this server.
 //
-// Set instances with Add and Set; read what was asked with Stats.
+// DescribeInstanceStatus: a form-encoded POST with Action=DescribeInstanceStatus,
+// InstanceId.N, IncludeAllInstances and NextToken in; a DescribeInstanceStatusResponse
+// document with instanceStatusSet items (instanceState, systemStatus, instanceStatus with
+// details, eventsSet with notBeforeDeadline when an event has one) and nextToken out;
+// InvalidInstanceID.NotFound when an asked ID does not exist.
+//
+// ModifyInstanceEventStartTime: InstanceId, InstanceEventId and NotBefore in; a
+// ModifyInstanceEventStartTimeResponse document with the moved event out, after which the
+// event starts at NotBefore (and its NotAfter is shifted as much). Refused as EC2 refuses
+// (Amazon EC2 User Guide, "Reschedule scheduled events"; the codes are EC2's documented
+// ones, the messages this server's own): InvalidInstanceID.NotFound for an unknown
+// instance, InvalidInstanceEventIDNotFound for an unknown event, and
+// InvalidInstanceEventStartTime for an event without a deadline, an event that starts
+// within 5 minutes (or has started), a new start less than 60 minutes ahead or after the
+// deadline.
+//
+// Both honour DryRun as EC2 does (DryRunOperation, or UnauthorizedOperation for an action
+// in Denied) unless IgnoreDryRun makes the server behave as local stand-ins do.
+//
+// Set instances with Add and Set; read what was asked with Stats and Moves.
 type EC2InstanceStatus struct {
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -35,12 +52,29 @@ type EC2InstanceStatus struct {
 	URL string
 	// Latency is how long each answer takes (5 ms by default, so parallel calls overlap).
 	Latency time.Duration
+	// Now is the server's clock, for the bounds of ModifyInstanceEventStartTime (time.Now
+	// by default).
+	Now func() time.Time
+	// Denied lists the actions the caller may not call: answered UnauthorizedOperation.
+	Denied map[string]bool
+	// IgnoreDryRun answers a DryRun call as any other, as moto does.
+	IgnoreDryRun bool
 
 	calls      int
 	asked      [][]string // instance IDs of each call
 	includeAll []bool     // IncludeAllInstances of each call
 	inFlight   int
 	maxFlight  int
+	moves      []Move
+}
+
+// Move is one ModifyInstanceEventStartTime call the server answered, and its answer.
+type Move struct {
+	InstanceID, EventID string
+	NotBefore           time.Time // as asked; zero when it did not parse
+	DryRun              bool
+	// Error is the error code answered ("" for a moved event).
+	Error string
 }
 
 // Instance is what EC2 reports for one instance.
@@ -56,12 +90,14 @@ type Instance struct {
 type ScheduledEvent struct {
 	ID, Code, Description string
 	NotBefore, NotAfter   time.Time
+	// NotBeforeDeadline is how late the event may be rescheduled (zero: it cannot be).
+	NotBeforeDeadline time.Time
 }
 
 // NewEC2InstanceStatus starts the server and returns it with an EC2 client that sends every
 // call to it once (no retries), so that calls can be counted.
 func NewEC2InstanceStatus(t testing.TB) (*EC2InstanceStatus, *ec2.Client) {
-	s := &EC2InstanceStatus{instances: map[string]*Instance{}, PageSize: 1000, Latency: 5 * time.Millisecond}
+	s := &EC2InstanceStatus{instances: map[string]*Instance{}, PageSize: 1000, Latency: 5 * time.Millisecond, Now: time.Now}
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	s.URL = srv.URL
@@ -101,12 +137,163 @@ func (s *EC2InstanceStatus) Stats() (calls, maxFlight int, asked [][]string, inc
 	return s.calls, s.maxFlight, slices.Clone(s.asked), slices.Clone(s.includeAll)
 }
 
-// ServeHTTP answers one DescribeInstanceStatus call.
+// Moves returns the ModifyInstanceEventStartTime calls answered, in order.
+func (s *EC2InstanceStatus) Moves() []Move {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.moves)
+}
+
+// Event returns instance id's scheduled event eventID as the server holds it.
+func (s *EC2InstanceStatus) Event(id, eventID string) (ScheduledEvent, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in := s.instances[id]; in != nil {
+		for _, e := range in.Events {
+			if e.ID == eventID {
+				return e, true
+			}
+		}
+	}
+	return ScheduledEvent{}, false
+}
+
+// ec2Time is how EC2's Query protocol writes a time.
+const ec2Time = "2006-01-02T15:04:05.000Z"
+
+// ec2Error writes an EC2 error response.
+func ec2Error(w http.ResponseWriter, status int, code, msg string) {
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>%s</Code><Message>`, code)
+	_ = xml.EscapeText(w, []byte(msg))
+	fmt.Fprint(w, `</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>`)
+}
+
+// ServeHTTP answers one call.
 func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil || r.Method != http.MethodPost || r.Form.Get("Action") != "DescribeInstanceStatus" {
+	if err := r.ParseForm(); err != nil || r.Method != http.MethodPost {
 		http.Error(w, "unsupported", http.StatusBadRequest)
 		return
 	}
+	switch r.Form.Get("Action") {
+	case "DescribeInstanceStatus":
+		s.describe(w, r)
+	case "ModifyInstanceEventStartTime":
+		s.modify(w, r)
+	default:
+		http.Error(w, "unsupported", http.StatusBadRequest)
+	}
+}
+
+// unauthorized answers a denied or DryRun call as EC2 does, and returns the error code it
+// answered: "" when the call goes on. Called with s.mu held.
+func (s *EC2InstanceStatus) unauthorized(w http.ResponseWriter, r *http.Request) string {
+	action := r.Form.Get("Action")
+	if s.Denied[action] {
+		ec2Error(w, http.StatusForbidden, "UnauthorizedOperation", fmt.Sprintf("You are not authorized to perform this operation. User: arn:aws:sts::111122223333:assumed-role/health-router/test is not authorized to perform: ec2:%s because no identity-based policy allows the ec2:%s action.", action, action))
+		return "UnauthorizedOperation"
+	}
+	if r.Form.Get("DryRun") == "true" && !s.IgnoreDryRun {
+		ec2Error(w, http.StatusPreconditionFailed, "DryRunOperation", "Request would have succeeded, but DryRun flag is set.")
+		return "DryRunOperation"
+	}
+	return ""
+}
+
+// failed answers an InternalError (500) while Fail is set. Called with s.mu held.
+func (s *EC2InstanceStatus) failed(w http.ResponseWriter) bool {
+	if s.Fail <= 0 {
+		return false
+	}
+	s.Fail--
+	ec2Error(w, http.StatusInternalServerError, "InternalError", "An internal error has occurred")
+	return true
+}
+
+// modify answers one ModifyInstanceEventStartTime call.
+func (s *EC2InstanceStatus) modify(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	id, eventID := r.Form.Get("InstanceId"), r.Form.Get("InstanceEventId")
+	m := Move{InstanceID: id, EventID: eventID, DryRun: r.Form.Get("DryRun") == "true"}
+	defer func() { s.moves = append(s.moves, m) }()
+	refuse := func(status int, code, format string, args ...any) {
+		m.Error = code
+		ec2Error(w, status, code, fmt.Sprintf(format, args...))
+	}
+	newStart, badTime := time.Parse(time.RFC3339, r.Form.Get("NotBefore"))
+	m.NotBefore = newStart
+	if s.failed(w) {
+		m.Error = "InternalError"
+		return
+	}
+	if m.Error = s.unauthorized(w, r); m.Error != "" {
+		return
+	}
+	for _, p := range []string{"InstanceId", "InstanceEventId", "NotBefore"} {
+		if r.Form.Get(p) == "" {
+			refuse(http.StatusBadRequest, "MissingParameter", "The request must contain the parameter %s", p)
+			return
+		}
+	}
+	if badTime != nil {
+		refuse(http.StatusBadRequest, "InvalidParameterValue", "Value (%s) for parameter NotBefore is invalid", r.Form.Get("NotBefore"))
+		return
+	}
+	in := s.instances[id]
+	if in == nil {
+		refuse(http.StatusBadRequest, "InvalidInstanceID.NotFound", "The instance ID '%s' does not exist", id)
+		return
+	}
+	i := slices.IndexFunc(in.Events, func(e ScheduledEvent) bool { return e.ID == eventID })
+	if i < 0 {
+		refuse(http.StatusBadRequest, "InvalidInstanceEventIDNotFound", "The event ID '%s' does not exist for instance '%s'", eventID, id)
+		return
+	}
+	e := &in.Events[i]
+	now := time.Now()
+	if s.Now != nil {
+		now = s.Now()
+	}
+	const badStart = "InvalidInstanceEventStartTime"
+	switch {
+	case e.NotBeforeDeadline.IsZero():
+		refuse(http.StatusBadRequest, badStart, "The event '%s' has no deadline and cannot be rescheduled", eventID)
+	case !e.NotBefore.After(now.Add(5 * time.Minute)):
+		refuse(http.StatusBadRequest, badStart, "The event '%s' starts within 5 minutes (%s) and cannot be rescheduled", eventID, e.NotBefore.UTC().Format(ec2Time))
+	case newStart.Before(now.Add(time.Hour)):
+		refuse(http.StatusBadRequest, badStart, "The new start time must be at least 60 minutes from the current time")
+	case newStart.After(e.NotBeforeDeadline):
+		refuse(http.StatusBadRequest, badStart, "The new start time must be on or before the event deadline %s", e.NotBeforeDeadline.UTC().Format(ec2Time))
+	default:
+		shift := newStart.Sub(e.NotBefore)
+		e.NotBefore = newStart
+		if !e.NotAfter.IsZero() {
+			e.NotAfter = e.NotAfter.Add(shift)
+		}
+		var b strings.Builder
+		writeEvent(&b, "event", *e)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><ModifyInstanceEventStartTimeResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>59dbff89-35bd-4eac-99ed-be587EXAMPLE</requestId>%s</ModifyInstanceEventStartTimeResponse>`, b.String())
+	}
+}
+
+// writeEvent writes e as an InstanceStatusEvent element named tag.
+func writeEvent(b *strings.Builder, tag string, e ScheduledEvent) {
+	fmt.Fprintf(b, `<%s><instanceEventId>%s</instanceEventId><code>%s</code><description>`, tag, e.ID, e.Code)
+	_ = xml.EscapeText(b, []byte(e.Description))
+	fmt.Fprintf(b, `</description><notBefore>%s</notBefore>`, e.NotBefore.UTC().Format(ec2Time))
+	if !e.NotAfter.IsZero() {
+		fmt.Fprintf(b, `<notAfter>%s</notAfter>`, e.NotAfter.UTC().Format(ec2Time))
+	}
+	if !e.NotBeforeDeadline.IsZero() {
+		fmt.Fprintf(b, `<notBeforeDeadline>%s</notBeforeDeadline>`, e.NotBeforeDeadline.UTC().Format(ec2Time))
+	}
+	fmt.Fprintf(b, `</%s>`, tag)
+}
+
+// describe answers one DescribeInstanceStatus call.
+func (s *EC2InstanceStatus) describe(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.calls++
 	s.inFlight++
@@ -125,10 +312,7 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.asked = append(s.asked, ids)
 	s.includeAll = append(s.includeAll, r.Form.Get("IncludeAllInstances") == "true")
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
-	if s.Fail > 0 {
-		s.Fail--
-		w.WriteHeader(http.StatusInternalServerError)
-		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InternalError</Code><Message>An internal error has occurred</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>`)
+	if s.failed(w) || s.unauthorized(w, r) != "" {
 		return
 	}
 	var missing []string
@@ -142,8 +326,7 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if len(missing) > 1 {
 			msg = fmt.Sprintf("The instance IDs '%s' do not exist", strings.Join(missing, ", "))
 		}
-		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InvalidInstanceID.NotFound</Code><Message>%s</Message></Error></Errors><RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>`, msg)
+		ec2Error(w, http.StatusBadRequest, "InvalidInstanceID.NotFound", msg)
 		return
 	}
 	if len(ids) == 0 { // the poller always names its instances
@@ -154,8 +337,7 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if tok := r.Form.Get("NextToken"); tok != "" {
 		n, err := strconv.Atoi(strings.TrimPrefix(tok, "page-"))
 		if err != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>InvalidParameterValue</Code><Message>Invalid NextToken</Message></Error></Errors><RequestID>x</RequestID></Response>`)
+			ec2Error(w, http.StatusBadRequest, "InvalidParameterValue", "Invalid NextToken")
 			return
 		}
 		start = n
@@ -171,7 +353,7 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if status == "impaired" {
 				reach = "failed"
 				if !in.ImpairedSince.IsZero() {
-					since = "<impairedSince>" + in.ImpairedSince.UTC().Format("2006-01-02T15:04:05.000Z") + "</impairedSince>"
+					since = "<impairedSince>" + in.ImpairedSince.UTC().Format(ec2Time) + "</impairedSince>"
 				}
 			}
 			fmt.Fprintf(&b, `<%s><status>%s</status><details><item><name>reachability</name><status>%s</status>%s</item></details></%s>`, tag, status, reach, since, tag)
@@ -181,13 +363,7 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if len(in.Events) > 0 {
 			b.WriteString("<eventsSet>")
 			for _, e := range in.Events {
-				fmt.Fprintf(&b, `<item><instanceEventId>%s</instanceEventId><code>%s</code><description>`, e.ID, e.Code)
-				_ = xml.EscapeText(&b, []byte(e.Description))
-				fmt.Fprintf(&b, `</description><notBefore>%s</notBefore>`, e.NotBefore.UTC().Format("2006-01-02T15:04:05.000Z"))
-				if !e.NotAfter.IsZero() {
-					fmt.Fprintf(&b, `<notAfter>%s</notAfter>`, e.NotAfter.UTC().Format("2006-01-02T15:04:05.000Z"))
-				}
-				b.WriteString(`</item>`)
+				writeEvent(&b, "item", e)
 			}
 			b.WriteString("</eventsSet>")
 		}
