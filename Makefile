@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin/health-router
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit lint fuzz bench demo replay clean image image-push chart-docs manifests sim
+.PHONY: help build test unit lint fuzz bench demo replay clean image image-push chart-docs docs manifests sim
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -75,6 +75,9 @@ VALUES ?= $(CHART)/ci/default-values.yaml
 
 chart-docs: ## regenerate the chart README's values table from values.yaml's `# --` comments
 	$(GO) run ./deploy/chartdoc $(CHART)
+
+docs: chart-docs ## regenerate docs/reference.md (annotations, written keys, Events, flags, metrics) from the code's tables, and the chart's values table
+	$(GO) run ./deploy/refdoc
 
 manifests: ## plain manifests rendered from the chart into bin/manifests.yaml (VALUES=your-values.yaml)
 	@mkdir -p bin

@@ -26,7 +26,7 @@ const (
 func NewCounter(reg prometheus.Registerer) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: metrics.AWSCalls,
-		Help: "AWS API calls made by the router (after the SDK's retries), by API and result.",
+		Help: "AWS API calls made by the router (after the SDK's retries), by API and result (success, the AWS error code, or error when there is none).",
 	}, []string{metrics.LabelAPI, metrics.LabelResult})
 	reg.MustRegister(c)
 	return c

@@ -43,7 +43,7 @@ func NewGauges(reg prometheus.Registerer, limit int) *Gauges {
 		limit: limit,
 		planned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: metrics.MaintenancePlanned,
-			Help: "Unix time of the earliest drain the router plans (a deferred event's until-time), per NodePool, Node and event kind; at most a bounded number of series, the earliest first.",
+			Help: "Unix time of the earliest drain the router plans (a deferred event's until-time), per NodePool, Node (the NodeClaim before its Node registers) and event kind, refreshed every minute by the leader; at most a bounded number of series (500 by default), the earliest first.",
 		}, []string{metrics.LabelNodePool, metrics.LabelNode, metrics.LabelKind}),
 		overflow: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: metrics.MaintenancePlannedOverflow,

@@ -98,3 +98,28 @@ var CloudWatchDimensions = map[string][]string{
 	CWDispatcherRouted:  {DimClusterName},
 	CWDispatcherDropped: {},
 }
+
+// CloudWatchMetric documents one CloudWatch metric, for the reference (docs/reference.md).
+type CloudWatchMetric struct {
+	Name, Unit string
+	// Prometheus names the Prometheus series it is published from; empty for none.
+	Prometheus string
+	Doc        string
+}
+
+// CloudWatchMetrics documents every metric of CloudWatchDimensions, in the order the
+// reference lists them; a test fails when one is missing.
+func CloudWatchMetrics() []CloudWatchMetric {
+	return []CloudWatchMetric{
+		{Name: CWDecisions, Unit: "Count", Prometheus: Decisions, Doc: "decisions, by kind and action"},
+		{Name: CWDeferredEvents, Unit: "Count (the latest value)", Prometheus: DeferredEvents, Doc: "deferrals held now"},
+		{Name: CWDeadLettered, Unit: "Count", Prometheus: MessagesDeadLettered, Doc: "messages the router dead-lettered"},
+		{Name: CWEventLatency, Unit: "Milliseconds", Prometheus: EventLatency, Doc: "event time to outcome done, events not deferred"},
+		{Name: CWAWSCallErrors, Unit: "Count", Prometheus: AWSCalls, Doc: "AWS calls that failed after the SDK's retries, by API"},
+		{Name: CWWatchdog, Unit: "Count (the latest value)", Prometheus: WatchdogStuckEmpty + ", " + WatchdogUnavailableImage + ", " + WatchdogReservationDrift,
+			Doc: "watchdog findings, by finding (stuck-empty, unavailable-image, reservation-drift)"},
+		{Name: CWHeartbeat, Unit: "Count", Doc: "1 per publish interval, from the leader: the \"router silent\" alarm"},
+		{Name: CWDispatcherRouted, Unit: "Count", Doc: "events the dispatcher Lambda sent to a cluster's intake queue, by cluster"},
+		{Name: CWDispatcherDropped, Unit: "Count", Doc: "instances the dispatcher Lambda dropped: no configured cluster owns them"},
+	}
+}

@@ -32,7 +32,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: MessagesReceived, Help: "Intake messages received, by event kind (unknown for those that do not parse).",
 		}, []string{LabelKind}),
 		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MessagesDeadLettered, Help: "Intake messages sent to the dead-letter queue, by reason.",
+			Name: MessagesDeadLettered, Help: "Intake messages sent to the dead-letter queue, by reason (the parser's, plus unrecordable and retries-exhausted).",
 		}, []string{LabelReason}),
 		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: EventLatency, Help: "Seconds from the event's time to its outcome being done (signalled, ignored, skipped), for events not deferred.",
@@ -42,7 +42,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Decisions, Help: "Decisions, one per event and instance, by kind, action and NodePool.",
 		}, []string{LabelKind, LabelAction, LabelNodePool}),
 		SignalErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: SignalErrors, Help: "Failures to carry out a decision (signal Karpenter, record a deferral), by signalling mode.",
+			Name: SignalErrors, Help: "Failures to carry out a decision (signal Karpenter, record a deferral), by signalling mode (forward, delete-nodeclaim).",
 		}, []string{LabelMode}),
 		CheckResults: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: CheckResults, Help: "Pre-signal check outcomes, by check and result (passed, failed, unavailable).",
@@ -57,7 +57,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Redecisions, Help: "Deferrals decided again when due or released, by what they waited for (hold).",
 		}, []string{LabelHold}),
 		GateHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable), by gate.",
+			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off), by gate (pdb, alerts, repair-cutoff).",
 		}, []string{LabelGate}),
 		Unmanaged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Unmanaged, Help: "Decisions for nodes Karpenter does not manage (a Node without a NodeClaim), by kind and action (skip under --unmanaged-nodes=ignore, drain under cordon-drain).",
@@ -70,6 +70,6 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		}),
 	}
 	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.RecordsUnreadable, m.WakesDropped,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now, as recorded on NodeClaims."}, deferred))
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now: the active records on NodeClaims, as the leader's deferral controller holds them."}, deferred))
 	return m
 }

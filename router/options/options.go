@@ -54,18 +54,25 @@ func parse(fs *flag.FlagSet, args []string, getenv func(string) string) error {
 	return err
 }
 
+// replayFlags defines the flags of `health-router replay` on o; now and gates are parsed
+// further by ParseReplay.
+func replayFlags(o *replay.Options) (fs *flag.FlagSet, now, gates *string) {
+	fs = flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.StringVar(&o.ClusterFile, "cluster", "", "`path` of the cluster snapshot (required): what kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses -o yaml prints (a List), or multi-document YAML or JSON of those objects; add pods,poddisruptionbudgets -A for the PodDisruptionBudget gate (without Pods it is not run, and the table says so); other kinds are left out with a note on stderr")
+	fs.StringVar(&o.EventsPath, "events", "", "`path` of the events (required): a JSON file (one event), a JSON-lines file (.jsonl or .ndjson, one event per line), or a directory of both, read in name order")
+	fs.StringVar(&o.AWSFile, "aws", "", "`path` of what EC2 answers the pre-signal checks: the JSON that aws ec2 describe-images and describe-capacity-reservations --output json print, or the short YAML; a file or a directory of them; without it no check runs")
+	fs.StringVar(&o.AlertsFile, "alerts", "", "`path` of what Alertmanager answered (curl $ALERTMANAGER/api/v2/alerts?active=true&silenced=false&inhibited=false: its JSON array, unedited: labels, startsAt and status.state are read), for the pools' hold-while-alerts gate; without it the alert gate is not run, and the table says so")
+	now = fs.String("now", "", "the time to decide at, RFC 3339 (default: the current time)")
+	gates = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false")
+	fs.StringVar(&o.Output, "o", "table", "output: table (for people) or json (one object per event and instance)")
+	return fs, now, gates
+}
+
 // ParseReplay parses `health-router replay` flags.
 func ParseReplay(args []string, getenv func(string) string, now time.Time) (replay.Options, error) {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	gates := checks.NewFeatureGates()
 	o := replay.Options{Gates: gates}
-	fs.StringVar(&o.ClusterFile, "cluster", "", "cluster snapshot: `kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses -o yaml` output, or multi-document YAML (required)")
-	fs.StringVar(&o.EventsPath, "events", "", "events: a JSON file, a JSON-lines file (.jsonl), or a directory of them (required)")
-	fs.StringVar(&o.AWSFile, "aws", "", "`path` of what EC2 answers the pre-signal checks: the JSON that aws ec2 describe-images and describe-capacity-reservations --output json print, or the short YAML; a file or a directory of them; without it no check runs")
-	fs.StringVar(&o.AlertsFile, "alerts", "", "`path` of what Alertmanager answered (curl $ALERTMANAGER/api/v2/alerts?active=true&silenced=false&inhibited=false: its JSON array), for the pools' hold-while-alerts gate; without it the alert gate is not run")
-	nowFlag := fs.String("now", "", "the time to decide at, RFC 3339 (default: the current time)")
-	gateFlag := fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false")
-	fs.StringVar(&o.Output, "o", "table", "output: table or json (one object per event and instance)")
+	fs, nowFlag, gateFlag := replayFlags(&o)
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}
@@ -170,38 +177,38 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs = flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.StringVar(&o.QueueURL, "queue-url", "", "URL of the SQS intake queue the EventBridge rules feed (required)")
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "URL of the SQS dead-letter queue for messages the router cannot act on (required)")
-	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "URL of Karpenter's interruption queue; drains are forwarded there (signal mode forward)")
+	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "URL of Karpenter's interruption queue (its --interruption-queue); drains are forwarded there (signal mode forward)")
 	mode = fs.String("signal", "", "how a drain is signalled: forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
-	fs.IntVar(&o.Workers, "workers", 10, "messages worked on at once")
+	fs.IntVar(&o.Workers, "workers", 10, "messages worked on at once (1 to 100)")
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
-	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls); past it the message is retried with backoff")
+	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls), plus 25 ms per instance it names; past it the message is retried with backoff, and the retry skips the instances whose outcome is recorded")
 	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment); events from other regions are dead-lettered as foreign")
 	fs.StringVar(&o.Account, "account", "", "AWS account ID; when set, events from other accounts are dead-lettered as foreign")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins such as moto_server); empty for AWS")
-	gateFlag = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true)")
+	gateFlag = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true); keep them equal to Karpenter's")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
-	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas: only the leader consumes the queue")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas: only the leader consumes the queue; a standby takes over")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "health-router.healthrouter.io", "name of the leader election Lease")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; 0 to disable")
-	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready once the cache of Nodes, NodeClaims, NodePools, EC2NodeClasses and PodDisruptionBudgets is synced)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for in-flight messages")
-	fs.BoolVar(&o.CloudWatchMetrics, "cloudwatch-metrics", false, "publish the dashboard metrics to CloudWatch (namespace HealthRouter)")
-	fs.DurationVar(&o.CloudWatchInterval, "cloudwatch-interval", time.Minute, "how often CloudWatch metrics are published")
+	fs.BoolVar(&o.CloudWatchMetrics, "cloudwatch-metrics", false, "publish the dashboard metrics to CloudWatch (namespace HealthRouter), from the leader only")
+	fs.DurationVar(&o.CloudWatchInterval, "cloudwatch-interval", time.Minute, "how often CloudWatch metrics are published (at least 10s); each publish sends a Heartbeat, for the \"router silent\" alarm")
 	fs.StringVar(&o.ClusterName, "cluster-name", "", "cluster name, the ClusterName dimension of the CloudWatch metrics (required with --cloudwatch-metrics)")
-	level = fs.String("log-level", "info", "log level: debug, info, warn or error")
-	fs.Float64Var(&o.KubeClientQPS, "kube-client-qps", DefaultKubeClientQPS, "requests per second each Kubernetes client may make (as Karpenter's default), however the kubeconfig is found")
+	level = fs.String("log-level", "info", "log level: debug, info, warn or error (JSON logs; keys event_id, kind, instance, node, nodepool, action)")
+	fs.Float64Var(&o.KubeClientQPS, "kube-client-qps", DefaultKubeClientQPS, "requests per second each Kubernetes client the router makes (the cache, writes, Events) may make, however the kubeconfig is found (Karpenter's default)")
 	fs.IntVar(&o.KubeClientBurst, "kube-client-burst", DefaultKubeClientBurst, "burst of requests each Kubernetes client may make above --kube-client-qps")
 	fs.IntVar(&o.InstanceParallelism, "instance-parallelism", 16, "instances of one event decided and carried out at once (1-256)")
-	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "poll ec2:DescribeInstanceStatus for the cluster's instances (scheduled events, impaired status), as Karpenter does since v1.12; needs the permission")
-	fs.StringVar(&o.AlertmanagerURL, "alertmanager-url", "", "Alertmanager (API v2) the pools' hold-while-alerts gate asks, e.g. http://alertmanager.monitoring:9093; empty: a pool asking for the gate finds it unreachable")
-	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s)")
+	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "poll ec2:DescribeInstanceStatus for the cluster's instances (scheduled events, impaired status) as the leader, taking over Karpenter's own poller (Karpenter v1.12+); needs the permission")
+	fs.StringVar(&o.AlertmanagerURL, "alertmanager-url", "", "base URL of the Alertmanager (API v2, with any route prefix) the pools' hold-while-alerts gate asks, e.g. http://alertmanager.monitoring:9093; empty: a pool asking for the gate finds it unreachable")
+	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s; Karpenter's interval is 1m)")
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
-	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (an Event on the Node and a metric, nothing else) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected)")
+	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (a clear \"not managed by Karpenter\" outcome: an Event on the Node and a metric; the message is deleted, nothing retried) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected, as aws-node-termination-handler would: one router for every node of the cluster)")
 	fs.BoolVar(&o.NodeMarks, "node-marks", true, "show each node's pending outcome (deferred, held) on its Node: the label healthrouter.io/maintenance-at (Unix seconds), the annotation healthrouter.io/maintenance, and in pools annotated healthrouter.io/taint-upcoming=true a PreferNoSchedule taint; needs permission to patch Nodes")
 	fs.IntVar(&o.PodEventsPerEvent, "pod-events-per-event", podnotice.DefaultPerEvent, "Kubernetes Events written on the pods of the nodes an event drains or defers, at most this many per event (and 110 per node); the pods past it are counted in one summary Event per namespace; 0: no pod Events")
-	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount; 0: never")
+	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount (the Terraform module's default is 100); 0: never")
 	fs.StringVar(&o.WebhookURL, "webhook-url", "", "URL that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
 	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
 	headers = fs.String("webhook-headers", "", "headers of every webhook request, name=value,name=value (e.g. Authorization=Bearer <token>); values cannot contain commas")
@@ -352,10 +359,10 @@ type Doctor struct {
 	Reschedule bool
 }
 
-// ParseDoctor parses `health-router doctor` flags.
-func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
-	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
-	o := Doctor{Gates: checks.NewFeatureGates()}
+// doctorFlags defines the flags of `health-router doctor` on o; gates is parsed further by
+// ParseDoctor.
+func doctorFlags(o *Doctor) (fs *flag.FlagSet, gates *string) {
+	fs = flag.NewFlagSet("doctor", flag.ContinueOnError)
 	fs.StringVar(&o.QueueURL, "queue-url", "", "the SQS intake queue (required)")
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "the dead-letter queue (required)")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "Karpenter's interruption queue, to check that no rule feeds it directly")
@@ -365,9 +372,16 @@ func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
 	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment)")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
-	gateFlag := fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
-	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller")
+	gates = fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
+	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller (the same environment variable), for the takeover check")
 	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
+	return fs, gates
+}
+
+// ParseDoctor parses `health-router doctor` flags.
+func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
+	o := Doctor{Gates: checks.NewFeatureGates()}
+	fs, gateFlag := doctorFlags(&o)
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}
@@ -383,4 +397,14 @@ func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
 		}
 	}
 	return o, nil
+}
+
+// FlagSets returns the flags of every command, one FlagSet named after its command, as the
+// command defines them: the reference (docs/reference.md) is generated from them.
+func FlagSets() []*flag.FlagSet {
+	run, _, _, _, _ := runFlags(&Run{Gates: checks.NewFeatureGates()})
+	doctor, _ := doctorFlags(&Doctor{Gates: checks.NewFeatureGates()})
+	rep, _, _ := replayFlags(&replay.Options{Gates: checks.NewFeatureGates()})
+	status, _ := statusFlags(&Status{})
+	return []*flag.FlagSet{run, doctor, rep, status}
 }

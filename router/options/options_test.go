@@ -1,6 +1,7 @@
 package options
 
 import (
+	"flag"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +124,27 @@ func TestParseReplayAlerts(t *testing.T) {
 	o, err = ParseReplay([]string{"--cluster", "c.yaml", "--events", "ev"}, env(map[string]string{"HEALTH_ROUTER_ALERTS": "env.json"}), now)
 	if err != nil || o.AlertsFile != "env.json" {
 		t.Errorf("HEALTH_ROUTER_ALERTS: %+v, %v", o, err)
+	}
+}
+
+// TestFlagSets: the reference is generated from FlagSets, so it must hold every command, and
+// every flag must say what it does.
+func TestFlagSets(t *testing.T) {
+	var names []string
+	for _, fs := range FlagSets() {
+		names = append(names, fs.Name())
+		n := 0
+		fs.VisitAll(func(f *flag.Flag) {
+			n++
+			if strings.TrimSpace(f.Usage) == "" {
+				t.Errorf("%s --%s has no usage", fs.Name(), f.Name)
+			}
+		})
+		if n == 0 {
+			t.Errorf("%s has no flags", fs.Name())
+		}
+	}
+	if got := strings.Join(names, " "); got != "run doctor replay status" {
+		t.Errorf("commands %q, want run doctor replay status", got)
 	}
 }

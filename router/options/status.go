@@ -16,15 +16,22 @@ type Status struct {
 	ICS bool
 }
 
+// statusFlags defines the flags of `health-router status` on o; now is parsed further by
+// ParseStatus.
+func statusFlags(o *Status) (fs *flag.FlagSet, now *string) {
+	fs = flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: $KUBECONFIG, in-cluster, or ~/.kube/config)")
+	fs.StringVar(&o.NodePool, "nodepool", "", "show this NodePool only, an error if it does not exist (default: every NodePool)")
+	now = fs.String("now", "", "the time to report at, RFC 3339 (default: the current time): for the window and the until-times")
+	fs.StringVar(&o.Output, "o", "table", "output: table (for people) or json")
+	fs.BoolVar(&o.ICS, "ics", false, "print the planned maintenance as an iCalendar (.ics) feed instead: deferred drains and the pools' windows of the next 14 days; not with -o json")
+	return fs, now
+}
+
 // ParseStatus parses `health-router status` flags; now is the default of --now.
 func ParseStatus(args []string, getenv func(string) string, now time.Time) (Status, error) {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	o := Status{Now: now}
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: $KUBECONFIG, in-cluster, or ~/.kube/config)")
-	fs.StringVar(&o.NodePool, "nodepool", "", "show this NodePool only (default: every NodePool)")
-	nowFlag := fs.String("now", "", "the time to report at, RFC 3339 (default: the current time): for the window and the until-times")
-	fs.StringVar(&o.Output, "o", "table", "output: table or json")
-	fs.BoolVar(&o.ICS, "ics", false, "print the planned maintenance as an iCalendar (.ics) feed instead: deferred drains and the pools' windows of the next 14 days")
+	fs, nowFlag := statusFlags(&o)
 	if err := parse(fs, args, getenv); err != nil {
 		return o, err
 	}

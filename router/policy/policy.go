@@ -5,7 +5,6 @@ package policy
 import (
 	"fmt"
 	"math"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -363,19 +362,4 @@ func (p Policy) RepairCutoff(poolNodes int) int {
 		n = 0 // unreachable: validated in FromAnnotations
 	}
 	return min(n, p.RepairMaxUnhealthyCap)
-}
-
-// Annotations returns every annotation key the router reads, for documentation and doctor.
-func Annotations() []string {
-	keys := []string{AnnotationAction, AnnotationMaxConcurrentDrains, AnnotationWindowSchedule,
-		AnnotationWindowDuration, AnnotationDrainLead, AnnotationRestartGrace,
-		AnnotationRespectPDB, AnnotationHoldWhileAlerts, AnnotationHoldWhileAlertsUnreachable, AnnotationDrainSettle,
-		AnnotationRepairMaxUnhealthy, AnnotationRepairMaxUnhealthyCap, AnnotationReschedule}
-	for _, k := range event.InstanceKinds {
-		keys = append(keys, ActionKey(k))
-	}
-	for _, t := range event.ScheduledTypes {
-		keys = append(keys, ScheduledActionKey(t))
-	}
-	return slices.Clip(keys)
 }

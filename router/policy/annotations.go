@@ -1,0 +1,110 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+// AnnotationDoc documents one NodePool annotation the router reads, or a family of them
+// (healthrouter.io/action.<kind>: one key per event kind). Text is Markdown.
+type AnnotationDoc struct {
+	// Key is the annotation, or the pattern of a family.
+	Key string
+	// Family lists the keys of a family; nil for a single annotation.
+	Family []string
+	// Values says what the annotation takes; Default what the router does without it.
+	Values, Default string
+	// Doc says what it does.
+	Doc string
+}
+
+// Keys returns the annotation keys d documents.
+func (d AnnotationDoc) Keys() []string {
+	if d.Family != nil {
+		return d.Family
+	}
+	return []string{d.Key}
+}
+
+// NodePoolAnnotations documents every NodePool annotation FromAnnotations reads, in the order
+// the reference lists them. docs/reference.md is generated from it (make docs), and a test
+// fails when the parser reads a key this table lacks: a new annotation is one entry here.
+func NodePoolAnnotations() []AnnotationDoc {
+	actions := fmt.Sprintf("`%s` | `%s` | `%s`", ActionDrain, ActionDefer, ActionIgnore)
+	var kindKeys, typeKeys, kinds, types []string
+	for _, k := range event.InstanceKinds {
+		kindKeys = append(kindKeys, ActionKey(k))
+		kinds = append(kinds, "`"+string(k)+"`")
+	}
+	for _, t := range event.ScheduledTypes {
+		typeKeys = append(typeKeys, ScheduledActionKey(t))
+		types = append(types, "`"+string(t)+"`")
+	}
+	return []AnnotationDoc{
+		{Key: AnnotationAction, Values: actions, Default: "Karpenter's behaviour",
+			Doc: "the pool's action for every event kind. Without it (and without a per-kind or per-type key) the router does what Karpenter does: drain everything actionable, record rebalance recommendations only"},
+		{Key: ActionKey("<kind>"), Family: kindKeys, Values: "same", Default: "—",
+			Doc: "per kind: " + strings.Join(kinds, ", ") + ". Wins over `" + AnnotationAction + "`"},
+		{Key: ScheduledActionKey("<type>"), Family: typeKeys, Values: "same", Default: "—",
+			Doc: "per EC2 scheduled-event type: " + strings.Join(types, ", ") + ". The most specific key wins: this, then `" + ActionKey("<kind>") + "`, then `" + AnnotationAction + "`"},
+		{Key: AnnotationWindowSchedule, Values: "cron, 5 fields", Default: "none",
+			Doc: "maintenance window starts; UTC unless prefixed `CRON_TZ=Zone/Name ` (as Karpenter's budgets)"},
+		{Key: AnnotationWindowDuration, Values: "Go duration (`4h`)", Default: "none",
+			Doc: "window length; set both `" + AnnotationWindowSchedule + "` and this, or neither"},
+		{Key: AnnotationDrainLead, Values: "duration", Default: "`" + short(DefaultDrainLead) + "`",
+			Doc: "a deferred event drains no later than its deadline minus this, window or not"},
+		{Key: AnnotationRestartGrace, Values: "duration", Default: "`" + short(DefaultRestartGrace) + "`",
+			Doc: "a deferred `stopping`/`stopped` waits this long for the instance to be `running` again"},
+		{Key: AnnotationMaxConcurrentDrains, Values: "integer or `N%` of the pool's nodes (rounded up)", Default: "unlimited",
+			Doc: "drain pacing for non-urgent drains: a drain over the limit is held until one of the pool's drains finishes"},
+		{Key: AnnotationRespectPDB, Values: "`true` | `false`", Default: "`true`",
+			Doc: "gate: hold a non-urgent drain while a PodDisruptionBudget selecting a pod on the node allows no disruption"},
+		{Key: AnnotationHoldWhileAlerts, Values: "alert-name regular expression, optionally `{label matchers}`", Default: "none",
+			Doc: "gate: hold a non-urgent drain while a matching alert fires in Alertmanager (`--alertmanager-url`)"},
+		{Key: AnnotationHoldWhileAlertsUnreachable, Values: "`" + UnreachableHold + "` | `" + UnreachableDrain + "`", Default: "`" + UnreachableHold + "`",
+			Doc: "what the alert gate does when Alertmanager cannot be reached"},
+		{Key: AnnotationDrainSettle, Values: "duration, or `ready`", Default: "`0`",
+			Doc: fmt.Sprintf("how long a drain still counts as in flight for `%s` after its NodeClaim is gone; `ready`: until every pod that ran on the node (by owner) is Ready again elsewhere, at most %s (an owner whose pods never come back, a completed Job or a ReplicaSet scaled to zero, no longer holds the slot for ever)", AnnotationMaxConcurrentDrains, longDuration(SettleReadyBound))},
+		{Key: AnnotationRepairMaxUnhealthy, Values: "integer or `N%` of the pool's nodes (rounded up)", Default: "`" + DefaultRepairMaxUnhealthy.String() + "`",
+			Doc: "the impaired-instance repair cut-off: while more of the pool than this is impaired (held or being replaced for an impaired status), the router replaces none of it, as Karpenter's node repair stops at 20% and Cluster API at `maxUnhealthy`"},
+		{Key: AnnotationRepairMaxUnhealthyCap, Values: "integer", Default: fmt.Sprintf("`%d`", DefaultRepairMaxUnhealthyCap),
+			Doc: fmt.Sprintf("caps the cut-off in large pools: an AZ-wide impairment of a 1,000-node pool replaces at most %d nodes at once", DefaultRepairMaxUnhealthyCap)},
+		{Key: AnnotationTaintUpcoming, Values: "`true` | `false`", Default: "`false`",
+			Doc: "while a node of the pool has a pending outcome (deferred, held), it carries the taint `healthrouter.io/maintenance-upcoming=<kind>:PreferNoSchedule`: new pods prefer other nodes, nothing is evicted for it; removed with the outcome (needs `--node-marks`, on by default)"},
+		{Key: AnnotationReschedule, Values: "`true` | `false`", Default: "`false`",
+			Doc: "move a scheduled event that has a deadline into the pool's maintenance window (EC2 `ModifyInstanceEventStartTime`: the window's opening plus drain-lead, at least an hour ahead, before the event's `NotBeforeDeadline`); where it cannot move, the pool's ordinary policy applies and the decision says why. Needs a window (ignored, with a problem, without one) and the Terraform module's `enable_reschedule`"},
+	}
+}
+
+// Annotations returns every annotation key the router reads on a NodePool: the keys
+// NodePoolAnnotations documents.
+func Annotations() []string {
+	var keys []string
+	for _, d := range NodePoolAnnotations() {
+		keys = append(keys, d.Keys()...)
+	}
+	return keys
+}
+
+// short writes a duration as an annotation would: 1h, 15m, 90s.
+func short(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// longDuration writes a whole number of minutes in words: 10 minutes.
+func longDuration(d time.Duration) string {
+	if d%time.Minute == 0 {
+		return fmt.Sprintf("%d minutes", int(d/time.Minute))
+	}
+	return short(d)
+}

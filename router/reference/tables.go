@@ -1,0 +1,87 @@
+package reference
+
+import (
+	"fmt"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/intake"
+	"github.com/health-router/health-router/router/nodedrain"
+	"github.com/health-router/health-router/router/podnotice"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/upcoming"
+	"github.com/health-router/health-router/router/watchdog"
+)
+
+// Written is one key the router writes on an object it does not own: an annotation or label
+// on a NodeClaim or Node, or an attribute of a message it sends. Text is Markdown.
+type Written struct {
+	Key string
+	// On is where: "NodeClaim annotation", "Node label", ...
+	On  string
+	Doc string
+}
+
+// WrittenKeys documents every annotation and label the router writes, and the attributes of
+// the messages it dead-letters. A test fails when the code declares a healthrouter.io/ key
+// that neither this table nor policy.NodePoolAnnotations documents: a new one is one entry.
+func WrittenKeys() []Written {
+	return []Written{
+		{Key: cluster.AnnotationDeferred, On: "NodeClaim annotation",
+			Doc: fmt.Sprintf("the router's records of the instance (`router/record`): versioned JSON `{\"version\": %d, \"records\": [{event_id, key, kind, until, reason, state, hold, image, match, event_time, event}], \"running\": <time of the last running state change>}`. A deferred event is held there, restricted to this instance, with its until-time and hold; the leader's deferral controller decides it again when due. Ended records (`%s`, `%s`, `%s`, `%s`) keep no event body, at most the %d newest; the value is bounded to %d KiB. A value this router cannot read (a newer router's, or damaged) is kept as it is",
+				record.Version, record.StateCancelled, record.StateSuperseded, record.StateDrained, record.StateClosed, record.EndedKept, record.MaxBytes>>10)},
+		{Key: cluster.AnnotationDrainSignalled, On: "NodeClaim annotation",
+			Doc: "`<event id> <time> <via>`: the router signalled Karpenter to drain this NodeClaim (`via`: `forward` or `delete-nodeclaim`); a duplicate of the event does nothing, and `status` counts the drain in flight"},
+		{Key: nodedrain.AnnotationNodeDrain, On: "Node annotation",
+			Doc: "the record (JSON: event, kind, start, bound, done, attempts, last error, whether the router cordoned) of a drain the router carries out itself on a Node Karpenter does not manage (`--unmanaged-nodes=cordon-drain`); the Node is its only home, so a restarted or newly elected router resumes it. The router also cordons the Node (`spec.unschedulable`) and uncordons only what it cordoned"},
+		{Key: upcoming.LabelMaintenanceAt, On: "Node label",
+			Doc: "the planned time (Unix seconds) of the node's earliest pending outcome (a deferral to the window or to deadline minus drain-lead, a drain held by pacing, a check or a gate), as GKE's `cloud.google.com/scheduled-maintenance-time`; removed when nothing is pending any more (`--node-marks`)"},
+		{Key: upcoming.AnnotationMaintenance, On: "Node annotation",
+			Doc: "what is pending on the node, JSON `{kind, event, decision, hold, until, records}` (the earliest active record, and how many there are); removed with the label"},
+		{Key: upcoming.TaintKey, On: "Node taint (`PreferNoSchedule`, value: the event kind)",
+			Doc: "in a pool annotated `" + policy.AnnotationTaintUpcoming + "=true`, while the node has a pending outcome: new pods prefer other nodes, nothing is evicted for it; removed with the label"},
+		{Key: intake.AttrReason, On: "dead-letter message attribute",
+			Doc: "why the router could not act on the message: the parser's reason (`malformed`, `unknown-kind`, `unsupported`, `invalid`, `foreign`, `oversized`), `unrecordable` or `retries-exhausted`"},
+		{Key: intake.AttrDetail, On: "dead-letter message attribute", Doc: "the reason in words (for `retries-exhausted`, the last error)"},
+		{Key: intake.AttrSourceMessageID, On: "dead-letter message attribute", Doc: "the SQS message ID of the message in the intake queue"},
+		{Key: intake.AttrReceiveCount, On: "dead-letter message attribute", Doc: "how many times the intake queue delivered it"},
+	}
+}
+
+// Event is one Kubernetes Event reason the router posts. Text is Markdown.
+type Event struct {
+	Reason string
+	// On names the objects it is posted on; Type is Normal, Warning, or both.
+	On, Type string
+	Doc      string
+}
+
+// Events documents every Kubernetes Event reason the router posts (events.k8s.io). A test
+// fails when the code declares a Reason constant this table lacks: a new one is one entry.
+func Events() []Event {
+	const perInstance = "Node and NodeClaim; for an event naming more than 10 instances, one on the NodePool per action instead"
+	const normalOrWarning = "Normal (Warning when the decision carries warnings)"
+	return []Event{
+		{Reason: signal.ReasonDrained, On: perInstance, Type: normalOrWarning, Doc: "the router drained the instance: signalled Karpenter (forwarded, or the NodeClaim deleted)"},
+		{Reason: signal.ReasonDeferred, On: perInstance, Type: normalOrWarning, Doc: "the router deferred the event for the instance: until-time and why"},
+		{Reason: signal.ReasonIgnored, On: perInstance, Type: normalOrWarning, Doc: "the pool ignores this event: AWS acts, or nothing needs doing"},
+		{Reason: signal.ReasonDeferralCancelled, On: "Node and NodeClaim", Type: "Normal", Doc: "an event cancelled deferrals of the instance: a `running` state change, a closed Health event, a `[Completed]`/`[Canceled]` scheduled event"},
+		{Reason: signal.ReasonForwardUnconfirmed, On: "NodeClaim", Type: "Warning", Doc: "Karpenter did not start deleting a NodeClaim whose drain was forwarded within `--forward-confirm-timeout`: the router deleted it itself"},
+		{Reason: signal.ReasonDeferralDropped, On: "NodeClaim", Type: "Warning", Doc: "a record whose event no longer parses (edited by hand, for example) was dropped"},
+		{Reason: signal.ReasonRecordUnreadable, On: "NodeClaim", Type: "Warning", Doc: "the NodeClaim's records are a newer router's, or damaged: kept as they are, and the write refused"},
+		{Reason: signal.ReasonNotManaged, On: "Node", Type: "Warning", Doc: "an event for a node Karpenter does not manage (no NodeClaim), and what `--unmanaged-nodes` did about it"},
+		{Reason: signal.ReasonInvalidAnnotation, On: "NodePool", Type: "Warning", Doc: "a `healthrouter.io/` annotation of the pool was ignored (an invalid value, or an unknown key), one Event per problem"},
+		{Reason: signal.ReasonReplacementUnsound, On: "EC2NodeClass", Type: "Warning", Doc: "an urgent drain went ahead although a pre-signal check found the replacement unsound"},
+		{Reason: podnotice.ReasonDeferred, On: "Pod (each pod a drain would evict; at most 110 per node and `--pod-events-per-event` per event)", Type: "Normal",
+			Doc: "the pod's node will be drained for an event: when (the planned time), why (the hold), and when AWS acts; for the workload's owner (`kubectl describe pod`, `kubectl get events -n team`)"},
+		{Reason: podnotice.ReasonDrain, On: "Pod (same bounds)", Type: "Normal", Doc: "the pod's node is being drained now: the pod will be evicted and rescheduled elsewhere"},
+		{Reason: podnotice.ReasonSummary, On: "Namespace (in the namespace)", Type: "Normal",
+			Doc: "the pods of the namespace past the bounds of pod Events, counted (pods, nodes), with one example of the decision"},
+		{Reason: nodedrain.ReasonNodeDrained, On: "Node", Type: "Normal", Doc: "the router's own drain of an unmanaged node is done: no evictable pod is left"},
+		{Reason: nodedrain.ReasonNodeDrainBlocked, On: "Node", Type: "Warning", Doc: "a PodDisruptionBudget still refuses an eviction past the drain's deadline; the router keeps trying and never overrides the budget"},
+		{Reason: watchdog.ReasonStuckEmpty, On: "NodePool", Type: "Warning", Doc: "watchdog: nodes of the pool have been empty past `consolidateAfter` and Karpenter does not remove them"},
+		{Reason: watchdog.ReasonImageUnavailable, On: "EC2NodeClass", Type: "Warning", Doc: "watchdog: images in `status.amis` that EC2 does not report `available`"},
+		{Reason: watchdog.ReasonReservationDriftLoop, On: "NodePool", Type: "Warning", Doc: "watchdog: reserved NodeClaims replaced as drifted again and again with the `ReservedCapacity` gate off (Karpenter's replacement loop)"},
+	}
+}
