@@ -51,6 +51,7 @@ import (
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
+	"github.com/health-router/health-router/router/reschedule"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/status"
 	"github.com/health-router/health-router/router/upcoming"
@@ -181,7 +182,9 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return err
 		}
 	}
-	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism)
+	// Scheduled events of pools annotated healthrouter.io/reschedule=true move into their window
+	// (refused without ec2:ModifyInstanceEventStartTime: the ordinary policy applies).
+	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism).WithRescheduler(reschedule.NewEvents(ec2Client))
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {
 		cs, err := kubernetes.NewForConfig(restCfg)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"log/slog"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/reschedule"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -65,7 +67,21 @@ type Pipeline struct {
 	nodes     NodeDrainer // nil: unmanaged nodes are not drained
 	notify    Notifier    // nil: no notifications
 	pods      PodNotifier // nil: the pods are not told
+	resched   Rescheduler // nil: no event is moved
 	cluster   string
+}
+
+// Rescheduler finds an instance's scheduled event in EC2 and moves it (router/reschedule).
+type Rescheduler interface {
+	FindEvent(ctx context.Context, instanceID string, code event.ScheduledType) (reschedule.Event, bool, error)
+	Move(ctx context.Context, instanceID, eventID string, newStart time.Time) (reschedule.Event, error)
+}
+
+// WithRescheduler has the pipeline move the scheduled events of pools annotated
+// healthrouter.io/reschedule=true into their window.
+func (p *Pipeline) WithRescheduler(r Rescheduler) *Pipeline {
+	p.resched = r
+	return p
 }
 
 // PodNotifier is told of each drain and deferral of a node, to tell its pods' owners
@@ -222,6 +238,25 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		return "", false, err
 	}
 	d := o.Decision
+	if p.resched != nil && !redecide && reschedulable(ev, d, o.Resolved) {
+		moved, how, changed := p.reschedule(ctx, ev, id, o.Resolved)
+		if changed {
+			// The event as EC2 now holds it: it may be a maintenance recorded already (the
+			// other source's view of an event moved before).
+			set, _ := record.Read(o.Resolved.NodeClaim)
+			if _, recorded := set.Recorded(moved); recorded {
+				log.Debug("outcome recorded already: the moved maintenance", "nodeclaim", o.Resolved.NodeClaim.Name, "start", moved.Deadline)
+				p.metrics.AlreadyRecorded.Inc()
+				return "", true, nil
+			}
+			ev = moved
+			if o, err = p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }, id, p.clock.Now()); err != nil {
+				return "", false, err
+			}
+			d = o.Decision
+		}
+		d.Reason = how + "; " + d.Reason
+	}
 	if d.Action == policy.ActionDefer && o.Resolved.NodeClaim == nil {
 		// A deferral lives on the NodeClaim; an instance without one is not Karpenter's.
 		d.Action, d.Hold = policy.ActionSkip, ""
@@ -290,6 +325,88 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 			Node: d.Node, NodePool: d.NodePool, Reason: d.Reason})
 	}
 	return d.Action, false, nil
+}
+
+// reschedulable reports whether the router tries to move ev for this instance: a scheduled
+// change that is not over, of a NodeClaim in a pool annotated healthrouter.io/reschedule=true,
+// that the pool does not drain now (a drain replaces the instance: nothing to move).
+func reschedulable(ev event.Event, d policy.Decision, res cluster.Resolved) bool {
+	if ev.Kind != event.KindScheduledChange || ev.Health == nil || ev.Health.Scheduled == "" || record.Closed(ev) ||
+		res.NodeClaim == nil || res.NodePool == nil || (d.Action != policy.ActionDefer && d.Action != policy.ActionIgnore) {
+		return false
+	}
+	return policy.FromAnnotations(res.NodePool.Annotations).Reschedule
+}
+
+// reschedule moves the instance's scheduled event into its pool's next window opening that
+// fits (reschedule.Plan), and returns the event as EC2 then holds it (changed: it starts at
+// another time than ev says, moved now or before) and what was done, for the decision's
+// reason. Whatever fails, the pool's ordinary policy applies to the event as it is.
+func (p *Pipeline) reschedule(ctx context.Context, ev event.Event, id string, res cluster.Resolved) (event.Event, string, bool) {
+	pol := policy.FromAnnotations(res.NodePool.Annotations)
+	result := func(r, how string) (event.Event, string, bool) {
+		p.metrics.Reschedules.WithLabelValues(r).Inc()
+		return ev, "not rescheduled: " + strings.TrimPrefix(how, "not moved: "), false
+	}
+	held, ok, err := p.resched.FindEvent(ctx, id, ev.Health.Scheduled)
+	switch {
+	case errors.Is(err, reschedule.ErrRefused):
+		return result("refused", reschedule.FailureReason(err))
+	case err != nil:
+		return result("unavailable", reschedule.FailureReason(err))
+	case !ok:
+		return result("not-moved", fmt.Sprintf("EC2 reports no open %s event for the instance", ev.Health.Scheduled))
+	}
+	// The event as EC2 holds it: a report older than a move (this router's, or AWS's own)
+	// names the former start.
+	one, err := p.restrict(ev, id)
+	if err != nil {
+		return result("not-moved", err.Error())
+	}
+	current := one
+	if start := held.NotBefore.UTC().Truncate(time.Second); !start.Equal(ev.Deadline.UTC().Truncate(time.Second)) {
+		if current, err = event.Moved(one, start); err != nil {
+			return result("not-moved", err.Error())
+		}
+	}
+	plan := reschedule.Plan(reschedule.Input{Now: p.clock.Now(), NotBefore: held.NotBefore, Deadline: held.Deadline, Window: pol.Window, DrainLead: pol.DrainLead})
+	if !plan.Move {
+		r := "not-moved"
+		if strings.HasPrefix(plan.Reason, "not moved: already in the window") {
+			r = "in-window"
+		}
+		p.metrics.Reschedules.WithLabelValues(r).Inc()
+		return current, "not rescheduled: " + strings.TrimPrefix(plan.Reason, "not moved: "), current.Deadline != ev.Deadline
+	}
+	if _, err := p.resched.Move(ctx, id, held.ID, plan.NewStart); err != nil {
+		r := "unavailable"
+		if errors.Is(err, reschedule.ErrRefused) {
+			r = "refused"
+		}
+		p.metrics.Reschedules.WithLabelValues(r).Inc()
+		return current, "not rescheduled: " + strings.TrimPrefix(reschedule.FailureReason(err), "not moved: "), current.Deadline != ev.Deadline
+	}
+	moved, err := event.Moved(one, plan.NewStart)
+	if err != nil { // cannot happen: one moved above, or is a scheduled change with a start
+		return result("not-moved", err.Error())
+	}
+	p.metrics.Reschedules.WithLabelValues("moved").Inc()
+	how := fmt.Sprintf("rescheduled %s %s", held.ID, plan.Reason)
+	p.signal.Rescheduled(res, ev, how)
+	p.log.Info("scheduled event moved into the window", "event_id", ev.ID, "instance", id, "ec2_event", held.ID, "from", held.NotBefore, "to", plan.NewStart)
+	return moved, how, true
+}
+
+// restrict returns ev as it names only instance id (its canonical body, parsed).
+func (p *Pipeline) restrict(ev event.Event, id string) (event.Event, error) {
+	if len(ev.Instances) == 1 {
+		return ev, nil
+	}
+	body, err := signal.Canonical(ev, id)
+	if err != nil {
+		return event.Event{}, err
+	}
+	return event.Parse(body)
 }
 
 // drainUnmanaged drains a node Karpenter does not manage through the NodeDrainer: its record

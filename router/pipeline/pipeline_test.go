@@ -27,7 +27,9 @@ import (
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/reschedule"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/harness"
 )
 
 var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
@@ -454,5 +456,132 @@ func TestPodNotices(t *testing.T) {
 	}
 	if len(pn.got) != 2 || pn.got[1].Action != policy.ActionDrain || pn.got[1].Node != "node-0" {
 		t.Errorf("notices %+v, want the drain second", pn.got)
+	}
+}
+
+func scheduled(id, arn, code string, start time.Time, status string, ids ...string) event.Event {
+	var entities []string
+	for _, i := range ids {
+		entities = append(entities, fmt.Sprintf(`{"entityValue":%q}`, i))
+	}
+	body := fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":[],"detail":{"eventArn":%q,"service":"EC2","eventTypeCode":%q,"eventTypeCategory":"scheduledChange","statusCode":%q,"startTime":%q,"affectedEntities":[%s]}}`,
+		id, arn, code, status, start.UTC().Format(time.RFC1123), strings.Join(entities, ","))
+	ev, err := event.Parse([]byte(body))
+	if err != nil {
+		panic(err)
+	}
+	return ev
+}
+
+// TestReschedule: a pool annotated reschedule=true has its scheduled event moved into its
+// window (EC2's wire protocol, served by the stand-in), the record follows the moved start,
+// and the other views of the moved event are the same maintenance; where the event cannot
+// move, the pool's ordinary policy applies and the reason says why.
+func TestReschedule(t *testing.T) {
+	const rebootCode = "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED"
+	pool := map[string]string{policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
+		policy.AnnotationDrainLead: "1h", policy.AnnotationReschedule: "true"}
+	start := now.Add(10 * 24 * time.Hour)                 // Tuesday 1 December, 12:00
+	open := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC) // the next Saturday window
+	tests := []struct {
+		name       string
+		deadline   time.Time // NotBeforeDeadline; zero: none
+		fail       int
+		denied     bool
+		wantMoved  bool
+		wantReason string
+		wantResult string
+	}{
+		{name: "moved to the window opening plus drain-lead", deadline: now.Add(14 * 24 * time.Hour), wantMoved: true, wantReason: "rescheduled instance-event-1 moved from", wantResult: "moved"},
+		{name: "no deadline: deferred as ever", wantReason: "not rescheduled: the event has no deadline", wantResult: "not-moved"},
+		{name: "the deadline before the window", deadline: now.Add(3 * 24 * time.Hour), wantReason: "not rescheduled: no window opening before the deadline", wantResult: "not-moved"},
+		{name: "EC2 refuses (no permission)", deadline: now.Add(14 * 24 * time.Hour), denied: true, wantReason: "not rescheduled: EC2 refused (UnauthorizedOperation", wantResult: "refused"},
+		{name: "EC2 fails", deadline: now.Add(14 * 24 * time.Hour), fail: 1, wantReason: "not rescheduled: EC2 unavailable", wantResult: "unavailable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, map[string]map[string]string{"kafka": pool}, map[string]int{"kafka": 1})
+			srv, client := harness.NewEC2InstanceStatus(t)
+			srv.Now = func() time.Time { return now }
+			srv.Add(instanceID(0), &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-1", Code: "system-reboot",
+				Description: "The instance is scheduled for a reboot", NotBefore: start, NotAfter: start.Add(2 * time.Hour), NotBeforeDeadline: tt.deadline}}})
+			srv.Fail = tt.fail
+			if tt.denied {
+				srv.Denied = map[string]bool{"ModifyInstanceEventStartTime": true}
+			}
+			r.p.WithRescheduler(reschedule.NewEvents(client))
+			arn := "arn:aws:health:eu-west-1::event/EC2/SYSTEM_REBOOT/r1"
+			res, err := r.p.Process(context.Background(), scheduled("h-1", arn, rebootCode, start, "upcoming", instanceID(0)))
+			if err != nil || res.Actions[policy.ActionDefer] != 1 {
+				t.Fatalf("outcome %+v, %v", res, err)
+			}
+			recs := record.Records(&r.claims(t)[0])
+			if len(recs) != 1 || !strings.HasPrefix(recs[0].Reason, tt.wantReason) {
+				t.Fatalf("records %+v, want one whose reason starts %q", recs, tt.wantReason)
+			}
+			if got := testutil.ToFloat64(r.m.Reschedules.WithLabelValues(tt.wantResult)); got != 1 {
+				t.Errorf("reschedules{result=%s} = %v", tt.wantResult, got)
+			}
+			held, _ := srv.Event(instanceID(0), "instance-event-1")
+			if !tt.wantMoved {
+				// The ordinary policy: deferred to the window before the unmoved start.
+				if !held.NotBefore.Equal(start) || !recs[0].Until.Equal(open) || recs[0].Match != "system-reboot@"+start.Format(time.RFC3339) {
+					t.Errorf("EC2 holds %s, record until %s match %s", held.NotBefore, recs[0].Until, recs[0].Match)
+				}
+				return
+			}
+			moved := open.Add(time.Hour)
+			if !held.NotBefore.Equal(moved) || !held.NotAfter.Equal(moved.Add(2*time.Hour)) {
+				t.Fatalf("EC2 holds the event at %s-%s, want %s", held.NotBefore, held.NotAfter, moved)
+			}
+			if !recs[0].Until.Equal(open) || recs[0].Match != "system-reboot@"+moved.Format(time.RFC3339) {
+				t.Errorf("record until %s match %s: want the window opening, and the moved start", recs[0].Until, recs[0].Match)
+			}
+			if ev, err := event.Parse(recs[0].Event); err != nil || !ev.Deadline.Equal(moved) {
+				t.Errorf("the recorded event starts at %v (%v), want the moved start", ev.Deadline, err)
+			}
+			if !strings.Contains(strings.Join(drainEvents(r.recorder), "\n"), signal.ReasonRescheduled) {
+				t.Error("no Rescheduled Event")
+			}
+			// The poller's view of the moved event is the same maintenance: not decided again.
+			finding := event.StatusFinding{InstanceID: instanceID(0), Finding: event.FindingScheduledEvent, Time: now, Code: event.ScheduledSystemReboot,
+				EventID: "instance-event-1", NotBefore: moved, NotAfter: moved.Add(2 * time.Hour), Description: "The instance is scheduled for a reboot"}
+			_, polled, err := finding.Event()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res, err := r.p.Process(context.Background(), polled); err != nil || res.AlreadyRecorded != 1 {
+				t.Errorf("the poller's view: %+v, %v; want it recorded already", res, err)
+			}
+			// A late view of the event before the move (reordered) is the event EC2 now holds,
+			// recorded already; it does not move anything again.
+			if res, err := r.p.Process(context.Background(), scheduled("h-0", "arn:aws:health:eu-west-1::event/EC2/SYSTEM_REBOOT/other-view", rebootCode, start, "upcoming", instanceID(0))); err != nil || res.AlreadyRecorded != 1 {
+				t.Errorf("a late view of the former start: %+v, %v; want it recorded already", res, err)
+			}
+			// AWS Health's update of the moved event (same eventArn, the new start) supersedes the
+			// record: one active record, at the same time, and EC2 asked to move nothing more.
+			if _, err := r.p.Process(context.Background(), scheduled("h-2", arn, rebootCode, moved, "upcoming", instanceID(0))); err != nil {
+				t.Fatal(err)
+			}
+			set, _ := record.Read(&r.claims(t)[0])
+			if a := set.Active(); len(a) != 1 || a[0].EventID != "h-2" || !a[0].Until.Equal(open) {
+				t.Errorf("active records %+v, want Health's update alone, until the window", a)
+			}
+			if n := len(srv.Moves()); n != 1 {
+				t.Errorf("%d ModifyInstanceEventStartTime calls, want 1", n)
+			}
+		})
+	}
+}
+
+func drainEvents(rec *events.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
 	}
 }

@@ -70,6 +70,7 @@ func Events() []Event {
 		{Reason: signal.ReasonForwardUnconfirmed, On: "NodeClaim", Type: "Warning", Doc: "Karpenter did not start deleting a NodeClaim whose drain was forwarded within `--forward-confirm-timeout`: the router deleted it itself"},
 		{Reason: signal.ReasonDeferralDropped, On: "NodeClaim", Type: "Warning", Doc: "a record whose event no longer parses (edited by hand, for example) was dropped"},
 		{Reason: signal.ReasonRecordUnreadable, On: "NodeClaim", Type: "Warning", Doc: "the NodeClaim's records are a newer router's, or damaged: kept as they are, and the write refused"},
+		{Reason: signal.ReasonRescheduled, On: "Node and NodeClaim", Type: "Normal", Doc: "the router moved the instance's scheduled event into its pool's window (`healthrouter.io/reschedule`): the EC2 event, its former and new start, the window opening and drain-lead"},
 		{Reason: signal.ReasonNotManaged, On: "Node", Type: "Warning", Doc: "an event for a node Karpenter does not manage (no NodeClaim), and what `--unmanaged-nodes` did about it"},
 		{Reason: signal.ReasonInvalidAnnotation, On: "NodePool", Type: "Warning", Doc: "a `healthrouter.io/` annotation of the pool was ignored (an invalid value, or an unknown key), one Event per problem"},
 		{Reason: signal.ReasonReplacementUnsound, On: "EC2NodeClass", Type: "Warning", Doc: "an urgent drain went ahead although a pre-signal check found the replacement unsound"},

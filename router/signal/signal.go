@@ -55,6 +55,7 @@ const (
 	ReasonDeferralDropped    = "HealthEventDeferralDropped"
 	ReasonRecordUnreadable   = "HealthRouterRecordUnreadable"
 	ReasonNotManaged         = "HealthEventNotManaged"
+	ReasonRescheduled        = "HealthEventRescheduled"
 )
 
 // ErrNotManaged marks an instance whose Node has no NodeClaim: Karpenter does not manage it
@@ -427,6 +428,17 @@ func (s *Signaller) NotManaged(res cluster.Resolved, ev event.Event, d policy.De
 		return
 	}
 	s.recorder.Eventf(res.Node, nil, corev1.EventTypeWarning, ReasonNotManaged, string(d.Action), "%s (%s): %s", ev.Kind, ev.ID, summary(d))
+}
+
+// Rescheduled posts an Event on the NodeClaim and the Node: the router moved the instance's
+// scheduled event into its pool's window (EC2 ModifyInstanceEventStartTime).
+func (s *Signaller) Rescheduled(res cluster.Resolved, ev event.Event, how string) {
+	if res.NodeClaim != nil {
+		s.recorder.Eventf(res.NodeClaim, nil, corev1.EventTypeNormal, ReasonRescheduled, "Reschedule", "%s (%s): %s", ev.Kind, ev.ID, how)
+	}
+	if res.Node != nil {
+		s.recorder.Eventf(res.Node, nil, corev1.EventTypeNormal, ReasonRescheduled, "Reschedule", "%s (%s): %s", ev.Kind, ev.ID, how)
+	}
 }
 
 // PolicyProblems posts a Warning Event on the NodePool for each ignored annotation.
