@@ -11,8 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
