@@ -114,6 +114,19 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 	}
 }
 
+// moved applies a move of a maintenance the router made (EC2 accepted it): the maintenance of
+// the instance and type that started at from starts at to, under EC2's key too. It keeps when
+// the router first knew it: a move never excuses a late drain.
+func (m *model) moved(key, inst string, typ event.ScheduledType, from, to, now time.Time) {
+	for _, mt := range m.maints {
+		if mt.inst == inst && mt.state == stateActive && mt.start.Equal(from) && (mt.typ == typ || mt.typ == "") {
+			mt.start, mt.typ, mt.keys[key] = to, typ, true
+			return
+		}
+	}
+	m.fail("%s: the router moved a %s maintenance of %s from %s it was not told of", now.Format(time.RFC3339), typ, inst, from.Format(time.RFC3339))
+}
+
 // running reports whether the latest processed state change of in says it runs after at.
 func (in *instance) runningAfter(at time.Time) bool {
 	for _, c := range in.changes {

@@ -8,7 +8,9 @@ import (
 	"os"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +26,18 @@ import (
 	"github.com/health-router/health-router/router/signal"
 )
 
+// moves counts the scheduled events EC2 moved at the router's request, over all runs.
+var moves atomic.Int64
+
+// checks is rapid's -rapid.checks.
+func checks() *int {
+	n := 0
+	if f := flag.Lookup("rapid.checks"); f != nil {
+		n, _ = strconv.Atoi(f.Value.String())
+	}
+	return &n
+}
+
 // steps is how many actions one seed runs; `make sim` raises the seeds (-rapid.checks).
 var steps = flag.Int("sim.steps", 60, "actions per simulated run")
 
@@ -37,7 +51,7 @@ type machine struct {
 	// message is done with (after), so that the model never forgives more than the router knew.
 	effects map[string]effect
 	sent    []sentBody // bodies sent, for duplicates
-	polled  []effect   // EC2 changes the next successful poll tells the router
+	polled  map[string]effect // EC2's events the next successful poll tells the router of, by event ID: what EC2 then holds
 	horizon time.Time  // the latest maintenance the run made
 	evSeq   int
 	pollIDs map[string]string // instance/type -> EC2 instance-event ID
@@ -46,7 +60,7 @@ type machine struct {
 
 func newMachine(t *rapid.T) *machine {
 	mode := rapid.SampledFrom([]signal.Mode{signal.ModeDeleteNodeClaim, signal.ModeForward}).Draw(t, "mode")
-	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}}
+	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, polled: map[string]effect{}}
 	w, err := newWorldHooked(mode, m)
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +84,11 @@ func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
 		}
 	}
 	w.queues.onForward = w.onDrain
+	w.ec2.onMove = func(inst, eid string, typ event.ScheduledType, from, to time.Time) {
+		moves.Add(1)
+		m.m.moved(eid, inst, typ, from, to, w.clock.Now())
+		m.horizon = maxTime(m.horizon, to)
+	}
 	w.onGone = func(id string) {
 		if in := m.m.insts[id]; in != nil {
 			in.gone = true
@@ -142,12 +161,84 @@ func (m *machine) Health(t *rapid.T) {
 	if closed {
 		status = event.HealthClosed
 	}
-	detail := map[string]any{"eventArn": "arn:aws:health:eu-west-1::event/EC2/" + healthCodes[typ] + "/" + inst, "service": "EC2",
+	arn := "arn:aws:health:eu-west-1::event/EC2/" + healthCodes[typ] + "/" + inst
+	effect := reportEffect(m.m, arn, inst, typ, start, closed)
+	if m.m.insts[inst].pool == PoolKafka && typ != "" {
+		// The pool moves its events in EC2: AWS Health and EC2 tell of one maintenance. EC2
+		// holds it (the router reads it there before it moves it); a closed Health event
+		// carries the start EC2 holds.
+		start, effect = m.ec2View(arn, inst, typ, start, closed)
+	}
+	detail := map[string]any{"eventArn": arn, "service": "EC2",
 		"eventTypeCode": healthCodes[typ], "eventTypeCategory": "scheduledChange", "statusCode": status,
 		"startTime": start.Format(time.RFC1123), "affectedEntities": []map[string]string{{"entityValue": inst}}}
 	body := envelope(m.id(), "aws.health", "AWS Health Event", inst, m.now(), detail)
-	m.send(body, reportEffect(m.m, detail["eventArn"].(string), inst, typ, start, closed))
+	m.send(body, effect)
 	m.horizon = maxTime(m.horizon, start)
+}
+
+// ec2View sets EC2's event of a kafka instance's maintenance as AWS Health reports it (a new
+// start: AWS scheduled or moved it; closed: cancelled at the start EC2 holds), and returns the
+// start the Health report carries and its effect on the model: when the router processes it,
+// the maintenance is the one EC2 then holds (the router may have moved it meanwhile).
+func (m *machine) ec2View(arn, inst string, typ event.ScheduledType, start time.Time, closed bool) (time.Time, effect) {
+	eid := m.pollID(inst, typ)
+	m.w.ec2.mu.Lock()
+	defer m.w.ec2.mu.Unlock()
+	if cur, ok := m.w.ec2.current(inst, eid); ok && closed {
+		start = cur
+	}
+	desc := "The instance is scheduled for " + string(typ)
+	if closed {
+		desc = "[Canceled] " + desc
+	}
+	evs := filterEvents(m.w.ec2.events[inst], eid)
+	m.w.ec2.events[inst] = append(evs, ec2types.InstanceStatusEvent{InstanceEventId: aws.String(eid), Code: ec2types.EventCode(typ), Description: aws.String(desc),
+		NotBefore: aws.Time(start), NotAfter: aws.Time(start.Add(2 * time.Hour)), NotBeforeDeadline: aws.Time(start.Add(7 * 24 * time.Hour))})
+	// The next poll tells the router of EC2's event too.
+	m.polled[eid] = m.pollReport(inst, eid, typ, start, closed)
+	at := func(now time.Time) {
+		s := start
+		m.w.ec2.mu.Lock()
+		if cur, ok := m.w.ec2.current(inst, eid); ok && !closed {
+			s = cur
+		}
+		m.w.ec2.mu.Unlock()
+		m.m.reported(arn, inst, typ, s, closed, now)
+	}
+	if closed {
+		return start, effect{after: at}
+	}
+	return start, effect{before: at}
+}
+
+// pollReport is what the next poll tells the router of EC2's event eid: what EC2 holds when it
+// polls (the router may have moved the event since it changed).
+func (m *machine) pollReport(inst, eid string, typ event.ScheduledType, start time.Time, cancel bool) effect {
+	report := func(now time.Time) {
+		s := start
+		if !cancel { // a report before the poll: poll holds ec2.mu
+			if cur, ok := m.w.ec2.current(inst, eid); ok {
+				s = cur
+			}
+		}
+		m.m.reported(eid, inst, typ, s, cancel, now)
+	}
+	if cancel {
+		return effect{after: report}
+	}
+	return effect{before: report}
+}
+
+// pollID is EC2's instance-event ID of an instance's event of a type: EC2 schedules one at a time.
+func (m *machine) pollID(inst string, typ event.ScheduledType) string {
+	key := inst + "/" + string(typ)
+	eid, ok := m.pollIDs[key]
+	if !ok {
+		eid = fmt.Sprintf("instance-event-%017d", len(m.pollIDs))
+		m.pollIDs[key] = eid
+	}
+	return eid
 }
 
 // Poller makes EC2 report a scheduled event (new, rescheduled or cancelled) for one instance;
@@ -157,23 +248,26 @@ func (m *machine) Poller(t *rapid.T) {
 	typ := rapid.SampledFrom([]event.ScheduledType{event.ScheduledSystemReboot, event.ScheduledInstanceRetirement}).Draw(t, "type")
 	start := m.now().Add(rapid.SampledFrom([]time.Duration{90 * time.Minute, 5 * time.Hour, 30 * time.Hour, 3 * 24 * time.Hour}).Draw(t, "start")).Truncate(time.Minute)
 	cancel := rapid.Bool().Draw(t, "canceled")
-	key := inst + "/" + string(typ)
-	eid, ok := m.pollIDs[key]
-	if !ok {
-		eid = fmt.Sprintf("instance-event-%017d", len(m.pollIDs))
-		m.pollIDs[key] = eid
-	}
+	eid := m.pollID(inst, typ)
 	desc := "The instance is scheduled for " + string(typ)
 	if cancel {
 		desc = "[Canceled] " + desc
 	}
+	deadline := rapid.SampledFrom([]time.Duration{0, 4 * 24 * time.Hour}).Draw(t, "deadline")
 	m.w.ec2.mu.Lock()
+	if cur, ok := m.w.ec2.current(inst, eid); ok && cancel {
+		start = cur // EC2 cancels the event it holds
+	}
 	evs := m.w.ec2.events[inst]
 	evs = append(evs[:0:0], filterEvents(evs, eid)...)
-	m.w.ec2.events[inst] = append(evs, ec2types.InstanceStatusEvent{InstanceEventId: aws.String(eid), Code: ec2types.EventCode(typ), Description: aws.String(desc),
-		NotBefore: aws.Time(start), NotAfter: aws.Time(start.Add(2 * time.Hour))})
+	ev := ec2types.InstanceStatusEvent{InstanceEventId: aws.String(eid), Code: ec2types.EventCode(typ), Description: aws.String(desc),
+		NotBefore: aws.Time(start), NotAfter: aws.Time(start.Add(2 * time.Hour))}
+	if deadline > 0 {
+		ev.NotBeforeDeadline = aws.Time(start.Add(deadline))
+	}
+	m.w.ec2.events[inst] = append(evs, ev)
 	m.w.ec2.mu.Unlock()
-	m.polled = append(m.polled, reportEffect(m.m, eid, inst, typ, start, cancel))
+	m.polled[eid] = m.pollReport(inst, eid, typ, start, cancel)
 	m.horizon = maxTime(m.horizon, start)
 }
 
@@ -295,9 +389,14 @@ func (m *machine) Poll(*rapid.T) { m.poll() }
 
 func (m *machine) poll() {
 	now := m.now()
+	ids := make([]string, 0, len(m.polled))
+	for id := range m.polled {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids) // one seed, one sequence
 	m.w.ec2.mu.Lock()
-	for _, e := range m.polled {
-		if e.before != nil {
+	for _, id := range ids {
+		if e := m.polled[id]; e.before != nil {
 			e.before(now)
 		}
 	}
@@ -312,12 +411,12 @@ func (m *machine) poll() {
 	if err := m.w.leader.poller.Poll(m.ctx); err != nil {
 		return // handed again at the next poll
 	}
-	for _, e := range m.polled {
-		if e.after != nil {
+	for _, id := range ids {
+		if e := m.polled[id]; e.after != nil {
 			e.after(now)
 		}
 	}
-	m.polled = nil
+	clear(m.polled)
 	for _, in := range m.m.insts {
 		if !impaired[in.id] {
 			in.impairedSeen = false // recovered, as this poll told the router
@@ -468,6 +567,13 @@ func (m *machine) finish(t *rapid.T) {
 // TestSimulation runs the state machine: `go test ./test/sim` runs rapid's default 100 seeds,
 // `make sim SEEDS=N` more (rapid shrinks a failure to a minimal sequence and prints its seed).
 func TestSimulation(t *testing.T) {
+	defer func() {
+		// The state the features add is driven, not only possible: over make test's fixed
+		// sequence, kafka's scheduled events are moved into its window.
+		if *checks() >= 20 && moves.Load() == 0 {
+			t.Error("no scheduled event was moved into kafka's window over the run")
+		}
+	}()
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
 		defer m.w.stop(m.w.leader)

@@ -29,6 +29,7 @@ import (
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -50,7 +51,9 @@ import (
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
+	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/reschedule"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
 )
@@ -60,7 +63,7 @@ var Start = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 
 // Pools of the simulated cluster and their policies.
 const (
-	PoolKafka = "kafka" // defer to a Saturday window, one drain at a time
+	PoolKafka = "kafka" // defer to a Saturday window, one drain at a time; scheduled events moved into the window
 	PoolWeb   = "web"   // Karpenter's behaviour; repair cut-off 20%
 	PoolBatch = "batch" // ignore everything
 )
@@ -68,7 +71,7 @@ const (
 // PoolAnnotations are the NodePools' annotations.
 var PoolAnnotations = map[string]map[string]string{
 	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
-		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true"},
+		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true"},
 	PoolWeb:   {},
 	PoolBatch: {policy.AnnotationAction: "ignore"},
 }
@@ -207,12 +210,58 @@ func (q *queues) send(body string) {
 	q.intake = append(q.intake, &message{id: "m" + strconv.Itoa(q.seq), body: body})
 }
 
-// ec2Status is the in-memory EC2 DescribeInstanceStatus: scheduled events and impairments.
+// ec2Status is the in-memory EC2 DescribeInstanceStatus (scheduled events and impairments) and
+// ModifyInstanceEventStartTime (EC2's bounds: a deadline, not within 5 minutes of the start,
+// the new start an hour ahead at least and not past the deadline).
 type ec2Status struct {
 	mu       sync.Mutex
+	clock    *clocktesting.FakeClock
 	events   map[string][]ec2types.InstanceStatusEvent
 	impaired map[string]time.Time
 	down     bool
+	// onMove observes every move EC2 accepted (mu held).
+	onMove func(instance, eventID string, code event.ScheduledType, from, to time.Time)
+}
+
+func (e *ec2Status) ModifyInstanceEventStartTime(_ context.Context, in *ec2.ModifyInstanceEventStartTimeInput, _ ...func(*ec2.Options)) (*ec2.ModifyInstanceEventStartTimeOutput, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.down {
+		return nil, fmt.Errorf("RequestLimitExceeded")
+	}
+	id, eid, to := aws.ToString(in.InstanceId), aws.ToString(in.InstanceEventId), aws.ToTime(in.NotBefore)
+	now := e.clock.Now()
+	for i, ev := range e.events[id] {
+		if aws.ToString(ev.InstanceEventId) != eid {
+			continue
+		}
+		from := aws.ToTime(ev.NotBefore)
+		switch {
+		case ev.NotBeforeDeadline == nil, strings.HasPrefix(aws.ToString(ev.Description), "["), !from.After(now.Add(5 * time.Minute)),
+			to.Before(now.Add(time.Hour)), to.After(aws.ToTime(ev.NotBeforeDeadline)):
+			return nil, &smithy.GenericAPIError{Code: "InvalidInstanceEventStartTime", Message: "the event cannot move there"}
+		}
+		ev.NotBefore = aws.Time(to)
+		if ev.NotAfter != nil {
+			ev.NotAfter = aws.Time(aws.ToTime(ev.NotAfter).Add(to.Sub(from)))
+		}
+		e.events[id][i] = ev
+		if e.onMove != nil {
+			e.onMove(id, eid, event.ScheduledType(ev.Code), from, to)
+		}
+		return &ec2.ModifyInstanceEventStartTimeOutput{Event: &ev}, nil
+	}
+	return nil, &smithy.GenericAPIError{Code: "InvalidInstanceEventIDNotFound", Message: "no such event"}
+}
+
+// current returns the start EC2 holds for an instance's open event eid (mu held).
+func (e *ec2Status) current(instance, eid string) (time.Time, bool) {
+	for _, ev := range e.events[instance] {
+		if aws.ToString(ev.InstanceEventId) == eid && !strings.HasPrefix(aws.ToString(ev.Description), "[") {
+			return aws.ToTime(ev.NotBefore), true
+		}
+	}
+	return time.Time{}, false
 }
 
 func (e *ec2Status) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeInstanceStatusInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
@@ -299,7 +348,7 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 	}
 	clk := clocktesting.NewFakeClock(Start)
 	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode,
-		ec2:      &ec2Status{events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
+		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
 		recorder: &events.FakeRecorder{}, log: simLog(), onLaunch: onLaunch}
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
 	for _, ix := range cluster.Indexes() {
@@ -392,7 +441,7 @@ func (w *world) newReplica(name string) *replica {
 	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedIgnore))
 	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
 	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
-	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1)
+	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1).WithRescheduler(reschedule.NewEvents(w.ec2))
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.router, w.router, w.log, nil)
 	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl)
