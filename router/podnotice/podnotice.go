@@ -6,21 +6,29 @@
 // It is bounded, because a bulk event names thousands of nodes: at most PerNode pods of one
 // node and PerEvent pods of one event get their own Event; the pods past either bound are
 // counted per namespace, and each namespace gets one summary Event (regarding the Namespace,
-// in the namespace) per event and decision. It never blocks a decision: notices wait in a
-// bounded queue (a full queue drops the notice and counts it), and the pod reads take their
-// own rate limit, below the client's, so that decisions keep theirs.
+// in the namespace) per event and decision, rewritten in place as its counts grow. It never
+// blocks a decision: notices wait in a bounded queue (a full queue drops the notice and
+// counts it), and the pod reads take their own rate limit, below the client's, so that
+// decisions keep theirs.
 package podnotice
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"os"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/utils/clock"
@@ -50,6 +58,9 @@ const (
 	// DefaultQPS bounds the pod reads (one per node): the decisions' own client budget is
 	// left to them.
 	DefaultQPS = 20
+	// DefaultReporter is the reporting controller of the summary Events: the name the router's
+	// Event recorder reports as.
+	DefaultReporter = "health-router"
 )
 
 // Notice is one decision for one node.
@@ -69,12 +80,24 @@ type Notice struct {
 type Options struct {
 	PerEvent, PerNode, Queue int
 	QPS                      float32
+	// Reporter and Instance are the summary Events' reporting controller and instance
+	// (default DefaultReporter, and Reporter-<hostname> as the recorder's).
+	Reporter, Instance string
+}
+
+// kubeAPI is what the Notifier reads and writes itself: the pods of a node (the API
+// server's field selector: the live router does not cache Pods) and the summary Events.
+// The pods' own Events go through the recorder.
+type kubeAPI interface {
+	List(context.Context, client.ObjectList, ...client.ListOption) error
+	Create(context.Context, client.Object, ...client.CreateOption) error
+	Patch(context.Context, client.Object, client.Patch, ...client.PatchOption) error
 }
 
 // Notifier writes the Events. Start runs its worker (on every replica: the replica that
 // decides notifies); Notify hands it a notice.
 type Notifier struct {
-	pods     client.Reader // Pods by spec.nodeName: the API server's field selector (the live router does not cache Pods)
+	kube     kubeAPI
 	recorder events.EventRecorder
 	clock    clock.Clock
 	log      *slog.Logger
@@ -114,7 +137,7 @@ type tally struct {
 }
 
 // New returns a Notifier; reg may be nil.
-func New(pods client.Reader, recorder events.EventRecorder, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer, opts Options) *Notifier {
+func New(kube kubeAPI, recorder events.EventRecorder, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer, opts Options) *Notifier {
 	if opts.PerEvent <= 0 {
 		opts.PerEvent = DefaultPerEvent
 	}
@@ -127,7 +150,14 @@ func New(pods client.Reader, recorder events.EventRecorder, clk clock.Clock, log
 	if opts.QPS <= 0 {
 		opts.QPS = DefaultQPS
 	}
-	n := &Notifier{pods: pods, recorder: recorder, clock: clk, log: log, opts: opts,
+	if opts.Reporter == "" {
+		opts.Reporter = DefaultReporter
+	}
+	if opts.Instance == "" {
+		host, _ := os.Hostname()
+		opts.Instance = opts.Reporter + "-" + host
+	}
+	n := &Notifier{kube: kube, recorder: recorder, clock: clk, log: log, opts: opts,
 		limiter: flowcontrol.NewTokenBucketRateLimiter(opts.QPS, int(opts.QPS)),
 		queue:   make(chan Notice, opts.Queue), events: map[string]*budget{}, last: map[string]string{},
 		written: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "health_router_pod_events_total",
@@ -180,7 +210,7 @@ func (n *Notifier) Start(ctx context.Context) error {
 		case x := <-n.queue:
 			n.Handle(ctx, x)
 			if len(n.queue) == 0 {
-				n.Flush()
+				n.Flush(ctx)
 			}
 		}
 	}
@@ -192,7 +222,7 @@ func (n *Notifier) Handle(ctx context.Context, x Notice) {
 		return
 	}
 	var pods corev1.PodList
-	if err := n.pods.List(ctx, &pods, client.MatchingFields{gates.IndexPodNode: x.Node}); err != nil {
+	if err := n.kube.List(ctx, &pods, client.MatchingFields{gates.IndexPodNode: x.Node}); err != nil {
 		n.dropped.WithLabelValues("list-failed").Inc()
 		n.log.Error("reading the pods of a node to tell them", "node", x.Node, "event_id", x.EventID, "err", err)
 		return
@@ -233,11 +263,15 @@ func (n *Notifier) Handle(ctx context.Context, x Notice) {
 	}
 }
 
-// Flush writes a summary per namespace for the pods past the bounds since the last one.
-func (n *Notifier) Flush() {
+// Flush writes a summary per namespace for the pods past the bounds since the last one. A
+// summary that grows is rewritten in place: the recorder would fold it into the first one's
+// series and keep the first one's note, with the first one's counts.
+func (n *Notifier) Flush(ctx context.Context) {
 	type pending struct {
 		k           summaryKey
+		t           *tally
 		pods, nodes int
+		first       bool
 		notice      Notice
 	}
 	var out []pending
@@ -245,8 +279,7 @@ func (n *Notifier) Flush() {
 	for _, b := range n.events {
 		for k, t := range b.past {
 			if t.pods > t.flushed {
-				t.flushed = t.pods
-				out = append(out, pending{k, t.pods, len(t.nodes), t.notice})
+				out = append(out, pending{k, t, t.pods, len(t.nodes), t.flushed == 0, t.notice})
 			}
 		}
 	}
@@ -256,13 +289,53 @@ func (n *Notifier) Flush() {
 	})
 	for _, s := range out {
 		_, note := message(s.notice)
-		ns := &corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: s.k.namespace, Namespace: s.k.namespace}
-		n.recorder.Eventf(ns, nil, corev1.EventTypeNormal, ReasonSummary, string(s.k.action),
-			"%d pods of this namespace on %d nodes past the bounds of pod Events (%d per node, %d per event); for example %s",
+		note = fmt.Sprintf("%d pods of this namespace on %d nodes past the bounds of pod Events (%d per node, %d per event); for example %s",
 			s.pods, s.nodes, n.opts.PerNode, n.opts.PerEvent, note)
+		if err := n.summary(ctx, s.k, s.notice.EventID, note, s.first); err != nil {
+			// Not counted as written: the next flush writes it again.
+			n.log.Error("writing the summary Event of a namespace", "namespace", s.k.namespace, "event_id", s.notice.EventID, "err", err)
+			continue
+		}
+		n.mu.Lock()
+		s.t.flushed = max(s.t.flushed, s.pods)
+		n.mu.Unlock()
 		n.written.WithLabelValues("summary").Inc()
 	}
 }
+
+// summary creates the summary Event of k, or rewrites its note. Its name is derived from
+// the event and k, so that every write of one summary lands on one Event.
+func (n *Notifier) summary(ctx context.Context, k summaryKey, eventID, note string, first bool) error {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%s/%d", eventID, k.action, k.until.Unix())
+	name := fmt.Sprintf("%s.healthrouter-summary-%016x", k.namespace, h.Sum64())
+	if len(note) > maxNote {
+		note = note[:maxNote]
+	}
+	if first {
+		err := n.kube.Create(ctx, &eventsv1.Event{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: k.namespace},
+			EventTime:  metav1.NewMicroTime(n.clock.Now()),
+			// A namespaced Event must name its own namespace in regarding.
+			Regarding:           corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: k.namespace, Namespace: k.namespace},
+			ReportingController: n.opts.Reporter, ReportingInstance: n.opts.Instance,
+			Action: string(k.action), Reason: ReasonSummary, Note: note, Type: corev1.EventTypeNormal,
+		})
+		if !apierrors.IsAlreadyExists(err) { // else written before this Notifier started: rewritten below
+			return err
+		}
+	}
+	// events.k8s.io/v1 refuses a change of an Event's note; the core API serves the same
+	// object and lets its message change.
+	patch, err := json.Marshal(map[string]any{"message": note})
+	if err != nil {
+		return err
+	}
+	return n.kube.Patch(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: k.namespace}}, client.RawPatch(types.MergePatchType, patch))
+}
+
+// maxNote is the API server's bound on an Event's note.
+const maxNote = 1024
 
 // budget returns the event's budget (n.mu held), forgetting events told more than a day ago.
 func (n *Notifier) budget(eventID string) *budget {
