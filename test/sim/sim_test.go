@@ -50,9 +50,9 @@ type machine struct {
 	// is processed (before), an ending (a closed maintenance, a running instance) once the
 	// message is done with (after), so that the model never forgives more than the router knew.
 	effects map[string]effect
-	sent    []sentBody // bodies sent, for duplicates
+	sent    []sentBody        // bodies sent, for duplicates
 	polled  map[string]effect // EC2's events the next successful poll tells the router of, by event ID: what EC2 then holds
-	horizon time.Time  // the latest maintenance the run made
+	horizon time.Time         // the latest maintenance the run made
 	evSeq   int
 	pollIDs map[string]string // instance/type -> EC2 instance-event ID
 	goBase  int
