@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -71,11 +70,8 @@ type Pipeline struct {
 	cluster   string
 }
 
-// Rescheduler finds an instance's scheduled event in EC2 and moves it (router/reschedule).
-type Rescheduler interface {
-	FindEvent(ctx context.Context, instanceID string, code event.ScheduledType) (reschedule.Event, bool, error)
-	Move(ctx context.Context, instanceID, eventID string, newStart time.Time) (reschedule.Event, error)
-}
+// Rescheduler finds an instance's scheduled event in EC2 and moves it (reschedule.Events).
+type Rescheduler = reschedule.API
 
 // WithRescheduler has the pipeline move the scheduled events of pools annotated
 // healthrouter.io/reschedule=true into their window.
@@ -238,7 +234,8 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		return "", false, err
 	}
 	d := o.Decision
-	if p.resched != nil && !redecide && reschedulable(ev, d, o.Resolved) {
+	if p.resched != nil && !redecide && o.Resolved.NodePool != nil &&
+		reschedule.Eligible(ev, d.Action, o.Resolved.NodeClaim != nil, policy.FromAnnotations(o.Resolved.NodePool.Annotations)) {
 		moved, how, changed := p.reschedule(ctx, ev, id, o.Resolved)
 		if changed {
 			// The event as EC2 now holds it: it may be a maintenance recorded already (the
@@ -327,74 +324,25 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	return d.Action, false, nil
 }
 
-// reschedulable reports whether the router tries to move ev for this instance: a scheduled
-// change that is not over, of a NodeClaim in a pool annotated healthrouter.io/reschedule=true,
-// that the pool does not drain now (a drain replaces the instance: nothing to move).
-func reschedulable(ev event.Event, d policy.Decision, res cluster.Resolved) bool {
-	if ev.Kind != event.KindScheduledChange || ev.Health == nil || ev.Health.Scheduled == "" || record.Closed(ev) ||
-		res.NodeClaim == nil || res.NodePool == nil || (d.Action != policy.ActionDefer && d.Action != policy.ActionIgnore) {
-		return false
-	}
-	return policy.FromAnnotations(res.NodePool.Annotations).Reschedule
-}
-
-// reschedule moves the instance's scheduled event into its pool's next window opening that
-// fits (reschedule.Plan), and returns the event as EC2 then holds it (changed: it starts at
-// another time than ev says, moved now or before) and what was done, for the decision's
-// reason. Whatever fails, the pool's ordinary policy applies to the event as it is.
+// reschedule moves the instance's scheduled event into its pool's window (reschedule.Attempt)
+// and returns the event as EC2 then holds it (changed: it starts at another time than ev
+// says) and what was done, for the decision's reason.
 func (p *Pipeline) reschedule(ctx context.Context, ev event.Event, id string, res cluster.Resolved) (event.Event, string, bool) {
-	pol := policy.FromAnnotations(res.NodePool.Annotations)
-	result := func(r, how string) (event.Event, string, bool) {
-		p.metrics.Reschedules.WithLabelValues(r).Inc()
-		return ev, "not rescheduled: " + strings.TrimPrefix(how, "not moved: "), false
-	}
-	held, ok, err := p.resched.FindEvent(ctx, id, ev.Health.Scheduled)
-	switch {
-	case errors.Is(err, reschedule.ErrRefused):
-		return result("refused", reschedule.FailureReason(err))
-	case err != nil:
-		return result("unavailable", reschedule.FailureReason(err))
-	case !ok:
-		return result("not-moved", fmt.Sprintf("EC2 reports no open %s event for the instance", ev.Health.Scheduled))
-	}
-	// The event as EC2 holds it: a report older than a move (this router's, or AWS's own)
-	// names the former start.
 	one, err := p.restrict(ev, id)
 	if err != nil {
-		return result("not-moved", err.Error())
+		p.metrics.Reschedules.WithLabelValues(reschedule.ResultNotMoved).Inc()
+		return ev, "not rescheduled: " + err.Error(), false
 	}
-	current := one
-	if start := held.NotBefore.UTC().Truncate(time.Second); !start.Equal(ev.Deadline.UTC().Truncate(time.Second)) {
-		if current, err = event.Moved(one, start); err != nil {
-			return result("not-moved", err.Error())
-		}
+	out := reschedule.Attempt(ctx, p.resched, one, id, policy.FromAnnotations(res.NodePool.Annotations), p.clock.Now())
+	p.metrics.Reschedules.WithLabelValues(out.Result).Inc()
+	if out.Result == reschedule.ResultMoved {
+		p.signal.Rescheduled(res, ev, out.Note)
+		p.log.Info("scheduled event moved into the window", "event_id", ev.ID, "instance", id, "ec2_event", out.EventID, "from", out.From, "to", out.To)
 	}
-	plan := reschedule.Plan(reschedule.Input{Now: p.clock.Now(), NotBefore: held.NotBefore, Deadline: held.Deadline, Window: pol.Window, DrainLead: pol.DrainLead})
-	if !plan.Move {
-		r := "not-moved"
-		if strings.HasPrefix(plan.Reason, "not moved: already in the window") {
-			r = "in-window"
-		}
-		p.metrics.Reschedules.WithLabelValues(r).Inc()
-		return current, "not rescheduled: " + strings.TrimPrefix(plan.Reason, "not moved: "), current.Deadline != ev.Deadline
+	if !out.Changed {
+		return ev, out.Note, false
 	}
-	if _, err := p.resched.Move(ctx, id, held.ID, plan.NewStart); err != nil {
-		r := "unavailable"
-		if errors.Is(err, reschedule.ErrRefused) {
-			r = "refused"
-		}
-		p.metrics.Reschedules.WithLabelValues(r).Inc()
-		return current, "not rescheduled: " + strings.TrimPrefix(reschedule.FailureReason(err), "not moved: "), current.Deadline != ev.Deadline
-	}
-	moved, err := event.Moved(one, plan.NewStart)
-	if err != nil { // cannot happen: one moved above, or is a scheduled change with a start
-		return result("not-moved", err.Error())
-	}
-	p.metrics.Reschedules.WithLabelValues("moved").Inc()
-	how := fmt.Sprintf("rescheduled %s %s", held.ID, plan.Reason)
-	p.signal.Rescheduled(res, ev, how)
-	p.log.Info("scheduled event moved into the window", "event_id", ev.ID, "instance", id, "ec2_event", held.ID, "from", held.NotBefore, "to", plan.NewStart)
-	return moved, how, true
+	return out.Event, out.Note, true
 }
 
 // restrict returns ev as it names only instance id (its canonical body, parsed).

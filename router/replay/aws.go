@@ -45,9 +45,25 @@ import (
 // Any field of EC2's Image or CapacityReservation is accepted in both forms; a field EC2
 // does not have is refused, naming it. An image or reservation not listed does not exist,
 // as EC2 would say.
+//
+// For pools annotated healthrouter.io/reschedule=true, the instances' scheduled events
+// (a what-if: replay moves nothing) come from what the CLI prints,
+//
+//	aws ec2 describe-instance-status --include-all-instances --output json > status.json
+//
+// or the short form:
+//
+//	instanceStatuses:
+//	  - id: i-0a1b2c3d4e5f60001
+//	    events:
+//	      - instanceEventId: instance-event-0a1b2c3d4e5f60001
+//	        code: system-reboot
+//	        notBefore: "2026-12-01T12:00:00Z"
+//	        notBeforeDeadline: "2026-12-15T12:00:00Z"
 type AWSFile struct {
 	Images               []ec2types.Image
 	CapacityReservations []ec2types.CapacityReservation
+	InstanceStatuses     []ec2types.InstanceStatus
 }
 
 // ec2Kind describes one top-level list of an --aws file: its key (as the CLI prints it),
@@ -73,6 +89,7 @@ func newEC2Kind(key, idField string, shape any, states []string) ec2Kind {
 var (
 	imageKind       = newEC2Kind("Images", "ImageId", ec2types.Image{}, enumStrings(ec2types.ImageState("").Values()))
 	reservationKind = newEC2Kind("CapacityReservations", "CapacityReservationId", ec2types.CapacityReservation{}, enumStrings(ec2types.CapacityReservationState("").Values()))
+	statusKind      = newEC2Kind("InstanceStatuses", "InstanceId", ec2types.InstanceStatus{}, enumStrings(ec2types.InstanceStateName("").Values()))
 )
 
 func enumStrings[T ~string](vs []T) []string {
@@ -127,7 +144,7 @@ func (a *AWSFile) load(path string, seen map[string]string) error {
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(js, &top); err != nil || top == nil {
-		return fmt.Errorf("%s: want an object with Images or CapacityReservations (the output of aws ec2 describe-images or describe-capacity-reservations --output json, or the short YAML)", path)
+		return fmt.Errorf("%s: want an object with Images, CapacityReservations or InstanceStatuses (the output of aws ec2 describe-images, describe-capacity-reservations or describe-instance-status --output json, or the short YAML)", path)
 	}
 	found := false
 	for _, key := range sortedKeys(top) {
@@ -165,14 +182,34 @@ func (a *AWSFile) load(path string, seen map[string]string) error {
 				a.CapacityReservations = append(a.CapacityReservations, cr)
 			}
 			found = true
+		case "instancestatuses":
+			entries, err := decodeEntries(path, key, statusKind, raw)
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				var st ec2types.InstanceStatus
+				if err := decodeEntry(e, &st); err != nil {
+					return err
+				}
+				state := string(ec2types.InstanceStateNameRunning) // the short form may leave it out
+				if st.InstanceState != nil && st.InstanceState.Name != "" {
+					state = string(st.InstanceState.Name)
+				}
+				if err := e.check(aws.ToString(st.InstanceId), state, seen); err != nil {
+					return err
+				}
+				a.InstanceStatuses = append(a.InstanceStatuses, st)
+			}
+			found = true
 		case "nexttoken":
 			// The CLI pages by itself; a token left in the output means a --max-items cut.
 		default:
-			return fmt.Errorf("%s: unknown key %q: want Images (aws ec2 describe-images) or CapacityReservations (aws ec2 describe-capacity-reservations)", path, key)
+			return fmt.Errorf("%s: unknown key %q: want Images (aws ec2 describe-images), CapacityReservations (aws ec2 describe-capacity-reservations) or InstanceStatuses (aws ec2 describe-instance-status)", path, key)
 		}
 	}
 	if !found {
-		return fmt.Errorf("%s: no Images or CapacityReservations", path)
+		return fmt.Errorf("%s: no Images, CapacityReservations or InstanceStatuses", path)
 	}
 	return nil
 }
@@ -282,4 +319,26 @@ func (a *ec2Answers) DescribeCapacityReservations(_ context.Context, in *ec2.Des
 		out.CapacityReservations = append(out.CapacityReservations, a.file.CapacityReservations[i])
 	}
 	return out, nil
+}
+
+// DescribeInstanceStatus answers from the file's instance statuses: the instances asked that
+// it lists (EC2 answers nothing for an instance it does not report).
+func (a *ec2Answers) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeInstanceStatusInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
+	a.calls["DescribeInstanceStatus"]++
+	out := &ec2.DescribeInstanceStatusOutput{}
+	for _, id := range in.InstanceIds {
+		for _, st := range a.file.InstanceStatuses {
+			if aws.ToString(st.InstanceId) == id {
+				out.InstanceStatuses = append(out.InstanceStatuses, st)
+			}
+		}
+	}
+	return out, nil
+}
+
+// ModifyInstanceEventStartTime is a what-if: it records the move the router would ask for,
+// and moves nothing.
+func (a *ec2Answers) ModifyInstanceEventStartTime(_ context.Context, in *ec2.ModifyInstanceEventStartTimeInput, _ ...func(*ec2.Options)) (*ec2.ModifyInstanceEventStartTimeOutput, error) {
+	a.calls["ModifyInstanceEventStartTime"]++
+	return &ec2.ModifyInstanceEventStartTimeOutput{Event: &ec2types.InstanceStatusEvent{InstanceEventId: in.InstanceEventId, NotBefore: in.NotBefore}}, nil
 }

@@ -28,6 +28,8 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/reschedule"
+	"github.com/health-router/health-router/router/signal"
 )
 
 // Options are replay's inputs.
@@ -98,12 +100,14 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 		g.hasAlerts = true
 	}
 	var checker *checks.Checker
+	var moves reschedule.API // --aws's scheduled events, for pools that move them (a what-if)
 	if o.AWSFile != "" {
 		af, err := LoadAWS(o.AWSFile)
 		if err != nil {
 			return fmt.Errorf("--aws: %w", err)
 		}
 		answers := &ec2Answers{file: af, calls: map[string]int{}}
+		moves = reschedule.NewEvents(answers)
 		clk := clock.RealClock{}
 		checker = checks.NewChecker(checks.NewAMI(answers, clk), checks.NewReservations(answers, clk), o.Gates)
 	}
@@ -129,7 +133,14 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 			return err
 		}
 		for _, out := range outs {
-			rows = append(rows, toRow(out.Decision, b.source))
+			d := out.Decision
+			if moves != nil && out.Resolved.NodePool != nil &&
+				reschedule.Eligible(ev, d.Action, out.Resolved.NodeClaim != nil, policy.FromAnnotations(out.Resolved.NodePool.Annotations)) {
+				if d, err = whatIfMoved(ctx, eng, moves, ev, out, o.Now); err != nil {
+					return err
+				}
+			}
+			rows = append(rows, toRow(d, b.source))
 		}
 	}
 	if o.Output == "json" {
@@ -142,6 +153,38 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 		return nil
 	}
 	return writeTable(w, rows, checker != nil, g)
+}
+
+// whatIfMoved decides an instance of a pool annotated healthrouter.io/reschedule=true as the
+// router would once it had moved the event into the window (reschedule.Attempt, with --aws's
+// scheduled events; nothing is moved): the reason starts with "what-if: rescheduled ..." or
+// "not rescheduled: why".
+func whatIfMoved(ctx context.Context, eng *engine.Engine, api reschedule.API, ev event.Event, out engine.Outcome, now time.Time) (policy.Decision, error) {
+	one := ev
+	if len(ev.Instances) > 1 {
+		body, err := signal.Canonical(ev, out.InstanceID)
+		if err != nil {
+			return out.Decision, err
+		}
+		if one, err = event.Parse(body); err != nil {
+			return out.Decision, err
+		}
+	}
+	att := reschedule.Attempt(ctx, api, one, out.InstanceID, policy.FromAnnotations(out.Resolved.NodePool.Annotations), now)
+	d := out.Decision
+	if att.Changed {
+		o, err := eng.DecideInstance(ctx, att.Event, func(context.Context, string) (cluster.Resolved, error) { return out.Resolved, nil }, out.InstanceID, now)
+		if err != nil {
+			return d, err
+		}
+		d = o.Decision
+	}
+	note := att.Note
+	if att.Result == reschedule.ResultMoved {
+		note = "what-if: " + note
+	}
+	d.Reason = note + "; " + d.Reason
+	return d, nil
 }
 
 // replayGates runs the gates over the snapshot: the PDB gate when the cluster file has

@@ -191,3 +191,68 @@ func TestLoadAWSFileStrict(t *testing.T) {
 		t.Error("a misspelt field was accepted")
 	}
 }
+
+// TestReplayReschedule: with the kafka pool annotated reschedule=true and the instance's
+// scheduled event in --aws (as describe-instance-status prints it), replay shows the move
+// as a what-if and decides the event as it would stand once moved; without the event in
+// --aws, it says why nothing would move.
+func TestReplayReschedule(t *testing.T) {
+	dir := t.TempDir()
+	cl, err := os.ReadFile("../../test/demo/cluster.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotated := strings.Replace(string(cl), "      healthrouter.io/drain-lead: 2h\n", "      healthrouter.io/drain-lead: 2h\n      healthrouter.io/reschedule: \"true\"\n", 1)
+	if annotated == string(cl) {
+		t.Fatal("the demo's kafka pool has no drain-lead line to annotate after")
+	}
+	clusterFile := filepath.Join(dir, "cluster.yaml")
+	awsDir := filepath.Join(dir, "aws")
+	if err := os.Mkdir(awsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	demoAWS, err := os.ReadFile("../../test/demo/aws.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := `{"InstanceStatuses": [{"InstanceId": "i-01234abcd5678ef90", "AvailabilityZone": "eu-west-1a",
+  "InstanceState": {"Code": 16, "Name": "running"},
+  "Events": [{"InstanceEventId": "instance-event-0d59937288b749b32", "Code": "instance-retirement", "Description": "The instance is running on degraded hardware",
+    "NotBefore": "2026-12-02T15:00:00+00:00", "NotBeforeDeadline": "2026-12-09T15:00:00+00:00"}]}]}`
+	for name, body := range map[string]string{"aws.yaml": string(demoAWS), "describe-instance-status.json": status} {
+		if err := os.WriteFile(filepath.Join(awsDir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(clusterFile, []byte(annotated), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(aws string) Row {
+		var out bytes.Buffer
+		if err := Run(context.Background(), Options{ClusterFile: clusterFile, EventsPath: "../../test/demo/events/02-health-retirement.json", AWSFile: aws,
+			Now: demoNow, Gates: checks.NewFeatureGates(), Output: "json"}, &out, &bytes.Buffer{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			var r Row
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.InstanceID == "i-01234abcd5678ef90" {
+				return r
+			}
+		}
+		t.Fatalf("no row for the kafka instance:\n%s", out.String())
+		return Row{}
+	}
+	r := run(awsDir)
+	want := "what-if: rescheduled instance-event-0d59937288b749b32 moved from 2026-12-02T15:00:00Z to 2026-11-28T04:00:00Z"
+	if r.Action != policy.ActionDefer || !strings.HasPrefix(r.Reason, want) || r.Until == nil || !r.Until.Equal(time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)) ||
+		r.Deadline == nil || !r.Deadline.Equal(time.Date(2026, 11, 28, 4, 0, 0, 0, time.UTC)) {
+		t.Errorf("row %+v\nwant a deferral to the window opening, the deadline moved, the reason starting %q", r, want)
+	}
+	r = run("../../test/demo/aws.yaml")
+	if !strings.HasPrefix(r.Reason, "not rescheduled: EC2 reports no open instance-retirement event") || r.Deadline == nil || !r.Deadline.Equal(time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)) {
+		t.Errorf("without the event in --aws: %+v", r)
+	}
+}
