@@ -211,11 +211,17 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 		}
 		d = policy.ApplyGates(d, ev, tg.Policy, gs, now)
 	}
-	if d.Action == policy.ActionDrain && e.checker != nil {
+	if d.Action == policy.ActionDrain && !d.InPlace && e.checker != nil {
+		// A reboot in place keeps the node: no replacement to check.
 		d = policy.ApplyChecks(d, ev, tg.Policy, e.runChecks(ctx, ev, res), now)
 	}
 	if reserved && d.Action != policy.ActionDrain {
 		e.pacer.unreserve(tg.NodePool, tg.NodeClaim)
+	}
+	if d.InPlace && d.Action == policy.ActionDrain {
+		// Paced and gated as a drain (its slot stays reserved: the run is in flight); carried
+		// out by keeping the node through the reboot.
+		d.Action = policy.ActionRebootInPlace
 	}
 	if reserved && d.Action == policy.ActionDrain && tg.Policy.DrainSettle != (policy.Settle{}) {
 		st := &settle{policy: tg.Policy.DrainSettle, node: tg.Node}

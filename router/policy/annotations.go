@@ -48,8 +48,9 @@ func NodePoolAnnotations() []AnnotationDoc {
 			Doc: "the pool's action for every event kind. Without it (and without a per-kind or per-type key) the router does what Karpenter does: drain everything actionable, record rebalance recommendations only"},
 		{Key: ActionKey("<kind>"), Family: kindKeys, Values: "same", Default: "—",
 			Doc: "per kind: " + strings.Join(kinds, ", ") + ". Wins over `" + AnnotationAction + "`"},
-		{Key: ScheduledActionKey("<type>"), Family: typeKeys, Values: "same", Default: "—",
-			Doc: "per EC2 scheduled-event type: " + strings.Join(types, ", ") + ". The most specific key wins: this, then `" + ActionKey("<kind>") + "`, then `" + AnnotationAction + "`"},
+		{Key: ScheduledActionKey("<type>"), Family: typeKeys, Values: "same; or `" + string(ActionRebootInPlace) + "` for `instance-reboot`, `system-reboot`, `system-maintenance`", Default: "—",
+			Doc: "per EC2 scheduled-event type: " + strings.Join(types, ", ") + ". The most specific key wins: this, then `" + ActionKey("<kind>") + "`, then `" + AnnotationAction + "`. `" + string(ActionRebootInPlace) +
+				"` keeps the node through the reboot: in the window (or at deadline minus drain-lead), paced and gated as a drain, the router cordons it, evicts its pods (PDBs respected), lets AWS reboot it (reboots it itself for `instance-reboot`), and uncordons it once Ready; replaced if it is not Ready in time"},
 		{Key: AnnotationWindowSchedule, Values: "cron, 5 fields", Default: "none",
 			Doc: "maintenance window starts; UTC unless prefixed `CRON_TZ=Zone/Name ` (as Karpenter's budgets)"},
 		{Key: AnnotationWindowDuration, Values: "Go duration (`4h`)", Default: "none",

@@ -90,6 +90,10 @@ type Decision struct {
 	// Cancel is set when the event ends an earlier deferral of the same instance: a
 	// closed AWS Health event, or a stopped instance that is running again.
 	Cancel bool `json:"cancel,omitempty"`
+	// InPlace marks a decision of a pool that keeps the node through a reboot
+	// (ActionRebootInPlace): deferred to the window as a drain would be, paced and gated as a
+	// drain; when it goes, the engine turns the drain into ActionRebootInPlace.
+	InPlace bool `json:"in_place,omitempty"`
 }
 
 // Check is the outcome of one pre-signal check.
@@ -164,6 +168,18 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 	switch action {
 	case ActionIgnore:
 		return d.with(ActionIgnore, "%s: %s", chose, ignoreWhat(ev))
+	case ActionRebootInPlace:
+		if ev.Health == nil || !RebootsInPlace(ev.Health.Scheduled) {
+			// Unreachable from FromAnnotations, which accepts it only for these types.
+			d = d.with(ActionDrain, "%s: not a reboot type; draining", chose)
+			break
+		}
+		d.InPlace = true
+		d = deferToWindow(d, ev, tg.Policy, now, chose)
+		if d.Action != ActionDrain {
+			return d
+		}
+		d.Reason += "; rebooting in place (the node is kept)"
 	case ActionDefer:
 		if ev.Kind == event.KindStateChange {
 			return deferStop(d, ev, tg.Policy, now, chose)

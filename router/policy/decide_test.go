@@ -71,6 +71,21 @@ func TestDecide(t *testing.T) {
 		{name: "ignore spot warns", ev: instanceEvent(event.KindSpotInterruption, ""), tg: target(map[string]string{AnnotationAction: "ignore"}), action: ActionIgnore, warning: "not drained"},
 		{name: "ignore stopping", ev: instanceEvent(event.KindStateChange, event.StateStopping), tg: target(map[string]string{AnnotationAction: "ignore"}), action: ActionIgnore},
 
+		// Reboot in place: deferred to the window as a drain; when it goes, a drain the
+		// engine carries out in place (InPlace), paced as a drain.
+		{name: "reboot in place waits for the window", ev: scheduled(event.ScheduledSystemReboot, week),
+			tg: target(with(saturdays, ScheduledActionKey(event.ScheduledSystemReboot), "reboot-in-place")), action: ActionDefer, until: time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC), reason: "waiting for the maintenance window"},
+		{name: "reboot in place goes at deadline minus lead", ev: scheduled(event.ScheduledInstanceReboot, now.Add(30*time.Minute)),
+			tg: target(map[string]string{ScheduledActionKey(event.ScheduledInstanceReboot): "reboot-in-place"}), action: ActionDrain, reason: "rebooting in place"},
+		{name: "reboot in place paced", ev: scheduled(event.ScheduledSystemMaintenance, now.Add(30*time.Minute)),
+			tg: func() Target {
+				tg := target(map[string]string{ScheduledActionKey(event.ScheduledSystemMaintenance): "reboot-in-place", AnnotationMaxConcurrentDrains: "1"})
+				tg.DrainsInFlight = 1
+				return tg
+			}(), action: ActionDrain, warning: "draining over max-concurrent-drains"},
+		{name: "reboot in place on retirement is refused: drains", ev: scheduled(event.ScheduledInstanceRetirement, week),
+			tg: target(map[string]string{ScheduledActionKey(event.ScheduledInstanceRetirement): "reboot-in-place"}), action: ActionDrain, warning: "reboot-in-place applies to"},
+
 		// Defer.
 		{name: "defer urgent spot drains", ev: instanceEvent(event.KindSpotInterruption, ""), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDrain, warning: "cannot be deferred"},
 		{name: "defer urgent capacity reservation drains", ev: instanceEvent(event.KindCapacityReservation, ""), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDrain, warning: "cannot be deferred"},
@@ -441,5 +456,27 @@ func TestRepairCutoff(t *testing.T) {
 	}
 	if p := FromAnnotations(map[string]string{AnnotationRepairMaxUnhealthyCap: "-1"}); len(p.Problems) != 1 || p.RepairMaxUnhealthyCap != DefaultRepairMaxUnhealthyCap {
 		t.Errorf("a negative cap: %v %d", p.Problems, p.RepairMaxUnhealthyCap)
+	}
+}
+
+// TestRebootInPlaceMarked: only the pools that keep the node mark their decisions InPlace,
+// held or going; and the annotation is refused for types AWS replaces the instance for.
+func TestRebootInPlaceMarked(t *testing.T) {
+	soon := scheduled(event.ScheduledSystemReboot, now.Add(30*time.Minute))
+	if d := Decide(soon, target(map[string]string{ScheduledActionKey(event.ScheduledSystemReboot): "reboot-in-place"}), now); !d.InPlace || d.Action != ActionDrain {
+		t.Errorf("due: %+v", d)
+	}
+	if d := Decide(soon, target(map[string]string{ScheduledActionKey(event.ScheduledSystemReboot): "drain"}), now); d.InPlace {
+		t.Errorf("a drain pool marked in place: %+v", d)
+	}
+	for _, key := range []string{AnnotationAction, ActionKey(event.KindScheduledChange), ScheduledActionKey(event.ScheduledInstanceStop)} {
+		p := FromAnnotations(map[string]string{key: "reboot-in-place"})
+		if len(p.Problems) != 1 || len(p.Scheduled) != 0 || p.Default == ActionRebootInPlace {
+			t.Errorf("%s=reboot-in-place: problems %v, scheduled %v", key, p.Problems, p.Scheduled)
+		}
+	}
+	p := FromAnnotations(map[string]string{ScheduledActionKey(event.ScheduledInstanceReboot): "reboot-in-place"})
+	if len(p.Problems) != 0 || p.Scheduled[event.ScheduledInstanceReboot] != ActionRebootInPlace {
+		t.Errorf("instance-reboot: %+v", p)
 	}
 }

@@ -65,7 +65,18 @@ const (
 	ActionIgnore     Action = "ignore"      // let AWS act; record it
 	ActionSkip       Action = "skip"        // the instance is not a node of this cluster
 	ActionDeadLetter Action = "dead-letter" // the message cannot be acted on
+	// ActionRebootInPlace keeps the node through a reboot-type scheduled event
+	// (RebootsInPlace): in the pool's window the router cordons it, evicts its pods, lets
+	// AWS reboot it (or reboots it itself, for instance-reboot) and uncordons it once Ready
+	// (router/inplace). Only healthrouter.io/action.scheduled-change.<type> takes it.
+	ActionRebootInPlace Action = "reboot-in-place"
 )
+
+// RebootsInPlace reports whether AWS keeps the instance through a scheduled event of type t
+// (its instance store, EBS volumes and IP): the types reboot-in-place applies to.
+func RebootsInPlace(t event.ScheduledType) bool {
+	return t == event.ScheduledInstanceReboot || t == event.ScheduledSystemReboot || t == event.ScheduledSystemMaintenance
+}
 
 // Policy is a NodePool's configuration, read from its annotations.
 type Policy struct {
@@ -155,12 +166,22 @@ func FromAnnotations(annotations map[string]string) Policy {
 				problem("want drain, defer or ignore")
 			}
 		case typeKeys[key] != "":
-			if a, ok := parseAction(v); ok {
+			a, ok := parseAction(v)
+			inPlace := Action(v) == ActionRebootInPlace && RebootsInPlace(typeKeys[key])
+			switch {
+			case ok || inPlace:
+				if inPlace {
+					a = ActionRebootInPlace
+				}
 				if p.Scheduled == nil {
 					p.Scheduled = map[event.ScheduledType]Action{}
 				}
 				p.Scheduled[typeKeys[key]] = a
-			} else {
+			case Action(v) == ActionRebootInPlace:
+				problem("reboot-in-place applies to %s, %s and %s only: AWS replaces the instance for %s", event.ScheduledInstanceReboot, event.ScheduledSystemReboot, event.ScheduledSystemMaintenance, typeKeys[key])
+			case RebootsInPlace(typeKeys[key]):
+				problem("want drain, defer, ignore or reboot-in-place")
+			default:
 				problem("want drain, defer or ignore")
 			}
 		case key == AnnotationMaxConcurrentDrains:
