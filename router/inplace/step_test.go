@@ -181,7 +181,9 @@ func TestNext(t *testing.T) {
 		{name: "await (AWS): before the start, even NotReady: wait for the start", st: awaitAWS, obs: Observation{Node: notReady}, now: start.Add(-time.Hour),
 			want: awaitAWS, wantWait: time.Hour},
 		{name: "await (AWS): after the start, NotReady: wait for Ready", st: awaitAWS, obs: Observation{Node: notReady}, now: start.Add(3 * time.Minute),
-			want:     with(awaitAWS, func(s *State) { s.Step, s.StepSince, s.NotReadySince = StepReady, start.Add(3*time.Minute), start.Add(3*time.Minute) }),
+			want: with(awaitAWS, func(s *State) {
+				s.Step, s.StepSince, s.NotReadySince = StepReady, start.Add(3*time.Minute), start.Add(3*time.Minute)
+			}),
 			wantWait: DefaultPoll},
 		{name: "await (AWS): after the start, Ready with a new boot: uncordon", st: awaitAWS,
 			obs: Observation{Node: readyAt(t0, "boot-2")}, now: start.Add(5 * time.Minute),
@@ -199,14 +201,18 @@ func TestNext(t *testing.T) {
 		{name: "await (AWS): the event's window ends before Quiet: its end bounds the wait",
 			st:  with(awaitAWS, func(s *State) { s.End = start.Add(30 * time.Minute) }),
 			obs: Observation{Node: ready}, now: start.Add(30 * time.Minute),
-			want: with(awaitAWS, func(s *State) { s.End, s.Step, s.StepSince = start.Add(30*time.Minute), StepUncordon, start.Add(30*time.Minute) }),
-			why:  "to 2026-03-01T14:30:00Z"},
+			want: with(awaitAWS, func(s *State) {
+				s.End, s.Step, s.StepSince = start.Add(30*time.Minute), StepUncordon, start.Add(30*time.Minute)
+			}),
+			why: "to 2026-03-01T14:30:00Z"},
 		{name: "await (AWS): a window longer than Quiet is waited out", st: with(awaitAWS, func(s *State) { s.End = start.Add(3 * time.Hour) }),
 			obs: Observation{Node: ready}, now: start.Add(DefaultQuiet), want: with(awaitAWS, func(s *State) { s.End = start.Add(3 * time.Hour) }), wantWait: DefaultPoll},
 		{name: "await (AWS): an end before the start is ignored", st: with(awaitAWS, func(s *State) { s.End = start.Add(-time.Minute) }),
 			obs: Observation{Node: ready}, now: start.Add(DefaultQuiet),
-			want: with(awaitAWS, func(s *State) { s.End, s.Step, s.StepSince = start.Add(-time.Minute), StepUncordon, start.Add(DefaultQuiet) }),
-			why:  "to 2026-03-01T15:00:00Z"},
+			want: with(awaitAWS, func(s *State) {
+				s.End, s.Step, s.StepSince = start.Add(-time.Minute), StepUncordon, start.Add(DefaultQuiet)
+			}),
+			why: "to 2026-03-01T15:00:00Z"},
 		{name: "await (AWS): a reboot left to AWS after RebootInstances failed waits for the start",
 			st:  with(run(reboot, StepAwait), func(s *State) { s.BootID = "boot-1" }),
 			obs: Observation{Node: ready}, now: start.Add(-time.Minute), want: with(run(reboot, StepAwait), func(s *State) { s.BootID = "boot-1" }), wantWait: time.Minute},
@@ -240,7 +246,9 @@ func TestNext(t *testing.T) {
 
 		// StepFallback
 		{name: "fallback: called: over", st: with(run(reboot, StepFallback), func(s *State) { s.Why = "no reboot seen" }), obs: Observation{Node: ready}, now: t0.Add(time.Hour),
-			want: with(run(reboot, StepFallback), func(s *State) { s.Why, s.StepSince, s.Outcome = "no reboot seen", t0.Add(time.Hour), "fallback: no reboot seen" })},
+			want: with(run(reboot, StepFallback), func(s *State) {
+				s.Why, s.StepSince, s.Outcome = "no reboot seen", t0.Add(time.Hour), "fallback: no reboot seen"
+			})},
 		{name: "fallback: failed: retried", st: with(run(reboot, StepFallback), func(s *State) { s.Why = "w" }), obs: Observation{Node: ready, Err: errAPI}, now: t0,
 			want: with(run(reboot, StepFallback), func(s *State) { s.Why, s.Attempts, s.LastError = "w", 1, errAPI.Error() }), wantWait: DefaultRetryMin},
 		{name: "fallback: the node is gone: called all the same, over", st: with(run(reboot, StepFallback), func(s *State) { s.Why = "w" }), obs: Observation{Node: gone}, now: t0,
