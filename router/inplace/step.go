@@ -190,21 +190,23 @@ func evictNext(st State, obs Observation, now time.Time, o Options) Decision {
 		st.BootID = obs.Node.BootID
 		return Decision{State: st, Wait: max(0, st.Start.Sub(now))}
 	}
+	// A budget's refusal, or pods still terminating, is the drain's ordinary course, not a
+	// failure to back off from (the drain helper reports a refusal it kept retrying as a
+	// timeout: the refusal is the news).
+	failed := obs.Err != nil && len(obs.Refused) == 0
 	why := fmt.Sprintf("%d pod(s) left", obs.Left)
 	if len(obs.Refused) > 0 {
 		why += "; refused by a PodDisruptionBudget: " + nodedrain.BlockedNote(obs.Refused)
 	}
-	if obs.Err != nil {
+	if failed {
 		why = obs.Err.Error()
 	}
 	if by := o.EvictBy(st); !now.Before(by) {
 		return fallback(st, fmt.Sprintf("the pods could not be evicted by %s (%s before the start): %s", stamp(by), o.EvictMargin, why), now)
 	}
-	if obs.Err != nil {
+	if failed {
 		return backoff(st, why, now, o)
 	}
-	// Pods left without an error: a budget's refusal or pods still terminating is the
-	// drain's ordinary course, not a failure to back off from.
 	st.Attempts++
 	st.LastError = truncate(why, lastErrorMax)
 	return Decision{State: st, Wait: o.EvictEvery}

@@ -103,6 +103,11 @@ func TestNext(t *testing.T) {
 				s.Attempts = 1
 				s.LastError = "2 pod(s) left; refused by a PodDisruptionBudget: kafka/kafka-0: Cannot evict pod as it would violate the pod's disruption budget."
 			}), wantWait: DefaultEvictEvery},
+		{name: "evict: a refusal the helper retried until its timeout is a refusal, not a failure", st: run(reboot, StepEvict),
+			obs: Observation{Node: ready, Left: 1, Refused: map[string]string{"kafka/kafka-1": "pdb"}, Err: errors.New("global timeout reached: 30s")}, now: t0,
+			want: with(run(reboot, StepEvict), func(s *State) {
+				s.Attempts, s.LastError = 1, "1 pod(s) left; refused by a PodDisruptionBudget: kafka/kafka-1: pdb"
+			}), wantWait: DefaultEvictEvery},
 		{name: "evict: the round failed: backoff", st: with(run(reboot, StepEvict), func(s *State) { s.Attempts = 1 }),
 			obs: Observation{Node: ready, Left: 3, Err: errAPI}, now: t0,
 			want: with(run(reboot, StepEvict), func(s *State) { s.Attempts, s.LastError = 2, errAPI.Error() }), wantWait: 2 * DefaultRetryMin},
