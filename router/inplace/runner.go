@@ -298,7 +298,7 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		case apierrors.IsNotFound(err):
 			r.track(nc.Name, false)
 			if d.State.Over() {
-				r.ended(nc, node, st, d.State, log) // the fallback may have deleted the NodeClaim
+				r.ended(nc, node, d.State, log) // the fallback may have deleted the NodeClaim
 			}
 			return reconcile.Result{}, nil
 		case err != nil:
@@ -495,19 +495,23 @@ func (r *Runner) announce(nc *karpv1.NodeClaim, node *corev1.Node, prev, next St
 		log.Warn("reboot in place falls back to replacing the node", "why", next.Why)
 	}
 	if next.Over() {
-		r.ended(nc, node, prev, next, log)
+		r.ended(nc, node, next, log)
 	}
 }
 
 // ended counts and announces a run that is over.
-func (r *Runner) ended(nc *karpv1.NodeClaim, node *corev1.Node, _, next State, log *slog.Logger) {
+func (r *Runner) ended(nc *karpv1.NodeClaim, node *corev1.Node, next State, log *slog.Logger) {
 	r.track(nc.Name, false)
 	objs := []runtime.Object{nc, node}
 	if next.Step == StepDone {
 		r.runs.WithLabelValues(OutcomeDone).Inc()
 		log.Info("reboot in place done", "outcome", next.Outcome, "began", next.Began)
-		r.post(objs, corev1.EventTypeNormal, ReasonDone, "%s (%s): the node is Ready again after the reboot and uncordoned; kept (began %s). %s",
-			next.Type, next.EventID, stamp(next.Began), next.Outcome)
+		how := "Ready again after the reboot"
+		if next.Why != "" {
+			how = next.Why
+		}
+		r.post(objs, corev1.EventTypeNormal, ReasonDone, "%s (%s): the node is kept: %s; uncordoned and do-not-disrupt removed where the router set them (began %s)",
+			next.Type, next.EventID, how, stamp(next.Began))
 		return
 	}
 	r.runs.WithLabelValues(OutcomeFallback).Inc()
