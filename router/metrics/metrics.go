@@ -39,6 +39,9 @@ const (
 	NotifySent        = "health_router_notify_sent_total"     // notices the receiver accepted (2xx)
 	NotifyFailures    = "health_router_notify_failures_total" // labels: reason (http-status, network, dropped-queue-full, gave-up)
 	NotifyQueueLength = "health_router_notify_queue_length"   // gauge: notices waiting to be sent
+	// Reboots in place (router/inplace).
+	InPlaceRuns       = "health_router_inplace_runs_total"       // labels: outcome (done, fallback); runs ended
+	InPlaceInProgress = "health_router_inplace_runs_in_progress" // gauge: runs this router (the leader) carries out
 )
 
 // Prometheus label names.
@@ -56,6 +59,7 @@ const (
 	LabelFinding   = "finding"
 	LabelGate      = "gate"
 	LabelNode      = "node"
+	LabelOutcome   = "outcome"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the

@@ -254,18 +254,8 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 // drainNode runs one eviction round on a Node and records its outcome.
 func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) (finished bool, err error) {
 	log := d.log.With("node", node.Name, "event_id", rec.EventID, "kind", rec.Kind)
-	obs := &observer{refused: map[string]string{}}
-	h := d.helper(ctx, obs, log)
-
-	pods, err := podsToEvict(h, node.Name)
-	if err == nil && len(pods) > 0 {
-		err = d.evict(h, pods)
-		if left, lerr := podsToEvict(h, node.Name); lerr != nil {
-			err = errors.Join(err, lerr)
-		} else {
-			pods = left
-		}
-	}
+	round, err := EvictRound(ctx, d.cs, node.Name, d.opts.EvictTimeout, log)
+	pods := round.Left
 	if err == nil && len(pods) == 0 {
 		return d.finish(ctx, node, rec, log)
 	}
@@ -274,7 +264,7 @@ func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) 
 	if err != nil {
 		why = err.Error()
 	}
-	refused := obs.snapshot()
+	refused := round.Refused
 	overdue := len(refused) > 0 && rec.Overdue(d.clock.Now())
 	// warn is decided on the Node as written, not as the cache showed it: a pass that read a
 	// stale copy must not warn a second time.
@@ -299,7 +289,7 @@ func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) 
 	if warn && uerr == nil {
 		d.recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeDrainBlocked, eventAction,
 			"%s (%s): past the drain's deadline %s, a PodDisruptionBudget still refuses to evict %s; the router keeps trying and never overrides it",
-			rec.Kind, rec.EventID, rec.Deadline.UTC().Format(time.RFC3339), blockedNote(refused))
+			rec.Kind, rec.EventID, rec.Deadline.UTC().Format(time.RFC3339), BlockedNote(refused))
 	}
 	// The round's failure is the drain's, recorded on it and retried by the next pass (a
 	// refusal is the budget doing its job; pods still terminating are progress); only a
@@ -339,13 +329,44 @@ func (d *Drainer) finish(ctx context.Context, node *corev1.Node, rec Record, log
 	return true, nil
 }
 
+// Round is what one eviction round left on a Node.
+type Round struct {
+	// Left are the pods still to evict at the end of the round: refused by a budget, still
+	// terminating, or not reached before the round's bound. DaemonSet and mirror pods are
+	// never counted: they stay.
+	Left []corev1.Pod
+	// Refused maps "namespace/pod" to the API server's explanation, for each pod a
+	// PodDisruptionBudget still refused to let go at the end of the round.
+	Refused map[string]string
+}
+
+// EvictRound evicts the pods of node once, through the Eviction API with kubectl's drain
+// helper (budgets respected, never a plain delete; DaemonSet and mirror pods left in place),
+// and waits for the evicted pods to be gone, for at most timeout. It is the router's one way
+// to empty a Node: the drain of unmanaged Nodes (Drainer) and the reboot in place
+// (router/inplace) both use it. It neither cordons nor records anything.
+func EvictRound(ctx context.Context, cs kubernetes.Interface, node string, timeout time.Duration, log *slog.Logger) (Round, error) {
+	obs := &observer{refused: map[string]string{}}
+	h := helper(ctx, cs, timeout, obs, log)
+	pods, err := podsToEvict(h, node)
+	if err == nil && len(pods) > 0 {
+		err = evict(h, cs, pods)
+		if left, lerr := podsToEvict(h, node); lerr != nil {
+			err = errors.Join(err, lerr)
+		} else {
+			pods = left
+		}
+	}
+	return Round{Left: pods, Refused: obs.snapshot()}, err
+}
+
 // helper configures kubectl's drain helper for one round on one Node.
-func (d *Drainer) helper(ctx context.Context, obs *observer, log *slog.Logger) *drain.Helper {
-	retryDelay := min(evictRetryDelay, d.opts.EvictTimeout/4)
+func helper(ctx context.Context, cs kubernetes.Interface, timeout time.Duration, obs *observer, log *slog.Logger) *drain.Helper {
+	retryDelay := min(evictRetryDelay, timeout/4)
 	out := logWriter{ctx: ctx, log: log, level: slog.LevelDebug}
 	return &drain.Helper{
 		Ctx:    ctx,
-		Client: observed{Interface: d.cs, obs: obs},
+		Client: observed{Interface: cs, obs: obs},
 		// Force lets the helper evict pods that no controller owns (it touches nothing else:
 		// budgets still apply). Without it one bare pod fails the whole drain, and the pod
 		// dies with the instance anyway; evicted, it at least gets its graceful termination.
@@ -358,7 +379,7 @@ func (d *Drainer) helper(ctx context.Context, obs *observer, log *slog.Logger) *
 		DeleteEmptyDirData: true,
 		// -1: each pod's own terminationGracePeriodSeconds.
 		GracePeriodSeconds:   -1,
-		Timeout:              d.opts.EvictTimeout,
+		Timeout:              timeout,
 		EvictErrorRetryDelay: retryDelay,
 		// Never delete: a pod is only ever evicted, so that budgets hold (see evict).
 		DisableEviction: false,
@@ -385,8 +406,8 @@ func podsToEvict(h *drain.Helper, node string) ([]corev1.Pod, error) {
 // evict runs one eviction round. The helper deletes pods outright when the API server does
 // not advertise the Eviction API: that would bypass every budget, so the round refuses to
 // start then. Every API server EKS runs serves policy/v1 evictions.
-func (d *Drainer) evict(h *drain.Helper, pods []corev1.Pod) error {
-	gv, err := drain.CheckEvictionSupport(d.cs)
+func evict(h *drain.Helper, cs kubernetes.Interface, pods []corev1.Pod) error {
+	gv, err := drain.CheckEvictionSupport(cs)
 	if err != nil {
 		return fmt.Errorf("discovering the eviction API: %w", err)
 	}

@@ -159,9 +159,9 @@ func budgetRefusal(err error) (string, bool) {
 	return "", false
 }
 
-// blockedNote is the Warning's text for the pods a budget refused: "ns/pod: why" for each,
-// at most five, sorted.
-func blockedNote(refused map[string]string) string {
+// BlockedNote describes the pods a budget refused, "ns/pod: why" for each, at most five,
+// sorted: the text of the Warning, and of the reboot in place's record (router/inplace).
+func BlockedNote(refused map[string]string) string {
 	const most = 5
 	keys := make([]string, 0, len(refused))
 	for k := range refused {

@@ -212,8 +212,8 @@ func TestBlockedNote(t *testing.T) {
 			"n/1: x; n/2: x; n/3: x; n/4: x; n/5: x; and 2 more"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := blockedNote(tc.refused); got != tc.want {
-				t.Errorf("blockedNote = %q, want %q", got, tc.want)
+			if got := BlockedNote(tc.refused); got != tc.want {
+				t.Errorf("BlockedNote = %q, want %q", got, tc.want)
 			}
 		})
 	}

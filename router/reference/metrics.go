@@ -15,6 +15,7 @@ import (
 	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/calendar"
 	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/notify"
 	"github.com/health-router/health-router/router/podnotice"
@@ -62,6 +63,10 @@ func registrars() []registrar {
 			return nil
 		}},
 		{"router/upcoming", func(r prometheus.Registerer) error { upcoming.New(nil, nil, nil, log, r); return nil }},
+		{"router/inplace", func(r prometheus.Registerer) error {
+			inplace.New(nil, nil, nil, nil, clk, nil, log, r, nil, inplace.Options{})
+			return nil
+		}},
 		{"router/notify", func(r prometheus.Registerer) error {
 			_, err := notify.New(notify.Options{URL: "http://receiver.invalid/"}, nil, clk, log, r)
 			return err

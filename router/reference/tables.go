@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/podnotice"
@@ -35,6 +36,11 @@ func WrittenKeys() []Written {
 			Doc: "`<event id> <time> <via>`: the router signalled Karpenter to drain this NodeClaim (`via`: `forward` or `delete-nodeclaim`); a duplicate of the event does nothing, and `status` counts the drain in flight"},
 		{Key: nodedrain.AnnotationNodeDrain, On: "Node annotation",
 			Doc: "the record (JSON: event, kind, start, bound, done, attempts, last error, whether the router cordoned) of a drain the router carries out itself on a Node Karpenter does not manage (`--unmanaged-nodes=cordon-drain`); the Node is its only home, so a restarted or newly elected router resumes it. The router also cordons the Node (`spec.unschedulable`) and uncordons only what it cordoned"},
+		{Key: inplace.Annotation, On: "NodeClaim annotation",
+			Doc: fmt.Sprintf("the run of a reboot in place (pool action `reboot-in-place`; `router/inplace`): versioned JSON (`\"version\": %d`) `{event_id, event_arn, type, instance, node, start, end, step, began, step_since, attempts, last_error, cordoned, protected, node_protected, boot_id, rebooted, not_ready_since, why, outcome}`; `step` is one of `%s`, `%s`, `%s`, `%s`, `%s`, `%s`, `%s`, `%s`. The leader resumes a run from it. When the run ends it stays as a tombstone with `outcome` (`done`, `done: <note>` or `fallback: <why>`), so that the same event does not start it again; a run of another event replaces it. While the run is in progress the router also puts `karpenter.sh/do-not-disrupt: \"true\"` on the NodeClaim (`protected`: it added it, and removes only that)",
+				inplace.Version, inplace.StepCordon, inplace.StepEvict, inplace.StepReboot, inplace.StepAwait, inplace.StepReady, inplace.StepUncordon, inplace.StepDone, inplace.StepFallback)},
+		{Key: inplace.Annotation, On: "Node annotation",
+			Doc: "during a reboot in place, what the run changed on the Node, JSON `{event_id, cordoned, protected}`, written in the same patch as the change: the cordon (`spec.unschedulable`) and `karpenter.sh/do-not-disrupt` (which Karpenter reads on a registered node, not on its NodeClaim). Removed with the undo: the cordon is lifted and do-not-disrupt removed only where the run set them; after a fallback the Node stays cordoned"},
 		{Key: upcoming.LabelMaintenanceAt, On: "Node label",
 			Doc: "the planned time (Unix seconds) of the node's earliest pending outcome (a deferral to the window or to deadline minus drain-lead, a drain held by pacing, a check or a gate), as GKE's `cloud.google.com/scheduled-maintenance-time`; removed when nothing is pending any more (`--node-marks`)"},
 		{Key: upcoming.AnnotationMaintenance, On: "Node annotation",
@@ -81,6 +87,11 @@ func Events() []Event {
 			Doc: "the pods of the namespace past the bounds of pod Events, counted (pods, nodes), with one example of the decision"},
 		{Reason: nodedrain.ReasonNodeDrained, On: "Node", Type: "Normal", Doc: "the router's own drain of an unmanaged node is done: no evictable pod is left"},
 		{Reason: nodedrain.ReasonNodeDrainBlocked, On: "Node", Type: "Warning", Doc: "a PodDisruptionBudget still refuses an eviction past the drain's deadline; the router keeps trying and never overrides the budget"},
+		{Reason: inplace.ReasonBegun, On: "Node and NodeClaim", Type: "Normal", Doc: "a reboot in place began: the plan (cordon, evict by start minus margin, then the router's reboot or AWS's at the start) and when AWS acts"},
+		{Reason: inplace.ReasonRebooting, On: "Node and NodeClaim", Type: "Normal", Doc: "the pods are evicted and the router rebooted the instance (EC2 `RebootInstances`), or, for a system event, the Node went NotReady after the start: AWS's maintenance is under way"},
+		{Reason: inplace.ReasonRebootFailed, On: "Node and NodeClaim", Type: "Warning", Doc: "`RebootInstances` kept failing (the last error): AWS reboots the instance at the event's start, and the run waits for that with the Node cordoned and empty"},
+		{Reason: inplace.ReasonDone, On: "Node and NodeClaim", Type: "Normal", Doc: "the Node is Ready again after the reboot (or stayed Ready through a maintenance with no visible effect): uncordoned, do-not-disrupt removed; the node was kept"},
+		{Reason: inplace.ReasonFallback, On: "Node and NodeClaim", Type: "Warning", Doc: "the reboot in place gave up (pods not evicted by the start minus margin, the Node not Ready again within the ready timeout, no reboot seen, the Node gone): the node is replaced through the pool's ordinary drain; it stays cordoned, do-not-disrupt removed"},
 		{Reason: watchdog.ReasonStuckEmpty, On: "NodePool", Type: "Warning", Doc: "watchdog: nodes of the pool have been empty past `consolidateAfter` and Karpenter does not remove them"},
 		{Reason: watchdog.ReasonImageUnavailable, On: "EC2NodeClass", Type: "Warning", Doc: "watchdog: images in `status.amis` that EC2 does not report `available`"},
 		{Reason: watchdog.ReasonReservationDriftLoop, On: "NodePool", Type: "Warning", Doc: "watchdog: reserved NodeClaims replaced as drifted again and again with the `ReservedCapacity` gate off (Karpenter's replacement loop)"},

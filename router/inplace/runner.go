@@ -1,0 +1,553 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/metrics"
+)
+
+// Kubernetes Event reasons, on the NodeClaim and its Node.
+const (
+	// ReasonBegun: a run began: the plan, and when AWS acts.
+	ReasonBegun = "HealthEventRebootInPlaceBegun"
+	// ReasonRebooting: the router rebooted the instance (RebootInstances), or, when AWS
+	// reboots, the Node went NotReady after the event's start.
+	ReasonRebooting = "HealthEventRebootInPlaceRebooting"
+	// ReasonRebootFailed (Warning): RebootInstances kept failing; AWS reboots the instance
+	// at the event's start, and the run waits for that.
+	ReasonRebootFailed = "HealthEventRebootInPlaceRebootFailed"
+	// ReasonDone: the Node is Ready again after the reboot, uncordoned; the node was kept.
+	ReasonDone = "HealthEventRebootInPlaceDone"
+	// ReasonFallback (Warning): the run gave up keeping the node: why, and that the node is
+	// replaced through the pool's ordinary drain.
+	ReasonFallback = "HealthEventRebootInPlaceFallback"
+)
+
+// eventAction is the action of every Event this package posts.
+const eventAction = "RebootInPlace"
+
+// Outcomes, as the runs metric labels them.
+const (
+	OutcomeDone     = "done"
+	OutcomeFallback = "fallback"
+)
+
+// again is how soon a run whose step changed is looked at again. The write of its annotation
+// brings it back sooner through the watch; this is in case the watch is slow.
+const again = time.Second
+
+// maxConcurrentReconciles is how many runs progress at once: an eviction round waits for
+// up to Options.EvictRound, and runs of different nodes must not wait on each other.
+const maxConcurrentReconciles = 4
+
+// RebootAPI is the part of EC2 the run uses.
+type RebootAPI interface {
+	RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error)
+}
+
+// Fallback replaces the node when the run cannot keep it (the router wires the pool's
+// ordinary drain through Karpenter). It is called at least once per run that falls back,
+// and may be called again (after a failure to record that it was), so it must be
+// idempotent. nc is the NodeClaim as read from the API server.
+type Fallback func(ctx context.Context, nc *karpv1.NodeClaim, st State, why string) error
+
+// Runner carries out reboots in place: Begin records a run on a NodeClaim, and Reconcile
+// (a controller over NodeClaims with a run, on the leader) moves it on, one step per call.
+type Runner struct {
+	kube     client.Client // writes NodeClaims and Nodes
+	api      client.Reader // reads them fresh: the cache trims Nodes' status and Karpenter's annotations
+	evictor  Evictor
+	ec2      RebootAPI
+	clock    clock.Clock
+	recorder events.EventRecorder
+	log      *slog.Logger
+	fallback Fallback
+	opts     Options
+
+	runs       *prometheus.CounterVec
+	inProgress prometheus.Gauge
+	mu         sync.Mutex
+	active     map[string]bool // NodeClaims whose run this process saw in progress
+}
+
+// New returns a Runner. kube writes; api reads without a cache (a Node's conditions and a
+// NodeClaim's Karpenter annotations are not in the router's cache). reg may be nil.
+func New(kube client.Client, api client.Reader, evict Evictor, ec2 RebootAPI, clk clock.Clock, rec events.EventRecorder, log *slog.Logger,
+	reg prometheus.Registerer, fallback Fallback, opts Options) *Runner {
+	r := &Runner{kube: kube, api: api, evictor: evict, ec2: ec2, clock: clk, recorder: rec, log: log, fallback: fallback, opts: opts.withDefaults(),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.InPlaceRuns,
+			Help: "Reboots in place that ended, by outcome: done (the node was kept, Ready again) or fallback (the node is replaced through the pool's ordinary drain)."},
+			[]string{metrics.LabelOutcome}),
+		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{Name: metrics.InPlaceInProgress,
+			Help: "Reboots in place in progress, as this router (the leader) carries them out."}),
+		active: map[string]bool{},
+	}
+	for _, o := range []string{OutcomeDone, OutcomeFallback} {
+		r.runs.WithLabelValues(o)
+	}
+	if reg != nil {
+		reg.MustRegister(r.runs, r.inProgress)
+	}
+	return r
+}
+
+// Begin records a run of a reboot in place on the NodeClaim for the scheduled event ev, and
+// puts karpenter.sh/do-not-disrupt on it (noting whether it was there), in one write under
+// the NodeClaim's resource version; the controller takes it from there. It is idempotent:
+// already=true, and nothing written, when the NodeClaim has a run of the same event (same
+// event ID or ARN, or the same maintenance: type and start), or any run in progress (one at
+// a time). For a run in progress of the same event that was rescheduled, the new start (and
+// end) is recorded. A run that ended is replaced by a run of another event.
+func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (already bool, err error) {
+	typ, start, end, arn, err := scheduledOf(ev)
+	if err != nil {
+		return false, fmt.Errorf("beginning a reboot in place of nodeclaim %s: %w", nc.Name, err)
+	}
+	now := r.clock.Now()
+	var begun State
+	var node *corev1.Node
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		already, begun, node = false, State{}, nil
+		cur := &karpv1.NodeClaim{}
+		if err := r.api.Get(ctx, client.ObjectKey{Name: nc.Name}, cur); err != nil {
+			return err
+		}
+		if !cur.DeletionTimestamp.IsZero() {
+			return errors.New("the nodeclaim is being deleted")
+		}
+		st, ok, err := Read(cur)
+		if err != nil {
+			return err // a newer router's run, or a damaged one: overwriting it would lose it
+		}
+		if ok {
+			same := st.EventID == ev.ID || (arn != "" && st.EventARN == arn) || (st.Type == typ && st.Start.Equal(start))
+			switch {
+			case same && !st.Over() && (!st.Start.Equal(start) || !st.End.Equal(end)):
+				already = true
+				r.log.Info("reboot in place rescheduled", "nodeclaim", cur.Name, "event_id", ev.ID, "start", start, "former_start", st.Start)
+				st.Start, st.End = start, end
+				return r.patchClaim(ctx, cur, func(a map[string]string) { a[Annotation] = encode(st) })
+			case same || !st.Over():
+				already = true
+				return nil
+			}
+		}
+		instance := cluster.InstanceID(cur.Status.ProviderID)
+		if instance == "" {
+			return errors.New("the nodeclaim has no instance yet")
+		}
+		if len(ev.Instances) > 0 && !slices.Contains(ev.Instances, instance) {
+			return fmt.Errorf("event %s does not name instance %s", ev.ID, instance)
+		}
+		if cur.Status.NodeName == "" {
+			return errors.New("the nodeclaim has no node yet")
+		}
+		node = &corev1.Node{}
+		if err := r.api.Get(ctx, client.ObjectKey{Name: cur.Status.NodeName}, node); err != nil {
+			return fmt.Errorf("reading node %s: %w", cur.Status.NodeName, err)
+		}
+		st = State{Version: Version, EventID: ev.ID, EventARN: arn, Type: typ, Instance: instance, Node: cur.Status.NodeName,
+			Start: start, End: end, Step: StepCordon, Began: now, StepSince: now}
+		if cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
+			st.Protected = true
+		}
+		begun = st
+		return r.patchClaim(ctx, cur, func(a map[string]string) {
+			a[karpv1.DoNotDisruptAnnotationKey] = "true"
+			a[Annotation] = encode(st)
+		})
+	})
+	if err != nil {
+		return false, fmt.Errorf("beginning a reboot in place of nodeclaim %s: %w", nc.Name, err)
+	}
+	if already {
+		return true, nil
+	}
+	r.track(nc.Name, true)
+	r.log.Info("reboot in place begun", "nodeclaim", nc.Name, "node", begun.Node, "instance", begun.Instance, "event_id", ev.ID, "kind", typ, "start", start)
+	then := "wait for AWS's reboot at the start"
+	if typ == event.ScheduledInstanceReboot {
+		then = "reboot the instance (EC2 RebootInstances)"
+	}
+	r.post([]runtime.Object{nc, node}, corev1.EventTypeNormal, ReasonBegun,
+		"%s (%s): the router keeps this node through the reboot: cordon, evict its pods (budgets respected) by %s, %s, uncordon once Ready; AWS acts at %s",
+		typ, ev.ID, stamp(r.opts.EvictBy(begun)), then, stamp(start))
+	return false, nil
+}
+
+// scheduledOf returns what a run needs of a scheduled event: a reboot-type event, open,
+// with a start.
+func scheduledOf(ev event.Event) (typ event.ScheduledType, start, end time.Time, arn string, err error) {
+	if ev.ID == "" {
+		return "", time.Time{}, time.Time{}, "", errors.New("an event without an ID")
+	}
+	if ev.Kind != event.KindScheduledChange || ev.Health == nil {
+		return "", time.Time{}, time.Time{}, "", fmt.Errorf("event %s is a %s, not a scheduled change", ev.ID, ev.Kind)
+	}
+	h := ev.Health
+	if !slices.Contains(Types, h.Scheduled) {
+		return "", time.Time{}, time.Time{}, "", fmt.Errorf("event %s: AWS does not keep the instance through %q (%s)", ev.ID, h.Scheduled, h.TypeCode)
+	}
+	if h.Status == event.HealthClosed {
+		return "", time.Time{}, time.Time{}, "", fmt.Errorf("event %s is closed", ev.ID)
+	}
+	start = ev.Deadline
+	if start.IsZero() {
+		start = h.Start
+	}
+	if start.IsZero() {
+		return "", time.Time{}, time.Time{}, "", fmt.Errorf("event %s has no start", ev.ID)
+	}
+	return h.Scheduled, start, h.End, h.EventARN, nil
+}
+
+// SetupWithManager runs the Runner as a controller over the NodeClaims that carry a run, on
+// the leader (controller-runtime's default for controllers).
+func (r *Runner) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).Named("inplace").
+		For(&karpv1.NodeClaim{}, builder.WithPredicates(runChanged())).
+		// SkipNameValidation: the router runs one manager per process, but tests run several.
+		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrentReconciles, SkipNameValidation: ptr.To(true)}).
+		Complete(r)
+}
+
+// runChanged passes a NodeClaim that carries a run when it appears (every one, when the
+// controller starts: that is how a new leader resumes) and when its run changes.
+func runChanged() predicate.Funcs {
+	run := func(o client.Object) string { return o.GetAnnotations()[Annotation] }
+	return predicate.Funcs{
+		CreateFunc: func(e ctrlevent.CreateEvent) bool { return run(e.Object) != "" },
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+			return run(e.ObjectNew) != "" && (run(e.ObjectOld) != run(e.ObjectNew) ||
+				e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero())
+		},
+		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true }, // to forget it
+		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
+	}
+}
+
+// Reconcile moves the NodeClaim's run on by one step: it reads the NodeClaim and its Node
+// from the API server, carries out the step's action, records what Next decides, and says
+// when to look again.
+func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	nc := &karpv1.NodeClaim{}
+	if err := r.api.Get(ctx, req.NamespacedName, nc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.track(req.Name, false)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("reading nodeclaim %s: %w", req.Name, err)
+	}
+	st, ok, err := Read(nc)
+	if err != nil {
+		// Kept as it is: a newer router's run, or one edited beyond use, is not this one's.
+		r.log.Warn("reboot in place left alone: its record cannot be read", "nodeclaim", nc.Name, "error", err)
+		r.track(nc.Name, false)
+		return reconcile.Result{}, nil
+	}
+	if !ok || st.Over() || !nc.DeletionTimestamp.IsZero() {
+		// Over, or Karpenter is terminating the NodeClaim (the node goes, and what the run
+		// changed on it with it).
+		r.track(nc.Name, false)
+		return reconcile.Result{}, nil
+	}
+	r.track(nc.Name, true)
+	log := r.log.With("nodeclaim", nc.Name, "node", st.Node, "instance", st.Instance, "event_id", st.EventID, "kind", st.Type)
+
+	node := &corev1.Node{}
+	if err := r.api.Get(ctx, client.ObjectKey{Name: st.Node}, node); apierrors.IsNotFound(err) {
+		node = nil
+	} else if err != nil {
+		return reconcile.Result{}, fmt.Errorf("reading node %s: %w", st.Node, err)
+	}
+	obs := Observation{Node: NodeStatusOf(node)}
+	now := r.clock.Now()
+	r.act(ctx, nc, node, st, now, &obs, log)
+	d := Next(st, obs, now, r.opts)
+	if encode(d.State) != encode(st) {
+		switch err := r.record(ctx, nc, st, d.State); {
+		case errors.Is(err, errRunChanged):
+			return reconcile.Result{RequeueAfter: again}, nil // decided again from what was written
+		case apierrors.IsNotFound(err):
+			r.track(nc.Name, false)
+			if d.State.Over() {
+				r.ended(nc, node, d.State, log) // the fallback may have deleted the NodeClaim
+			}
+			return reconcile.Result{}, nil
+		case err != nil:
+			return reconcile.Result{}, fmt.Errorf("recording the reboot in place of nodeclaim %s: %w", nc.Name, err)
+		}
+		r.announce(nc, node, st, d.State, log)
+	}
+	wait := d.Wait
+	if wait <= 0 {
+		wait = again
+	}
+	return reconcile.Result{RequeueAfter: wait}, nil
+}
+
+// act carries out the action of the run's step and notes its outcome in obs. There is none
+// for a Node that is gone, but Fallback is called all the same.
+func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Node, st State, now time.Time, obs *Observation, log *slog.Logger) {
+	if node == nil && st.Step != StepFallback {
+		return
+	}
+	switch st.Step {
+	case StepCordon:
+		m, err := r.cordon(ctx, node, st)
+		obs.Cordoned, obs.NodeProtected, obs.Err = m.Cordoned, m.Protected, err
+	case StepEvict:
+		end := now.Add(r.opts.EvictRound)
+		if by := r.opts.EvictBy(st); by.After(now) && by.Before(end) {
+			end = by
+		}
+		obs.Left, obs.Refused, obs.Err = r.evictor.Evict(ctx, st.Node, end)
+	case StepReboot:
+		obs.Err = r.reboot(ctx, st)
+	case StepUncordon:
+		obs.Err = r.restore(ctx, node, true)
+	case StepFallback:
+		if node != nil {
+			obs.Err = r.restore(ctx, node, false) // the node is being replaced: it stays cordoned
+		}
+		if obs.Err == nil {
+			if r.fallback == nil {
+				log.Warn("reboot in place fallen back with no fallback to call", "why", st.Why)
+			} else if err := r.fallback(ctx, nc, st, st.Why); err != nil {
+				obs.Err = fmt.Errorf("fallback: %w", err)
+			}
+		}
+	}
+}
+
+func (r *Runner) reboot(ctx context.Context, st State) error {
+	if r.ec2 == nil {
+		return errors.New("no EC2 client")
+	}
+	if _, err := r.ec2.RebootInstances(ctx, &ec2.RebootInstancesInput{InstanceIds: []string{st.Instance}}); err != nil {
+		return fmt.Errorf("rebooting instance %s: %w", st.Instance, err)
+	}
+	return nil
+}
+
+// cordon makes the Node unschedulable and puts do-not-disrupt on it, and notes what it
+// changed in the Node's mark, in one patch. A mark already there (a pass that wrote it and
+// stopped before the NodeClaim's record) is kept: it knows what the Node was before.
+func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeMark, error) {
+	var mark nodeMark
+	err := r.patchNode(ctx, node, func(n *corev1.Node) {
+		m, ok := readMark(n.Annotations)
+		if !ok {
+			m = nodeMark{Cordoned: !n.Spec.Unschedulable, Protected: n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true"}
+		}
+		m.EventID = st.EventID
+		mark = m
+		n.Spec.Unschedulable = true
+		n.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
+		n.Annotations[Annotation] = encodeMark(m)
+	})
+	if err != nil {
+		return nodeMark{}, fmt.Errorf("cordoning node %s: %w", node.Name, err)
+	}
+	return mark, nil
+}
+
+// restore undoes what the Node's mark says the run changed, and removes the mark, in one
+// patch; the cordon only when uncordon is set. Without a mark there is nothing to undo.
+func (r *Runner) restore(ctx context.Context, node *corev1.Node, uncordon bool) error {
+	err := r.patchNode(ctx, node, func(n *corev1.Node) {
+		m, ok := readMark(n.Annotations)
+		if !ok {
+			return
+		}
+		delete(n.Annotations, Annotation)
+		if m.Protected && n.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
+			delete(n.Annotations, karpv1.DoNotDisruptAnnotationKey)
+		}
+		if uncordon && m.Cordoned {
+			n.Spec.Unschedulable = false
+		}
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("restoring node %s: %w", node.Name, err)
+	}
+	return nil
+}
+
+// patchNode applies mutate to a copy of node and writes the difference as a merge patch
+// under the Node's resource version (only what mutate changed: the router's marks and
+// taints, written by router/upcoming, are left as they are); after a conflict it reads the
+// Node fresh and applies mutate again.
+func (r *Runner) patchNode(ctx context.Context, node *corev1.Node, mutate func(*corev1.Node)) error {
+	cur := node
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if cur == nil {
+			fresh := &corev1.Node{}
+			if err := r.api.Get(ctx, client.ObjectKey{Name: node.Name}, fresh); err != nil {
+				return err
+			}
+			cur = fresh
+		}
+		base, next := cur.DeepCopy(), cur.DeepCopy()
+		cur = nil // a retry reads afresh
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		mutate(next)
+		if equality.Semantic.DeepEqual(base.Spec, next.Spec) && equality.Semantic.DeepEqual(base.Annotations, next.Annotations) {
+			return nil
+		}
+		return r.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	})
+}
+
+// patchClaim changes the NodeClaim's annotations with a merge patch under its resource
+// version.
+func (r *Runner) patchClaim(ctx context.Context, nc *karpv1.NodeClaim, mutate func(map[string]string)) error {
+	base, next := nc.DeepCopy(), nc.DeepCopy()
+	if next.Annotations == nil {
+		next.Annotations = map[string]string{}
+	}
+	mutate(next.Annotations)
+	return r.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+}
+
+// errRunChanged: the run on the NodeClaim changed since the pass read it (a Begin recorded a
+// new start): the pass's decision is dropped, and the next pass decides from what is there.
+var errRunChanged = errors.New("the run changed meanwhile")
+
+// record writes next over prev on the NodeClaim, and removes do-not-disrupt when the run is
+// over and added it. After a conflict (another writer changed the NodeClaim) it reads it
+// fresh and writes again, as long as the run there is still prev.
+func (r *Runner) record(ctx context.Context, nc *karpv1.NodeClaim, prev, next State) error {
+	cur := nc
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if cur == nil {
+			fresh := &karpv1.NodeClaim{}
+			if err := r.api.Get(ctx, client.ObjectKey{Name: nc.Name}, fresh); err != nil {
+				return err
+			}
+			if st, ok, err := Read(fresh); err != nil || !ok || encode(st) != encode(prev) {
+				return errRunChanged
+			}
+			cur = fresh
+		}
+		claim := cur
+		cur = nil
+		return r.patchClaim(ctx, claim, func(a map[string]string) {
+			a[Annotation] = encode(next)
+			if next.Over() && next.Protected && a[karpv1.DoNotDisruptAnnotationKey] == "true" {
+				delete(a, karpv1.DoNotDisruptAnnotationKey)
+			}
+		})
+	})
+}
+
+// announce logs a recorded change of the run, and posts the Events of its milestones.
+func (r *Runner) announce(nc *karpv1.NodeClaim, node *corev1.Node, prev, next State, log *slog.Logger) {
+	objs := []runtime.Object{nc, node}
+	if next.Step != prev.Step {
+		log.Info("reboot in place step", "step", next.Step, "from", prev.Step, "why", next.Why, "last_error", next.LastError)
+	} else if next.LastError != "" {
+		log.Info("reboot in place step unfinished", "step", next.Step, "attempts", next.Attempts, "error", next.LastError)
+	}
+	switch {
+	case prev.Step == StepReboot && next.Step == StepAwait && !next.Rebooted.IsZero():
+		r.post(objs, corev1.EventTypeNormal, ReasonRebooting, "%s (%s): pods evicted; the router rebooted instance %s (EC2 RebootInstances), and waits for the node to be Ready again (at most %s)",
+			next.Type, next.EventID, next.Instance, r.opts.ReadyTimeout)
+	case prev.Step == StepReboot && next.Step == StepAwait:
+		r.post(objs, corev1.EventTypeWarning, ReasonRebootFailed, "%s (%s): %s (%s); the node stays cordoned and empty until then",
+			next.Type, next.EventID, next.LastError, stamp(next.Start))
+	case prev.Step == StepAwait && next.Step == StepReady && next.Rebooted.IsZero():
+		r.post(objs, corev1.EventTypeNormal, ReasonRebooting, "%s (%s): the node went NotReady after the start %s: AWS's maintenance is under way; waiting for it to be Ready again (at most %s)",
+			next.Type, next.EventID, stamp(next.Start), r.opts.ReadyTimeout)
+	case prev.Step != StepFallback && next.Step == StepFallback:
+		log.Warn("reboot in place falls back to replacing the node", "why", next.Why)
+	}
+	if next.Over() {
+		r.ended(nc, node, next, log)
+	}
+}
+
+// ended counts and announces a run that is over.
+func (r *Runner) ended(nc *karpv1.NodeClaim, node *corev1.Node, next State, log *slog.Logger) {
+	r.track(nc.Name, false)
+	objs := []runtime.Object{nc, node}
+	if next.Step == StepDone {
+		r.runs.WithLabelValues(OutcomeDone).Inc()
+		log.Info("reboot in place done", "outcome", next.Outcome, "began", next.Began)
+		how := "Ready again after the reboot"
+		if next.Why != "" {
+			how = next.Why
+		}
+		r.post(objs, corev1.EventTypeNormal, ReasonDone, "%s (%s): the node is kept: %s; uncordoned and do-not-disrupt removed where the router set them (began %s)",
+			next.Type, next.EventID, how, stamp(next.Began))
+		return
+	}
+	r.runs.WithLabelValues(OutcomeFallback).Inc()
+	log.Warn("reboot in place fell back", "outcome", next.Outcome)
+	r.post(objs, corev1.EventTypeWarning, ReasonFallback, "%s (%s): the node is replaced through the pool's ordinary drain instead of kept: %s. It stays cordoned; do-not-disrupt removed",
+		next.Type, next.EventID, next.Why)
+}
+
+// post posts an Event on each object that is there.
+func (r *Runner) post(objs []runtime.Object, typ, reason, format string, args ...any) {
+	if r.recorder == nil {
+		return
+	}
+	for _, o := range objs {
+		switch v := o.(type) {
+		case *karpv1.NodeClaim:
+			if v == nil {
+				continue
+			}
+		case *corev1.Node:
+			if v == nil {
+				continue
+			}
+		}
+		r.recorder.Eventf(o, nil, typ, reason, eventAction, format, args...)
+	}
+}
+
+// track notes whether a NodeClaim's run is in progress, for the gauge.
+func (r *Runner) track(name string, active bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if active {
+		r.active[name] = true
+	} else {
+		delete(r.active, name)
+	}
+	r.inProgress.Set(float64(len(r.active)))
+}

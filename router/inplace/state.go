@@ -1,0 +1,229 @@
+// Package inplace keeps a Karpenter node through a reboot-type scheduled event instead of
+// replacing it. For instance-reboot, system-reboot and system-maintenance AWS keeps the
+// instance (its instance store, EBS volumes and addresses); Karpenter would replace the
+// node. A pool whose action is reboot-in-place hands the NodeClaim to the Runner, which
+//
+//  1. records the run on the NodeClaim (Annotation) and protects it from Karpenter's
+//     voluntary disruption (karpenter.sh/do-not-disrupt on the NodeClaim and on the Node:
+//     a registered node's annotations are the ones Karpenter reads);
+//  2. cordons the Node;
+//  3. evicts its pods through the Eviction API, budgets respected (router/nodedrain's
+//     EvictRound: the same drain helper as the router's drain of unmanaged nodes);
+//  4. for instance-reboot reboots the instance itself (EC2 RebootInstances, which completes
+//     the scheduled event), for the system events waits for AWS to act at the start; then
+//     waits for the Node to be Ready again;
+//  5. uncordons the Node and removes do-not-disrupt, each only if the run added it.
+//
+// Every step is bounded (Options) and recorded in the annotation, so that a restarted or
+// newly elected router resumes the run where it was. When the pods cannot be evicted in
+// time or the Node does not come back Ready, the run falls back to replacing the node: it
+// calls the caller's Fallback (the pool's ordinary drain through Karpenter), removes
+// do-not-disrupt, and leaves the Node cordoned. The decision of each pass is the pure
+// function Next; the Runner only observes, acts and records.
+package inplace
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+// Annotation holds, as JSON, the State of a reboot in place on the NodeClaim. The same key
+// on the Node holds the node's part of the run (nodeMark): what the run changed on the Node,
+// written in the same patch as the change, so that it is undone exactly once even when the
+// router stops between the Node's write and the NodeClaim's.
+const Annotation = "healthrouter.io/in-place"
+
+// Version is the State format this router writes. A State of a later version is a newer
+// router's: Read refuses it, and the Runner leaves it as it is.
+const Version = 1
+
+// Step is where a run is.
+type Step string
+
+// The steps of a run, in order. A run ends in StepDone or StepFallback with an Outcome.
+const (
+	// StepCordon: cordon the Node and put do-not-disrupt on it.
+	StepCordon Step = "cordon"
+	// StepEvict: evict the Node's pods, one bounded round per pass, until none is left.
+	StepEvict Step = "evict"
+	// StepReboot: instance-reboot only: EC2 RebootInstances.
+	StepReboot Step = "reboot"
+	// StepAwait: wait for the reboot to show: the Node NotReady, a new boot ID, or a Ready
+	// transition after the router's reboot (or, when AWS reboots, after the start).
+	StepAwait Step = "await"
+	// StepReady: the Node went NotReady: wait for it to be Ready again.
+	StepReady Step = "ready"
+	// StepUncordon: undo what the run changed on the Node; then the run is done.
+	StepUncordon Step = "uncordon"
+	// StepDone: the run is over, the node kept (Outcome "done", or "done: <note>").
+	StepDone Step = "done"
+	// StepFallback: the node is to be replaced: with Outcome empty, Fallback is still to
+	// be called; with Outcome "fallback: <why>", the run is over.
+	StepFallback Step = "fallback"
+)
+
+// steps lists every Step, for validation.
+var steps = []Step{StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone, StepFallback}
+
+// Types are the scheduled-event types a run handles: the ones where AWS keeps the instance.
+var Types = []event.ScheduledType{event.ScheduledInstanceReboot, event.ScheduledSystemReboot, event.ScheduledSystemMaintenance}
+
+// State is a run of a reboot in place, as recorded in Annotation on the NodeClaim.
+type State struct {
+	Version int `json:"version"`
+	// EventID is the router's event; EventARN the AWS Health event ARN (or EC2's event ID for
+	// a poller finding), which stays when the event is rescheduled.
+	EventID  string              `json:"event_id"`
+	EventARN string              `json:"event_arn,omitempty"`
+	Type     event.ScheduledType `json:"type"`
+	Instance string              `json:"instance"`
+	Node     string              `json:"node"`
+	// Start is when AWS acts (the event's start, as rescheduled); End is the end of the
+	// event's window, zero when unknown.
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end,omitzero"`
+
+	Step      Step      `json:"step"`
+	Began     time.Time `json:"began"`
+	StepSince time.Time `json:"step_since"`
+	// Attempts counts the passes of the current step that did not finish it; LastError says
+	// why the last one did not.
+	Attempts  int    `json:"attempts,omitempty"`
+	LastError string `json:"last_error,omitempty"`
+
+	// What the run added, and removes again: Protected is do-not-disrupt on the NodeClaim,
+	// NodeProtected the same on the Node, Cordoned the Node's cordon. (Copied from the
+	// Node's mark for people to read; the mark on the Node is what the Runner undoes.)
+	Cordoned      bool `json:"cordoned,omitempty"`
+	Protected     bool `json:"protected,omitempty"`
+	NodeProtected bool `json:"node_protected,omitempty"`
+
+	// BootID is the Node's boot ID (status.nodeInfo.bootID) before the reboot: a new one
+	// proves the reboot happened.
+	BootID string `json:"boot_id,omitempty"`
+	// Rebooted is when the router's RebootInstances succeeded; zero when AWS reboots the
+	// instance at Start (system events, or a RebootInstances that kept failing).
+	Rebooted time.Time `json:"rebooted,omitzero"`
+	// NotReadySince is when the run first saw the Node not Ready after the reboot.
+	NotReadySince time.Time `json:"not_ready_since,omitzero"`
+	// Why is why the run falls back (StepFallback), or a note on how it finished.
+	Why string `json:"why,omitempty"`
+	// Outcome is set when the run is over: "done", "done: <note>" or "fallback: <why>".
+	Outcome string `json:"outcome,omitempty"`
+}
+
+// Over reports whether the run has ended (done or fallen back).
+func (s State) Over() bool { return s.Outcome != "" }
+
+// RebootRef is the time after which the reboot shows: the router's RebootInstances call,
+// or, when AWS reboots, the event's start.
+func (s State) RebootRef() time.Time {
+	if !s.Rebooted.IsZero() {
+		return s.Rebooted
+	}
+	return s.Start
+}
+
+// Read returns the NodeClaim's run (ok=false if none). err is set when the annotation does
+// not parse, is a newer router's, or is not a run anybody can trace (no event, an unknown
+// step): such a value is left as it is.
+func Read(nc *karpv1.NodeClaim) (State, bool, error) {
+	v, ok := nc.Annotations[Annotation]
+	if !ok {
+		return State{}, false, nil
+	}
+	st, err := decode(v)
+	if err != nil {
+		return State{}, false, fmt.Errorf("annotation %s of nodeclaim %s: %w", Annotation, nc.Name, err)
+	}
+	return st, true, nil
+}
+
+// Active reports whether the NodeClaim has a run in progress: the Runner owns the node until
+// it is done or has fallen back. An annotation Read refuses is not counted as a run.
+func Active(nc *karpv1.NodeClaim) bool {
+	st, ok, err := Read(nc)
+	return err == nil && ok && !st.Over()
+}
+
+func decode(v string) (State, error) {
+	var st State
+	if err := json.Unmarshal([]byte(v), &st); err != nil {
+		return State{}, err
+	}
+	switch {
+	case st.Version > Version:
+		return State{}, fmt.Errorf("version %d is a newer router's (this one reads %d)", st.Version, Version)
+	case st.Version < 1:
+		return State{}, fmt.Errorf("no version")
+	case st.EventID == "":
+		return State{}, errors.New("no event_id")
+	case !slices.Contains(steps, st.Step):
+		return State{}, fmt.Errorf("unknown step %q", st.Step)
+	}
+	return st, nil
+}
+
+func encode(st State) string {
+	st.Version = Version
+	for _, t := range []*time.Time{&st.Start, &st.End, &st.Began, &st.StepSince, &st.Rebooted, &st.NotReadySince} {
+		*t = t.UTC()
+	}
+	b, _ := json.Marshal(st) // strings, times, numbers and booleans always marshal
+	return string(b)
+}
+
+// nodeMark is the Node's part of a run, in Annotation on the Node: what the run changed
+// there. It is written in the same patch as the change and removed in the same patch as the
+// undo.
+type nodeMark struct {
+	EventID string `json:"event_id"`
+	// Cordoned: the run made the Node unschedulable; Protected: the run put do-not-disrupt
+	// on it.
+	Cordoned  bool `json:"cordoned,omitempty"`
+	Protected bool `json:"protected,omitempty"`
+}
+
+// readMark returns the Node's mark. A mark that does not parse counts as present and as
+// having changed nothing: who cordoned the Node is not known, so the cordon stays.
+func readMark(annotations map[string]string) (nodeMark, bool) {
+	v, ok := annotations[Annotation]
+	if !ok {
+		return nodeMark{}, false
+	}
+	var m nodeMark
+	if err := json.Unmarshal([]byte(v), &m); err != nil {
+		return nodeMark{}, true
+	}
+	return m, true
+}
+
+func encodeMark(m nodeMark) string {
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// lastErrorMax bounds LastError and Why: the annotation is read with the NodeClaim by every
+// watcher of NodeClaims, and a round that failed for many pods must not grow it without end.
+const lastErrorMax = 512
+
+// truncate shortens s to at most n bytes, on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = " …"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}

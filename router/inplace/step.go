@@ -1,0 +1,306 @@
+package inplace
+
+import (
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/nodedrain"
+)
+
+// Defaults of Options.
+const (
+	DefaultEvictRound     = 30 * time.Second
+	DefaultEvictEvery     = 10 * time.Second
+	DefaultEvictMargin    = 10 * time.Minute
+	DefaultReadyTimeout   = 15 * time.Minute
+	DefaultQuiet          = time.Hour
+	DefaultPoll           = 15 * time.Second
+	DefaultRebootAttempts = 5
+	DefaultRetryMin       = 5 * time.Second
+	DefaultRetryMax       = 5 * time.Minute
+)
+
+// Options bound the steps of a run; zero values take the defaults.
+type Options struct {
+	// EvictRound bounds one eviction round: the drain helper's retries of refused
+	// evictions and its wait for evicted pods to be gone.
+	EvictRound time.Duration
+	// EvictEvery is the pause between eviction rounds that left pods.
+	EvictEvery time.Duration
+	// EvictMargin: the Node must be cordoned and emptied by Start - EvictMargin, or the run
+	// falls back; the margin is the time left for Karpenter to replace the node before AWS
+	// acts.
+	EvictMargin time.Duration
+	// ReadyTimeout: the Node must be Ready again within ReadyTimeout of going NotReady; and
+	// after the router's RebootInstances, the reboot must show within ReadyTimeout. Past
+	// either, the run falls back. The default stays under the 30 minutes of NotReady after
+	// which Karpenter's node repair replaces a node itself.
+	ReadyTimeout time.Duration
+	// Quiet: when AWS reboots (the system events) and the event has no end, a Node Ready
+	// throughout Start..Start+Quiet ends the run: AWS's maintenance had no visible effect.
+	// With an end, the run waits until the end.
+	Quiet time.Duration
+	// Poll is how often the Node's readiness is read while the run waits on it.
+	Poll time.Duration
+	// RebootAttempts is how many failed RebootInstances calls the run makes before it
+	// leaves the reboot to AWS, at the event's start.
+	RebootAttempts int
+	// RetryMin and RetryMax bound the backoff after a failed action (a cordon, an eviction
+	// round that failed, a reboot call, an uncordon, a fallback).
+	RetryMin, RetryMax time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	set := func(d *time.Duration, def time.Duration) {
+		if *d <= 0 {
+			*d = def
+		}
+	}
+	set(&o.EvictRound, DefaultEvictRound)
+	set(&o.EvictEvery, DefaultEvictEvery)
+	set(&o.EvictMargin, DefaultEvictMargin)
+	set(&o.ReadyTimeout, DefaultReadyTimeout)
+	set(&o.Quiet, DefaultQuiet)
+	set(&o.Poll, DefaultPoll)
+	set(&o.RetryMin, DefaultRetryMin)
+	set(&o.RetryMax, DefaultRetryMax)
+	if o.RebootAttempts <= 0 {
+		o.RebootAttempts = DefaultRebootAttempts
+	}
+	return o
+}
+
+// EvictBy is when the Node must be emptied (and, for instance-reboot, rebooted by the
+// router): Start - EvictMargin.
+func (o Options) EvictBy(st State) time.Time {
+	return st.Start.Add(-o.withDefaults().EvictMargin)
+}
+
+// NodeStatus is the Node as a pass reads it from the API server.
+type NodeStatus struct {
+	Found bool
+	// Ready is the Node's Ready condition ("" without one); ReadySince its last transition.
+	Ready      corev1.ConditionStatus
+	ReadySince time.Time
+	// BootID is status.nodeInfo.bootID: the kubelet reports a new one after every boot.
+	BootID string
+}
+
+// NodeStatusOf reads a Node's readiness and boot ID.
+func NodeStatusOf(n *corev1.Node) NodeStatus {
+	if n == nil {
+		return NodeStatus{}
+	}
+	s := NodeStatus{Found: true, BootID: n.Status.NodeInfo.BootID}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			s.Ready, s.ReadySince = c.Status, c.LastTransitionTime.Time
+		}
+	}
+	return s
+}
+
+// Observation is what a pass saw: the Node, read before the pass's action, and the
+// outcome of the action of the step (each step has at most one: StepCordon cordons,
+// StepEvict runs an eviction round, StepReboot calls RebootInstances, StepUncordon undoes
+// the run's changes, StepFallback calls Fallback). No action is taken for a Node not found.
+type Observation struct {
+	Node NodeStatus
+	// Err is the action's failure.
+	Err error
+	// StepCordon: what the run changed on the Node (its mark).
+	Cordoned, NodeProtected bool
+	// StepEvict: the pods the round left, and those a PodDisruptionBudget refused.
+	Left    int
+	Refused map[string]string
+}
+
+// Decision is the outcome of a pass: the run's state to record, and when to look again.
+type Decision struct {
+	State State
+	// Wait is when the next pass is due; zero: at once.
+	Wait time.Duration
+}
+
+// Next is the run's step function: from the recorded State, what the pass observed and did,
+// and now, it returns the State to record and when to look again. It is pure: the Runner
+// observes, acts, and records what Next returns, so a restarted router (which reads the
+// State back from the NodeClaim) continues exactly where the last one stopped.
+func Next(st State, obs Observation, now time.Time, o Options) Decision {
+	o = o.withDefaults()
+	if st.Over() {
+		return Decision{State: st}
+	}
+	if !obs.Node.Found && st.Step != StepUncordon && st.Step != StepFallback {
+		return fallback(st, fmt.Sprintf("the Node %s is gone", st.Node), now)
+	}
+	switch st.Step {
+	case StepCordon:
+		return cordonNext(st, obs, now, o)
+	case StepEvict:
+		return evictNext(st, obs, now, o)
+	case StepReboot:
+		return rebootNext(st, obs, now, o)
+	case StepAwait:
+		return awaitNext(st, obs, now, o)
+	case StepReady:
+		return readyNext(st, obs, now, o)
+	case StepUncordon:
+		if obs.Err != nil {
+			return backoff(st, obs.Err.Error(), now, o)
+		}
+		st = advance(st, StepDone, now)
+		st.Outcome = "done"
+		if st.Why != "" {
+			st.Outcome += ": " + st.Why
+		}
+		return Decision{State: st}
+	case StepFallback:
+		if obs.Err != nil {
+			return backoff(st, obs.Err.Error(), now, o)
+		}
+		st.Attempts, st.LastError, st.StepSince = 0, "", now
+		st.Outcome = "fallback: " + st.Why
+		return Decision{State: st}
+	}
+	return Decision{State: st} // a step Read refuses: nothing to do
+}
+
+func cordonNext(st State, obs Observation, now time.Time, o Options) Decision {
+	if obs.Err != nil {
+		if by := o.EvictBy(st); !now.Before(by) {
+			return fallback(st, fmt.Sprintf("the Node could not be cordoned by %s (%s before the start): %v", stamp(by), o.EvictMargin, obs.Err), now)
+		}
+		return backoff(st, obs.Err.Error(), now, o)
+	}
+	st = advance(st, StepEvict, now)
+	st.Cordoned, st.NodeProtected = obs.Cordoned, obs.NodeProtected
+	return Decision{State: st}
+}
+
+func evictNext(st State, obs Observation, now time.Time, o Options) Decision {
+	if obs.Err == nil && obs.Left == 0 {
+		if st.Type == event.ScheduledInstanceReboot {
+			return Decision{State: advance(st, StepReboot, now)}
+		}
+		st = advance(st, StepAwait, now)
+		st.BootID = obs.Node.BootID
+		return Decision{State: st, Wait: max(0, st.Start.Sub(now))}
+	}
+	// A budget's refusal, or pods still terminating, is the drain's ordinary course, not a
+	// failure to back off from (the drain helper reports a refusal it kept retrying as a
+	// timeout: the refusal is the news).
+	failed := obs.Err != nil && len(obs.Refused) == 0
+	why := fmt.Sprintf("%d pod(s) left", obs.Left)
+	if len(obs.Refused) > 0 {
+		why += "; refused by a PodDisruptionBudget: " + nodedrain.BlockedNote(obs.Refused)
+	}
+	if failed {
+		why = obs.Err.Error()
+	}
+	if by := o.EvictBy(st); !now.Before(by) {
+		return fallback(st, fmt.Sprintf("the pods could not be evicted by %s (%s before the start): %s", stamp(by), o.EvictMargin, why), now)
+	}
+	if failed {
+		return backoff(st, why, now, o)
+	}
+	st.Attempts++
+	st.LastError = truncate(why, lastErrorMax)
+	return Decision{State: st, Wait: o.EvictEvery}
+}
+
+func rebootNext(st State, obs Observation, now time.Time, o Options) Decision {
+	if obs.Err == nil {
+		st = advance(st, StepAwait, now)
+		st.Rebooted, st.BootID = now, obs.Node.BootID
+		return Decision{State: st, Wait: o.Poll}
+	}
+	if st.Attempts+1 < o.RebootAttempts && now.Before(o.EvictBy(st)) {
+		return backoff(st, obs.Err.Error(), now, o)
+	}
+	// AWS reboots the instance at the start whatever the router does: the Node, empty and
+	// cordoned, waits for that instead of being replaced.
+	attempts := st.Attempts + 1
+	st = advance(st, StepAwait, now)
+	st.BootID = obs.Node.BootID
+	st.LastError = truncate(fmt.Sprintf("RebootInstances failed %d time(s), the last: %v; AWS reboots the instance at the start", attempts, obs.Err), lastErrorMax)
+	return Decision{State: st, Wait: max(0, st.Start.Sub(now))}
+}
+
+func awaitNext(st State, obs Observation, now time.Time, o Options) Decision {
+	ref := st.RebootRef()
+	if now.Before(ref) {
+		// AWS has not acted yet. The wait ends early when the run is rescheduled (a write of
+		// the annotation brings the NodeClaim back).
+		return Decision{State: st, Wait: ref.Sub(now)}
+	}
+	n := obs.Node
+	newBoot := st.BootID != "" && n.BootID != "" && n.BootID != st.BootID
+	if n.Ready != corev1.ConditionTrue {
+		st = advance(st, StepReady, now)
+		st.NotReadySince = now
+		return Decision{State: st, Wait: o.Poll}
+	}
+	// Ready. A reboot shows as a new boot ID, or as a Ready transition after the reboot
+	// began (the Node went NotReady and back between two reads). A heartbeat alone proves
+	// nothing: a kubelet still shutting down posts one too.
+	if newBoot || n.ReadySince.After(ref) {
+		return Decision{State: advance(st, StepUncordon, now)}
+	}
+	if !st.Rebooted.IsZero() {
+		if by := st.Rebooted.Add(o.ReadyTimeout); !now.Before(by) {
+			return fallback(st, fmt.Sprintf("no reboot seen within %s of RebootInstances: the Node stayed Ready with the same boot ID", o.ReadyTimeout), now)
+		}
+		return Decision{State: st, Wait: o.Poll}
+	}
+	quietUntil := st.Start.Add(o.Quiet)
+	if st.End.After(st.Start) {
+		quietUntil = st.End
+	}
+	if !now.Before(quietUntil) {
+		st = advance(st, StepUncordon, now)
+		st.Why = fmt.Sprintf("the Node stayed Ready from the start %s to %s: AWS's maintenance had no visible effect", stamp(st.Start), stamp(quietUntil))
+		return Decision{State: st}
+	}
+	return Decision{State: st, Wait: min(o.Poll, quietUntil.Sub(now))}
+}
+
+func readyNext(st State, obs Observation, now time.Time, o Options) Decision {
+	if obs.Node.Ready == corev1.ConditionTrue {
+		return Decision{State: advance(st, StepUncordon, now)}
+	}
+	by := st.NotReadySince.Add(o.ReadyTimeout)
+	if !now.Before(by) {
+		return fallback(st, fmt.Sprintf("the Node was not Ready again within %s of going NotReady at %s", o.ReadyTimeout, stamp(st.NotReadySince)), now)
+	}
+	return Decision{State: st, Wait: min(o.Poll, by.Sub(now))}
+}
+
+// advance moves the run to step, at now.
+func advance(st State, step Step, now time.Time) State {
+	st.Step, st.StepSince, st.Attempts, st.LastError = step, now, 0, ""
+	return st
+}
+
+// fallback moves the run to StepFallback: the next pass calls Fallback.
+func fallback(st State, why string, now time.Time) Decision {
+	st = advance(st, StepFallback, now)
+	st.Why = truncate(why, lastErrorMax)
+	return Decision{State: st}
+}
+
+// backoff records a failed action and backs off: RetryMin, doubling, at most RetryMax.
+func backoff(st State, why string, now time.Time, o Options) Decision {
+	st.Attempts++
+	st.LastError = truncate(why, lastErrorMax)
+	wait := o.RetryMin
+	for i := 1; i < st.Attempts && wait < o.RetryMax; i++ {
+		wait *= 2
+	}
+	return Decision{State: st, Wait: min(wait, o.RetryMax)}
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
