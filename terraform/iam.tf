@@ -104,6 +104,15 @@ locals {
       Action   = "ec2:ModifyInstanceEventStartTime"
       Resource = "*"
     }],
+    # NodePools with healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place:
+    # the router reboots the instance itself once its pods are evicted (the router's
+    # --reboot-in-place), which completes EC2's scheduled instance-reboot.
+    !var.enable_reboot_in_place ? [] : [{
+      Sid      = "RebootInPlace"
+      Effect   = "Allow"
+      Action   = "ec2:RebootInstances"
+      Resource = "*"
+    }],
   )
 }
 

@@ -219,6 +219,12 @@ variable "enable_reschedule" {
   default     = false
 }
 
+variable "enable_reboot_in_place" {
+  description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default."
+  type        = bool
+  default     = false
+}
+
 ################################################################################
 # Karpenter side
 ################################################################################

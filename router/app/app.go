@@ -42,6 +42,7 @@ import (
 	"github.com/health-router/health-router/router/deferral"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/gates"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/nodedrain"
@@ -185,11 +186,26 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	// Scheduled events of pools annotated healthrouter.io/reschedule=true move into their window
 	// (refused without ec2:ModifyInstanceEventStartTime: the ordinary policy applies).
 	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism).WithRescheduler(reschedule.NewEvents(ec2Client))
-	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {
-		cs, err := kubernetes.NewForConfig(restCfg)
-		if err != nil {
-			return fmt.Errorf("creating the clientset of the node drainer: %w", err)
+	var cs kubernetes.Interface // evictions (kubectl's drain helper): cordon-drain, reboot in place
+	if o.UnmanagedNodes == policy.UnmanagedCordonDrain || o.RebootInPlace {
+		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {
+			return fmt.Errorf("creating the clientset of the evictions: %w", err)
 		}
+	}
+	if o.RebootInPlace {
+		// A run that falls back replaces the node: Karpenter drains it (its pods left are
+		// evicted with their budgets) and launches another.
+		fallback := func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error {
+			return sig.Replace(ctx, nc)
+		}
+		runner := inplace.New(mgr.GetClient(), mgr.GetAPIReader(), inplace.NewDrainEvictor(cs, log.With("component", "inplace")), ec2Client, clk,
+			mgr.GetEventRecorder("health-router"), log.With("component", "inplace"), reg, fallback, inplace.Options{})
+		if err := runner.SetupWithManager(mgr); err != nil { // leader only
+			return err
+		}
+		pipe.WithInPlace(runner)
+	}
+	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {
 		drainer := nodedrain.New(mgr.GetClient(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"), nodedrain.Options{})
 		if err := mgr.Add(drainer); err != nil { // leader only
 			return err

@@ -12,6 +12,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -91,7 +92,8 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 	members := make(map[string]bool, len(claims))
 	impaired := map[string]bool{}
 	for _, nc := range claims {
-		members[nc.Name] = cluster.Draining(nc)
+		// A node kept through a reboot (a run in progress) is out of service as a drained one is.
+		members[nc.Name] = cluster.Draining(nc) || inplace.Active(nc)
 		if Impaired(nc) {
 			impaired[nc.Name] = true
 		}

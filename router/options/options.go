@@ -157,6 +157,10 @@ type Run struct {
 	NodeMarks bool
 	// PodEventsPerEvent bounds the pod Events of one event (router/podnotice); 0: none.
 	PodEventsPerEvent int
+	// RebootInPlace runs the reboot in place (router/inplace) for the pools that ask for it;
+	// off, their nodes are replaced. It needs permission to patch Nodes, evict pods, read
+	// DaemonSets and (for instance-reboot) ec2:RebootInstances.
+	RebootInPlace bool
 	// MaxReceives is how many deliveries a failing message gets before the router
 	// dead-letters it itself, with its last error (0: never).
 	MaxReceives int
@@ -207,6 +211,7 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
 	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (a clear \"not managed by Karpenter\" outcome: an Event on the Node and a metric; the message is deleted, nothing retried) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected, as aws-node-termination-handler would: one router for every node of the cluster)")
 	fs.BoolVar(&o.NodeMarks, "node-marks", true, "show each node's pending outcome (deferred, held) on its Node: the label healthrouter.io/maintenance-at (Unix seconds), the annotation healthrouter.io/maintenance, and in pools annotated healthrouter.io/taint-upcoming=true a PreferNoSchedule taint; needs permission to patch Nodes")
+	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "keep nodes through reboot-type scheduled events for the pools annotated healthrouter.io/action.scheduled-change.<type>=reboot-in-place: cordon, evict (PDBs respected), let AWS reboot (or RebootInstances for instance-reboot), uncordon once Ready; off, those nodes are replaced. Needs permission to patch Nodes, create pods/eviction and get DaemonSets, and ec2:RebootInstances")
 	fs.IntVar(&o.PodEventsPerEvent, "pod-events-per-event", podnotice.DefaultPerEvent, "Kubernetes Events written on the pods of the nodes an event drains or defers, at most this many per event (and 110 per node); the pods past it are counted in one summary Event per namespace; 0: no pod Events")
 	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount (the Terraform module's default is 100); 0: never")
 	fs.StringVar(&o.WebhookURL, "webhook-url", "", "URL that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")

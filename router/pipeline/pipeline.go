@@ -67,7 +67,20 @@ type Pipeline struct {
 	notify    Notifier    // nil: no notifications
 	pods      PodNotifier // nil: the pods are not told
 	resched   Rescheduler // nil: no event is moved
+	inPlace   InPlacer    // nil: a reboot in place is replaced instead
 	cluster   string
+}
+
+// InPlacer begins a reboot in place (router/inplace's Runner).
+type InPlacer interface {
+	Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (already bool, err error)
+}
+
+// WithInPlace has the pipeline keep nodes through reboots for the pools that ask
+// (reboot-in-place), through r.
+func (p *Pipeline) WithInPlace(r InPlacer) *Pipeline {
+	p.inPlace = r
+	return p
 }
 
 // Rescheduler finds an instance's scheduled event in EC2 and moves it (reschedule.Events).
@@ -288,6 +301,31 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 			p.signal.NotManaged(o.Resolved, ev, d)
 		}
 		ilog.Info("skipped", "reason", d.Reason)
+	case d.Action == policy.ActionRebootInPlace && p.inPlace == nil:
+		// The router was started without the reboot in place (--reboot-in-place=false):
+		// the node is replaced, as a drain, and the decision says so.
+		d.Action = policy.ActionDrain
+		d.Warnings = append(d.Warnings, "reboot-in-place is off in this router (--reboot-in-place=false): the node is replaced instead")
+		var already bool
+		already, err = p.signal.Drain(ctx, ev, d, o.Resolved, quiet)
+		if err == nil {
+			ilog.Info("drain signalled", "reason", d.Reason, "already_draining", already, "via", p.signal.Via(ev))
+		} else {
+			p.engine.Unreserve(d.NodePool, d.NodeClaim)
+		}
+	case d.Action == policy.ActionRebootInPlace:
+		one, rerr := p.restrict(ev, id)
+		if rerr != nil {
+			err = rerr
+			break
+		}
+		var already bool
+		already, err = p.signal.InPlace(ctx, ev, d, o.Resolved, func(ctx context.Context, nc *karpv1.NodeClaim) (bool, error) { return p.inPlace.Begin(ctx, nc, one) })
+		if err == nil {
+			ilog.Info("reboot in place begun", "reason", d.Reason, "already", already)
+		} else {
+			p.engine.Unreserve(d.NodePool, d.NodeClaim)
+		}
 	case d.Action == policy.ActionDrain:
 		var already bool
 		already, err = p.signal.Drain(ctx, ev, d, o.Resolved, quiet)
@@ -317,7 +355,7 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	if p.notify != nil && d.Action != policy.ActionSkip {
 		p.notify.Notify(notify.FromDecision(ev, d, p.cluster))
 	}
-	if p.pods != nil && (d.Action == policy.ActionDrain || d.Action == policy.ActionDefer) {
+	if p.pods != nil && (d.Action == policy.ActionDrain || d.Action == policy.ActionDefer || d.Action == policy.ActionRebootInPlace) {
 		p.pods.Notify(podnotice.Notice{EventID: ev.ID, Kind: ev.Kind, Action: d.Action, Hold: d.Hold, Until: d.Until, Deadline: d.Deadline,
 			Node: d.Node, NodePool: d.NodePool, Reason: d.Reason})
 	}

@@ -174,7 +174,7 @@ func New(kube kubeAPI, recorder events.EventRecorder, clk clock.Clock, log *slog
 // Notify hands a decision over; it never blocks. Only drains and deferrals are told, and a
 // deferral re-made with the same hold and time is not told again.
 func (n *Notifier) Notify(x Notice) {
-	if x.Node == "" || (x.Action != policy.ActionDrain && x.Action != policy.ActionDefer) {
+	if x.Node == "" || (x.Action != policy.ActionDrain && x.Action != policy.ActionDefer && x.Action != policy.ActionRebootInPlace) {
 		return
 	}
 	key, val := x.Node+"/"+x.EventID, fmt.Sprintf("%s/%s/%d", x.Action, x.Hold, x.Until.Unix())
@@ -360,6 +360,9 @@ func message(x Notice) (reason, note string) {
 		what += " (" + x.EventID + ")"
 	} else {
 		what += fmt.Sprintf(" (%s, AWS acts at %s)", x.EventID, x.Deadline.UTC().Format(time.RFC3339))
+	}
+	if x.Action == policy.ActionRebootInPlace {
+		return ReasonDrain, fmt.Sprintf("node %s (nodepool %s) is being emptied for %s: it reboots in place and comes back; this pod will be evicted and rescheduled elsewhere", x.Node, x.NodePool, what)
 	}
 	if x.Action == policy.ActionDrain {
 		return ReasonDrain, fmt.Sprintf("node %s (nodepool %s) is being drained for %s: this pod will be evicted and rescheduled elsewhere", x.Node, x.NodePool, what)

@@ -43,6 +43,9 @@ const (
 	StateCancelled  = "cancelled"  // a running instance, or a closed or cancelled maintenance, ended it
 	StateSuperseded = "superseded" // a newer update or a reschedule of the same maintenance replaced it
 	StateDrained    = "drained"    // the node is being drained for another event
+	// StateInPlace: the event is being carried out by keeping the node through the reboot
+	// (router/inplace holds the run, on its own annotation).
+	StateInPlace = "in-place"
 	// StateClosed marks a closing report (a closed Health event, a [Canceled] or [Completed]
 	// poller finding) as applied: the poller reports it again after a restart, and the second
 	// report must not cancel what was recorded after the first.
@@ -339,6 +342,19 @@ func (s *Set) Drained(eventID, key string) bool {
 	for i := range s.Records {
 		if s.Records[i].Active() {
 			s.Records[i].State, s.Records[i].Reason = StateDrained, "drained for "+eventID+": "+s.Records[i].Reason
+			changed = true
+		}
+	}
+	return changed
+}
+
+// InPlace ends the active records of ev's event (its ID, or its key: an update of it) as
+// handed to a reboot in place; the records of other events stay as they are.
+func (s *Set) InPlace(eventID, key string) bool {
+	changed := false
+	for i := range s.Records {
+		if r := &s.Records[i]; r.Active() && (r.EventID == eventID || r.Key == key) {
+			r.State, r.Event = StateInPlace, nil
 			changed = true
 		}
 	}

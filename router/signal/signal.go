@@ -384,6 +384,34 @@ func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decisio
 	return nil
 }
 
+// InPlace carries out a reboot-in-place decision: begin starts the run (router/inplace's
+// Runner.Begin, idempotent by event), then the records of the event end as handed to it.
+// It returns whether the run was begun before.
+func (s *Signaller) InPlace(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, begin func(context.Context, *karpv1.NodeClaim) (bool, error)) (bool, error) {
+	if res.NodeClaim == nil {
+		return false, fmt.Errorf("instance %s: %w", d.InstanceID, ErrNotManaged)
+	}
+	s.locks.LockKey(d.InstanceID)
+	defer func() { _ = s.locks.UnlockKey(d.InstanceID) }()
+	already, err := begin(ctx, res.NodeClaim)
+	if err != nil {
+		return false, fmt.Errorf("beginning the reboot in place of nodeclaim %s: %w", res.NodeClaim.Name, err)
+	}
+	if err := s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool { return set.InPlace(ev.ID, record.Key(ev)) }); err != nil {
+		return already, fmt.Errorf("ending the records of %s on nodeclaim %s: %w", ev.ID, res.NodeClaim.Name, err)
+	}
+	return already, nil
+}
+
+// Replace deletes a NodeClaim whose reboot in place fell back: Karpenter drains the node and
+// replaces it. Deleting one that is gone is done.
+func (s *Signaller) Replace(ctx context.Context, nc *karpv1.NodeClaim) error {
+	if err := s.kube.Delete(ctx, nc.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting nodeclaim %s to replace it: %w", nc.Name, err)
+	}
+	return nil
+}
+
 // Drop removes one deferral record that can never be decided, with a Warning Event.
 func (s *Signaller) Drop(ctx context.Context, nc *karpv1.NodeClaim, eventID, why string) error {
 	err := s.updateRecords(ctx, nc, func(set *record.Set) bool { return set.Remove(eventID) })
@@ -407,7 +435,7 @@ func (s *Signaller) Summary(pool *karpv1.NodePool, ev event.Event, action policy
 	if pool == nil || n == 0 {
 		return
 	}
-	reason := map[policy.Action]string{policy.ActionDrain: ReasonDrained, policy.ActionDefer: ReasonDeferred, policy.ActionIgnore: ReasonIgnored}[action]
+	reason := map[policy.Action]string{policy.ActionDrain: ReasonDrained, policy.ActionDefer: ReasonDeferred, policy.ActionIgnore: ReasonIgnored, policy.ActionRebootInPlace: ReasonDrained}[action]
 	if reason == "" {
 		return
 	}
@@ -419,7 +447,7 @@ func (s *Signaller) Summary(pool *karpv1.NodePool, ev event.Event, action policy
 		ev.Kind, ev.ID, n, pastTense[action], example.InstanceID, summary(example))
 }
 
-var pastTense = map[policy.Action]string{policy.ActionDrain: "drained", policy.ActionDefer: "deferred", policy.ActionIgnore: "ignored"}
+var pastTense = map[policy.Action]string{policy.ActionDrain: "drained", policy.ActionDefer: "deferred", policy.ActionIgnore: "ignored", policy.ActionRebootInPlace: "rebooting in place"}
 
 // NotManaged posts an Event on a Node Karpenter does not manage: what the router decided for
 // it (nothing, under --unmanaged-nodes=ignore; a cordon and drain under cordon-drain).

@@ -142,6 +142,10 @@ run "defaults" {
     error_message = "no ec2:ModifyInstanceEventStartTime unless enable_reschedule"
   }
   assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if contains(flatten([s.Action]), "ec2:RebootInstances") || s.Sid == "RebootInPlace"]) == 0
+    error_message = "no ec2:RebootInstances unless enable_reboot_in_place"
+  }
+  assert {
     condition     = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : !contains(flatten([s.Action]), "sqs:*") && !contains(flatten([s.Action]), "*")])
     error_message = "no wildcard actions in the router policy"
   }
@@ -269,6 +273,23 @@ run "reschedule" {
   assert {
     condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueues", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RescheduleEvents"])
     error_message = "enable_reschedule adds one statement and changes no other"
+  }
+}
+
+run "reboot_in_place" {
+  command = plan
+
+  variables {
+    enable_reboot_in_place = true
+  }
+
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "RebootInPlace"]).Action == "ec2:RebootInstances" && one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "RebootInPlace"]).Effect == "Allow"
+    error_message = "enable_reboot_in_place must grant ec2:RebootInstances, and that action only"
+  }
+  assert {
+    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueues", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RebootInPlace"])
+    error_message = "enable_reboot_in_place adds one statement and changes no other"
   }
 }
 

@@ -549,6 +549,29 @@ func TestRuleProblems(t *testing.T) {
 	}
 }
 
+// TestRBACEvictions: evictions (and the DaemonSet reads of kubectl's drain helper) are granted
+// for cordon-drain and the reboot in place only.
+func TestRBACEvictions(t *testing.T) {
+	evicts := func(m manifests) bool {
+		return slices.ContainsFunc(m.clusterRole.Rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Contains(r.Resources, "pods/eviction") && slices.Contains(r.Verbs, "create")
+		}) && slices.ContainsFunc(m.clusterRole.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "daemonsets") })
+	}
+	for _, tt := range []struct {
+		set  []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"--set", "settings.rebootInPlace=true"}, true},
+		{[]string{"--set", "settings.rebootInPlace=false"}, false},
+		{[]string{"--set", "settings.unmanagedNodes=cordon-drain"}, true},
+	} {
+		if got := evicts(decode(t, append([]string{"-f", ciValues(t, "default")}, tt.set...)...)); got != tt.want {
+			t.Errorf("%v: evictions granted %v, want %v", tt.set, got, tt.want)
+		}
+	}
+}
+
 // TestRBACNodeMarks: patching Nodes is granted for the node marks (on by default) or for
 // cordon-drain, and not when neither is on.
 func TestRBACNodeMarks(t *testing.T) {
@@ -565,6 +588,7 @@ func TestRBACNodeMarks(t *testing.T) {
 		{[]string{"--set", "settings.nodeMarks=false"}, false},
 		{[]string{"--set", "settings.nodeMarks=false", "--set", "settings.unmanagedNodes=cordon-drain"}, true},
 		{[]string{"--set", "settings.nodeMarks=true"}, true},
+		{[]string{"--set", "settings.nodeMarks=false", "--set", "settings.rebootInPlace=true"}, true},
 	} {
 		if got := patchesNodes(decode(t, append([]string{"-f", ciValues(t, "default")}, tt.set...)...)); got != tt.want {
 			t.Errorf("%v: patch nodes granted %v, want %v", tt.set, got, tt.want)

@@ -118,7 +118,8 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_CLOUDWATCH_METRICS" $s.cloudWatchMetrics)
   (list "HEALTH_ROUTER_LEADER_ELECT" $s.leaderElect)
   (list "HEALTH_ROUTER_INSTANCE_STATUS_POLLER" $s.instanceStatusPoller)
-  (list "HEALTH_ROUTER_NODE_MARKS" $s.nodeMarks) }}
+  (list "HEALTH_ROUTER_NODE_MARKS" $s.nodeMarks)
+  (list "HEALTH_ROUTER_REBOOT_IN_PLACE" $s.rebootInPlace) }}
 {{- range $bools }}
 {{- if not (kindIs "invalid" (index . 1)) }}
 - name: {{ index . 0 }}
