@@ -31,6 +31,7 @@ const (
 	stateActive     = "active"
 	stateCancelled  = "cancelled"
 	stateSuperseded = "superseded"
+	stateInPlace    = "in-place" // the router emptied the node before AWS acts, and keeps it
 )
 
 // maintenance is one scheduled maintenance of one instance, as the router has been told it.
@@ -55,8 +56,9 @@ type instance struct {
 	impairedSince time.Time
 	impairedSeen  bool // a poll saw it impaired for impairedAfter
 	changes       []stateChange
-	drained       time.Time // when the router first signalled its drain
+	drained       time.Time // when the router first signalled its drain (or began a reboot in place)
 	drainReason   string
+	inPlace       bool // a reboot in place runs: the node is out of service, and comes back
 	gone          bool
 }
 
@@ -185,6 +187,28 @@ func (m *model) drained(in *instance, now time.Time) {
 			m.fail("%s: impaired %s replaced with %d repairs of %s in flight (cut-off %d)", now.Format(time.RFC3339), in.id, n, in.pool, webCutoff)
 		}
 	}
+}
+
+// inPlaceBegun checks a reboot in place the router began for a maintenance of in: as a drain,
+// never early and paced; the node is out of service until the run ends, and the maintenance
+// is taken care of (its pods are off the node before AWS acts).
+func (m *model) inPlaceBegun(in *instance, typ event.ScheduledType, start, now time.Time) {
+	if !in.drained.IsZero() {
+		m.fail("%s: %s: a reboot in place begun while it is drained or rebooting already", now.Format(time.RFC3339), in.id)
+		return
+	}
+	m.drained(in, now)
+	in.inPlace = true
+	for _, mt := range m.maints {
+		if mt.inst == in.id && mt.state == stateActive && mt.start.Equal(start) && (mt.typ == typ || mt.typ == "") {
+			mt.state = stateInPlace
+		}
+	}
+}
+
+// inPlaceOver: the run ended with the node kept; it serves again.
+func (m *model) inPlaceOver(in *instance) {
+	in.inPlace, in.drained, in.drainReason = false, time.Time{}, ""
 }
 
 // forced reports whether a maintenance of in has reached deadline minus drain-lead: pacing

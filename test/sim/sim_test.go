@@ -22,12 +22,16 @@ import (
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
 
 // moves counts the scheduled events EC2 moved at the router's request, over all runs.
 var moves atomic.Int64
+
+// inPlaces counts the reboots in place the router began, over all runs.
+var inPlaces atomic.Int64
 
 // checks is rapid's -rapid.checks.
 func checks() *int {
@@ -84,6 +88,12 @@ func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
 		}
 	}
 	w.queues.onForward = w.onDrain
+	w.onInPlace = func(inst string, ev event.Event) {
+		inPlaces.Add(1)
+		if in := m.m.insts[inst]; in != nil && ev.Health != nil {
+			m.m.inPlaceBegun(in, ev.Health.Scheduled, ev.Deadline, w.clock.Now())
+		}
+	}
 	w.ec2.onMove = func(inst, eid string, typ event.ScheduledType, from, to time.Time) {
 		moves.Add(1)
 		m.m.moved(eid, inst, typ, from, to, w.clock.Now())
@@ -475,6 +485,25 @@ func (m *machine) advance(t *rapid.T, d time.Duration) {
 		if err := m.w.checkMarks(m.ctx); err != nil {
 			t.Fatal(err)
 		}
+		if err := m.w.checkInPlace(m.ctx); err != nil {
+			t.Fatal(err)
+		}
+		m.inPlaceOver()
+	}
+}
+
+// inPlaceOver tells the model of the reboots in place that ended with the node kept.
+func (m *machine) inPlaceOver() {
+	var claims karpv1.NodeClaimList
+	if err := m.w.store.List(m.ctx, &claims); err != nil {
+		return
+	}
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		in := m.m.insts[cluster.InstanceID(nc.Status.ProviderID)]
+		if in != nil && in.inPlace && nc.DeletionTimestamp.IsZero() && !inplace.Active(nc) {
+			m.m.inPlaceOver(in)
+		}
 	}
 }
 
@@ -572,6 +601,9 @@ func TestSimulation(t *testing.T) {
 		// sequence, kafka's scheduled events are moved into its window.
 		if *checks() >= 20 && moves.Load() == 0 {
 			t.Error("no scheduled event was moved into kafka's window over the run")
+		}
+		if *checks() >= 20 && inPlaces.Load() == 0 {
+			t.Error("no kafka node was kept through a reboot over the run")
 		}
 	}()
 	rapid.Check(t, func(t *rapid.T) {

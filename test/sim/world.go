@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +48,7 @@ import (
 	"github.com/health-router/health-router/router/deferral"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/pipeline"
@@ -63,7 +65,7 @@ var Start = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 
 // Pools of the simulated cluster and their policies.
 const (
-	PoolKafka = "kafka" // defer to a Saturday window, one drain at a time; scheduled events moved into the window
+	PoolKafka = "kafka" // defer to a Saturday window, one drain at a time; scheduled events moved into the window; system reboots kept in place
 	PoolWeb   = "web"   // Karpenter's behaviour; repair cut-off 20%
 	PoolBatch = "batch" // ignore everything
 )
@@ -71,7 +73,8 @@ const (
 // PoolAnnotations are the NodePools' annotations.
 var PoolAnnotations = map[string]map[string]string{
 	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
-		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true"},
+		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
+		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace)},
 	PoolWeb:   {},
 	PoolBatch: {policy.AnnotationAction: "ignore"},
 }
@@ -219,6 +222,7 @@ type ec2Status struct {
 	events   map[string][]ec2types.InstanceStatusEvent
 	impaired map[string]time.Time
 	down     bool
+	rebooted []string // instances RebootInstances asked for, since the last pass
 	// onMove observes every move EC2 accepted (mu held).
 	onMove func(instance, eventID string, code event.ScheduledType, from, to time.Time)
 }
@@ -310,6 +314,7 @@ type replica struct {
 	pipeline *pipeline.Pipeline
 	ctrl     *deferral.Controller
 	marks    *upcoming.Controller
+	inPlace  *inplace.Runner
 	poller   *poller.Poller
 	intake   *intake.Intake
 	metrics  *metrics.Router
@@ -338,6 +343,10 @@ type world struct {
 	onDrain  func(instance string)
 	onGone   func(instance string)
 	onLaunch func(instance, pool string)
+	// onInPlace observes every reboot in place the router begins.
+	onInPlace func(instance string, ev event.Event)
+	booted    map[string]string // instance -> the run whose reboot AWS did
+	boots     int
 }
 
 // newWorldWith builds the cluster and the two replicas; onLaunch sees every node from the first.
@@ -349,7 +358,7 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 	clk := clocktesting.NewFakeClock(Start)
 	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode,
 		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
-		recorder: &events.FakeRecorder{}, log: simLog(), onLaunch: onLaunch}
+		recorder: &events.FakeRecorder{}, log: simLog(), onLaunch: onLaunch, booted: map[string]string{}}
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
@@ -423,7 +432,9 @@ func (w *world) addNode(ctx context.Context, pool string) (string, error) {
 	if err := w.store.Status().Update(ctx, nc); err != nil {
 		return "", err
 	}
-	if err := w.store.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: corev1.NodeSpec{ProviderID: pid}}); err != nil {
+	if err := w.store.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: corev1.NodeSpec{ProviderID: pid},
+		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: "boot-0"},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(w.clock.Now())}}}}); err != nil {
 		return "", err
 	}
 	if w.onLaunch != nil {
@@ -441,7 +452,9 @@ func (w *world) newReplica(name string) *replica {
 	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedIgnore))
 	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
 	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
-	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1).WithRescheduler(reschedule.NewEvents(w.ec2))
+	r.inPlace = inplace.New(w.router, w.router, noPods{}, w.ec2, w.clock, w.recorder, w.log, nil,
+		func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error { return sig.Replace(ctx, nc) }, inplace.Options{})
+	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1).WithRescheduler(reschedule.NewEvents(w.ec2)).WithInPlace(beginHook{r.inPlace, w})
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.router, w.router, w.log, nil)
 	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl)
@@ -539,7 +552,122 @@ func (w *world) reconcile(ctx context.Context) error {
 	if err := r.ctrl.ReleasePool(ctx, PoolKafka); err != nil && !apierrors.IsServiceUnavailable(err) {
 		return err
 	}
+	if err := w.reconcileInPlace(ctx); err != nil {
+		return err
+	}
 	return w.reconcileMarks(ctx)
+}
+
+// noPods is the eviction of the simulation's nodes: they run no pods.
+type noPods struct{}
+
+func (noPods) Evict(context.Context, string, time.Time) (int, map[string]string, error) { return 0, nil, nil }
+
+// RebootInstances is EC2's reboot of an instance: its Node comes back with a new boot ID.
+func (e *ec2Status) RebootInstances(_ context.Context, in *ec2.RebootInstancesInput, _ ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.down {
+		return nil, fmt.Errorf("RequestLimitExceeded")
+	}
+	e.rebooted = append(e.rebooted, in.InstanceIds...)
+	return &ec2.RebootInstancesOutput{}, nil
+}
+
+// beginHook tells the world of each reboot in place the pipeline begins.
+type beginHook struct {
+	r *inplace.Runner
+	w *world
+}
+
+func (b beginHook) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error) {
+	already, err := b.r.Begin(ctx, nc, ev)
+	if err == nil && !already && b.w.onInPlace != nil {
+		b.w.onInPlace(cluster.InstanceID(nc.Status.ProviderID), ev)
+	}
+	return already, err
+}
+
+// reconcileInPlace plays the leader's reboot-in-place controller over the NodeClaims that hold
+// a run (up to a few passes each: its waits are seconds, the simulation's tick minutes), and
+// AWS rebooting the instances whose maintenance has started (or that the router rebooted):
+// the Node comes back Ready with a new boot ID.
+func (w *world) reconcileInPlace(ctx context.Context) error {
+	var claims karpv1.NodeClaimList
+	if err := w.store.List(ctx, &claims); err != nil {
+		return err
+	}
+	now := w.clock.Now()
+	w.ec2.mu.Lock()
+	rebooted := w.ec2.rebooted
+	w.ec2.rebooted = nil
+	w.ec2.mu.Unlock()
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		st, ok, err := inplace.Read(nc)
+		if err != nil || !ok || st.Over() {
+			continue
+		}
+		id := cluster.InstanceID(nc.Status.ProviderID)
+		if (!st.Start.IsZero() && !now.Before(st.Start) && w.booted[id] != st.EventID) || slices.Contains(rebooted, id) {
+			w.booted[id] = st.EventID
+			if err := w.reboot(ctx, nc.Status.NodeName); err != nil {
+				return err
+			}
+		}
+		for range 4 {
+			res, err := w.leader.inPlace.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: nc.Name}})
+			if err != nil {
+				if apierrors.IsServiceUnavailable(err) || apierrors.IsConflict(err) {
+					break
+				}
+				return err
+			}
+			if res.RequeueAfter > time.Minute {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// reboot is the kubelet coming back after a reboot: Ready, a new boot ID.
+func (w *world) reboot(ctx context.Context, node string) error {
+	var n corev1.Node
+	if err := w.store.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	w.boots++
+	n.Status.NodeInfo.BootID = fmt.Sprintf("boot-%d", w.boots)
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(w.clock.Now())}}
+	return w.store.Update(ctx, &n)
+}
+
+// checkInPlace: no Node is cordoned or protected from Karpenter, and no NodeClaim protected,
+// unless a reboot in place runs on it (or its NodeClaim is being replaced after a fallback).
+func (w *world) checkInPlace(ctx context.Context) error {
+	var claims karpv1.NodeClaimList
+	if err := w.store.List(ctx, &claims); err != nil {
+		return err
+	}
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		running := inplace.Active(nc) || !nc.DeletionTimestamp.IsZero()
+		if nc.Annotations[karpv1.DoNotDisruptAnnotationKey] != "" && !running {
+			return fmt.Errorf("nodeclaim %s is protected from Karpenter with no reboot in place running", nc.Name)
+		}
+		var n corev1.Node
+		if err := w.store.Get(ctx, client.ObjectKey{Name: nc.Status.NodeName}, &n); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return err
+		}
+		if (n.Spec.Unschedulable || n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "") && !running {
+			return fmt.Errorf("node %s is cordoned (%v) or protected from Karpenter (%q) with no reboot in place running", n.Name, n.Spec.Unschedulable, n.Annotations[karpv1.DoNotDisruptAnnotationKey])
+		}
+	}
+	return nil
 }
 
 // reconcileMarks plays the leader's node-marks controller: its watch hands every changed
