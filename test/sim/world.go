@@ -453,7 +453,9 @@ func (w *world) newReplica(name string) *replica {
 	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
 	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
 	r.inPlace = inplace.New(w.router, w.router, noPods{}, w.ec2, w.clock, w.recorder, w.log, nil,
-		func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error { return sig.Replace(ctx, nc) }, inplace.Options{})
+		func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error {
+			return sig.Replace(ctx, nc)
+		}, inplace.Options{})
 	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1).WithRescheduler(reschedule.NewEvents(w.ec2)).WithInPlace(beginHook{r.inPlace, w})
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.router, w.router, w.log, nil)
@@ -561,7 +563,9 @@ func (w *world) reconcile(ctx context.Context) error {
 // noPods is the eviction of the simulation's nodes: they run no pods.
 type noPods struct{}
 
-func (noPods) Evict(context.Context, string, time.Time) (int, map[string]string, error) { return 0, nil, nil }
+func (noPods) Evict(context.Context, string, time.Time) (int, map[string]string, error) {
+	return 0, nil, nil
+}
 
 // RebootInstances is EC2's reboot of an instance: its Node comes back with a new boot ID.
 func (e *ec2Status) RebootInstances(_ context.Context, in *ec2.RebootInstancesInput, _ ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
