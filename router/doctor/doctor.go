@@ -81,6 +81,7 @@ type eventsAPI interface {
 type ec2API interface {
 	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
 	ModifyInstanceEventStartTime(context.Context, *ec2.ModifyInstanceEventStartTimeInput, ...func(*ec2.Options)) (*ec2.ModifyInstanceEventStartTimeOutput, error)
+	RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error)
 }
 
 type iamAPI interface {
@@ -103,6 +104,9 @@ type Config struct {
 	// Reschedule is whether NodePools use healthrouter.io/reschedule=true (--reschedule):
 	// the router then needs ec2:ModifyInstanceEventStartTime.
 	Reschedule bool
+	// RebootInPlace is the router's --reboot-in-place: doctor checks that it may call
+	// ec2:RebootInstances (an instance-reboot kept in place is rebooted by the router).
+	RebootInPlace bool
 }
 
 // Doctor runs the checks.
@@ -148,6 +152,9 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	d.routerInstanceStatus(ctx, &r, c.InstanceStatusPoller)
 	if c.Reschedule {
 		d.routerReschedule(ctx, &r)
+	}
+	if c.RebootInPlace {
+		d.routerReboot(ctx, &r)
 	}
 	takeover(&r)
 	if d.kube == nil {
@@ -223,6 +230,29 @@ func (d *Doctor) routerReschedule(ctx context.Context, r *Report) {
 		*r = append(*r, Item{OK, CheckRouterReschedule, fmt.Sprintf("the endpoint ignored DryRun and looked the placeholder event up (%s): the call was authorised", ae.ErrorCode()), ""})
 	default:
 		*r = append(*r, Item{Unknown, CheckRouterReschedule, fmt.Sprintf("cannot tell whether the router may call ec2:ModifyInstanceEventStartTime: %v", err), fix})
+	}
+}
+
+// CheckRouterReboot is the check of the router's permission to reboot instances it keeps.
+const CheckRouterReboot = "router's ec2:RebootInstances"
+
+// routerReboot checks with a DryRun call that the router's credentials may call
+// ec2:RebootInstances, which a reboot in place of an instance-reboot event needs. A stand-in
+// that ignores DryRun answers that the placeholder instance does not exist: authorised.
+func (d *Doctor) routerReboot(ctx context.Context, r *Report) {
+	const fix = "grant the router's role ec2:RebootInstances (terraform: enable_reboot_in_place = true, statement RebootInPlace)"
+	_, err := d.ec2.RebootInstances(ctx, &ec2.RebootInstancesInput{DryRun: aws.Bool(true), InstanceIds: []string{placeholderInstance}})
+	allowed, denied := dryRun(err)
+	var ae smithy.APIError
+	switch {
+	case allowed:
+		*r = append(*r, Item{OK, CheckRouterReboot, "the router's credentials may reboot the instances it keeps through an instance-reboot", ""})
+	case denied:
+		*r = append(*r, Item{Fail, CheckRouterReboot, fmt.Sprintf("denied to the router's credentials: an instance-reboot kept in place waits for AWS to reboot at its start instead: %v", err), fix})
+	case errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound":
+		*r = append(*r, Item{OK, CheckRouterReboot, "the endpoint ignored DryRun and looked the placeholder instance up (InvalidInstanceID.NotFound): the call was authorised", ""})
+	default:
+		*r = append(*r, Item{Unknown, CheckRouterReboot, fmt.Sprintf("cannot tell whether the router may call ec2:RebootInstances: %v", err), fix})
 	}
 }
 

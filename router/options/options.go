@@ -362,6 +362,9 @@ type Doctor struct {
 	// Reschedule says NodePools use healthrouter.io/reschedule=true: doctor checks that the
 	// router may call ec2:ModifyInstanceEventStartTime.
 	Reschedule bool
+	// RebootInPlace is the router's --reboot-in-place (the same environment variable): doctor
+	// checks that the router may call ec2:RebootInstances.
+	RebootInPlace bool
 }
 
 // doctorFlags defines the flags of `health-router doctor` on o; gates is parsed further by
@@ -380,6 +383,7 @@ func doctorFlags(o *Doctor) (fs *flag.FlagSet, gates *string) {
 	gates = fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller (the same environment variable), for the takeover check")
 	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
+	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "whether the router runs with --reboot-in-place (the same environment variable), to check that it may call ec2:RebootInstances")
 	return fs, gates
 }
 

@@ -66,6 +66,7 @@ type EC2InstanceStatus struct {
 	inFlight   int
 	maxFlight  int
 	moves      []Move
+	reboots    []Reboot
 }
 
 // Move is one ModifyInstanceEventStartTime call the server answered, and its answer.
@@ -75,6 +76,48 @@ type Move struct {
 	DryRun              bool
 	// Error is the error code answered ("" for a moved event).
 	Error string
+}
+
+// Reboot is one RebootInstances call.
+type Reboot struct {
+	InstanceIDs []string
+	DryRun      bool
+	// Error is the error code answered ("" for a reboot).
+	Error string
+}
+
+// Reboots returns the RebootInstances calls made so far.
+func (s *EC2InstanceStatus) Reboots() []Reboot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.reboots)
+}
+
+// reboot answers one RebootInstances call (InstanceId.N) as EC2 does: every instance must
+// exist (InvalidInstanceID.NotFound otherwise), DryRun and denials answered first.
+func (s *EC2InstanceStatus) reboot(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rb := Reboot{DryRun: r.Form.Get("DryRun") == "true"}
+	for i := 1; r.Form.Has("InstanceId." + strconv.Itoa(i)); i++ {
+		rb.InstanceIDs = append(rb.InstanceIDs, r.Form.Get("InstanceId."+strconv.Itoa(i)))
+	}
+	defer func() { s.reboots = append(s.reboots, rb) }()
+	if s.failed(w) {
+		rb.Error = "InternalError"
+		return
+	}
+	if rb.Error = s.unauthorized(w, r); rb.Error != "" {
+		return
+	}
+	for _, id := range rb.InstanceIDs {
+		if s.instances[id] == nil {
+			rb.Error = "InvalidInstanceID.NotFound"
+			ec2Error(w, http.StatusBadRequest, rb.Error, fmt.Sprintf("The instance ID '%s' does not exist", id))
+			return
+		}
+	}
+	fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><RebootInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</requestId><return>true</return></RebootInstancesResponse>`)
 }
 
 // Instance is what EC2 reports for one instance.
@@ -180,6 +223,8 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.describe(w, r)
 	case "ModifyInstanceEventStartTime":
 		s.modify(w, r)
+	case "RebootInstances":
+		s.reboot(w, r)
 	default:
 		http.Error(w, "unsupported", http.StatusBadRequest)
 	}
