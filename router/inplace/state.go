@@ -227,3 +227,12 @@ func truncate(s string, n int) string {
 	}
 	return s[:cut] + mark
 }
+
+// Steps are the steps a run of an event of type t goes through when all goes well: the router
+// reboots an instance-reboot itself; AWS reboots for the system events.
+func Steps(t event.ScheduledType) []Step {
+	if t == event.ScheduledInstanceReboot {
+		return []Step{StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone}
+	}
+	return []Step{StepCordon, StepEvict, StepAwait, StepReady, StepUncordon, StepDone}
+}

@@ -440,3 +440,19 @@ func TestNextProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestSteps: the steps replay shows follow the order a run takes, with the router's reboot
+// for instance-reboot only.
+func TestSteps(t *testing.T) {
+	for _, typ := range Types {
+		got := Steps(typ)
+		if got[0] != StepCordon || got[len(got)-1] != StepDone || slices.Contains(got, StepReboot) != (typ == event.ScheduledInstanceReboot) {
+			t.Errorf("%s: %v", typ, got)
+		}
+		for i := 1; i < len(got); i++ {
+			if slices.Index(steps, got[i]) <= slices.Index(steps, got[i-1]) {
+				t.Errorf("%s: %v out of order", typ, got)
+			}
+		}
+	}
+}

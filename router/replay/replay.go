@@ -27,6 +27,7 @@ import (
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/reschedule"
 	"github.com/health-router/health-router/router/signal"
@@ -139,6 +140,14 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 				if d, err = whatIfMoved(ctx, eng, moves, ev, out, o.Now); err != nil {
 					return err
 				}
+			}
+			if d.Action == policy.ActionRebootInPlace && ev.Health != nil {
+				steps := inplace.Steps(ev.Health.Scheduled)
+				names := make([]string, len(steps))
+				for i, st := range steps {
+					names[i] = string(st)
+				}
+				d.Reason += "; what-if steps: " + strings.Join(names, " → ")
 			}
 			rows = append(rows, toRow(d, b.source))
 		}

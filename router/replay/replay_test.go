@@ -256,3 +256,47 @@ func TestReplayReschedule(t *testing.T) {
 		t.Errorf("without the event in --aws: %+v", r)
 	}
 }
+
+// TestReplayRebootInPlace: a pool that keeps its nodes through instance reboots shows the
+// deferral to the window, and at a time when it is due the in-place steps (as a what-if).
+func TestReplayRebootInPlace(t *testing.T) {
+	cl, err := os.ReadFile("../../test/demo/cluster.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotated := strings.Replace(string(cl), "healthrouter.io/action.scheduled-change.instance-reboot: ignore", "healthrouter.io/action.scheduled-change.instance-reboot: reboot-in-place", 1)
+	if annotated == string(cl) {
+		t.Fatal("the demo's kafka pool no longer ignores instance reboots")
+	}
+	clusterFile := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(clusterFile, []byte(annotated), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	row := func(now time.Time) Row {
+		var out bytes.Buffer
+		if err := Run(context.Background(), Options{ClusterFile: clusterFile, EventsPath: "../../test/demo/events/01-health-instance-reboot.json",
+			Now: now, Gates: checks.NewFeatureGates(), Output: "json"}, &out, &bytes.Buffer{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			var r Row
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.InstanceID == "i-07c3e1d2b4a596870" {
+				return r
+			}
+		}
+		t.Fatalf("no kafka row:\n%s", out.String())
+		return Row{}
+	}
+	// The demo's now: the reboot is Thursday 03:00, the window Saturday: deadline minus
+	// drain-lead (2h) comes first.
+	if r := row(demoNow); r.Action != policy.ActionDefer || r.Until == nil || !r.Until.Equal(time.Date(2026, 11, 26, 1, 0, 0, 0, time.UTC)) {
+		t.Errorf("before: %+v", r)
+	}
+	due := time.Date(2026, 11, 26, 1, 30, 0, 0, time.UTC)
+	if r := row(due); r.Action != policy.ActionRebootInPlace || !strings.Contains(r.Reason, "what-if steps: cordon → evict → reboot → await → ready → uncordon → done") {
+		t.Errorf("due: %+v", r)
+	}
+}

@@ -44,6 +44,9 @@ func (r Report) WriteTable(w io.Writer) error {
 				if d.Deleting {
 					state = "deleting"
 				}
+				if d.InPlace != "" {
+					state = "reboot in place: " + d.InPlace
+				}
 				since := "-"
 				if d.Since != nil {
 					since = stamp(*d.Since)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -65,6 +66,9 @@ type Drain struct {
 	// for a NodeClaim deleted by someone else.
 	EventID string     `json:"eventId,omitempty"`
 	Since   *time.Time `json:"since,omitempty"`
+	// InPlace is the step of a reboot in place that keeps the node (router/inplace): out of
+	// service as a drain, counted in flight; "" for a drain.
+	InPlace string `json:"inPlace,omitempty"`
 }
 
 // Deferred is one event the router holds for a NodeClaim.
@@ -160,6 +164,9 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 				d.Since = &at
 			}
 			s.Drains = append(s.Drains, d)
+		} else if st, ok, err := inplace.Read(c); err == nil && ok && !st.Over() {
+			since := st.Began.UTC()
+			s.Drains = append(s.Drains, Drain{NodeClaim: c.Name, Node: c.Status.NodeName, EventID: st.EventID, Since: &since, InPlace: string(st.Step)})
 		}
 		for _, d := range record.Records(c) {
 			if d.State != record.StateDeferred {

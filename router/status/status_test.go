@@ -13,6 +13,7 @@ import (
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -127,18 +128,21 @@ func TestPoolStatus(t *testing.T) {
 		claim(t, "kafka-b", nil, nil, true),
 		claim(t, "kafka-c", []record.Record{check}, nil, false),
 		claim(t, "kafka-e", nil, map[string]string{cluster.AnnotationDrainSignalled: signalledAt.Format(time.RFC3339)}, false),
+		claim(t, "kafka-f", nil, map[string]string{inplace.Annotation: `{"version":1,"event_id":"ev-reboot","type":"system-reboot","step":"evict","began":"` + signalledAt.Format(time.RFC3339) + `"}`}, false),
+		claim(t, "kafka-g", nil, map[string]string{inplace.Annotation: `{"version":1,"event_id":"ev-old-reboot","type":"system-reboot","step":"done","outcome":"done"}`}, false),
 	}
 	got := poolStatus(np, claims, now)
 	next := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
 	limit := 1
 	want := NodePool{
-		Name: "kafka", Policy: OneLine(policy.FromAnnotations(saturdays)), Nodes: 5,
+		Name: "kafka", Policy: OneLine(policy.FromAnnotations(saturdays)), Nodes: 7,
 		Window:         &Window{Schedule: "0 2 * * 6", Duration: "4h0m0s", Next: &next},
-		DrainsInFlight: 3, DrainLimit: &limit,
+		DrainsInFlight: 4, DrainLimit: &limit,
 		Drains: []Drain{
 			{NodeClaim: "kafka-a", Node: "node-kafka-a", EventID: "ev-spot", Since: &signalledAt},
 			{NodeClaim: "kafka-b", Node: "node-kafka-b", Deleting: true, Since: &deletedAt}, // no stamp: since its deletion
 			{NodeClaim: "kafka-e", Node: "node-kafka-e", Since: &signalledAt},
+			{NodeClaim: "kafka-f", Node: "node-kafka-f", EventID: "ev-reboot", Since: &signalledAt, InPlace: "evict"}, // a run in progress; kafka-g's is over
 		},
 		Deferred: []Deferred{
 			{NodeClaim: "kafka-c", Node: "node-kafka-c", EventID: "ev-check", Kind: event.KindScheduledChange, Until: now.Add(policy.CheckRecheck), Hold: HoldCheck, Reason: check.Reason},
