@@ -296,7 +296,9 @@ func deferToWindow(d Decision, ev event.Event, p Policy, now time.Time, chose st
 			return d.with(ActionDrain, "%s: maintenance window %q is open", chose, p.Window.Schedule)
 		}
 		next := p.Window.Next(now)
-		if hasDeadline && (next.IsZero() || !next.Before(latest)) {
+		// A window that opens at deadline minus drain-lead itself (where reschedule moves an
+		// event: the opening plus drain-lead) is waited for: the drain then is in the window.
+		if hasDeadline && (next.IsZero() || next.After(latest)) {
 			d.Until, d.Hold = latest, HoldDeadline
 			return d.with(ActionDefer, "%s: the next maintenance window (%s) opens after deadline %s minus drain-lead %s; draining at %s", chose, stamp(next), stamp(ev.Deadline), p.DrainLead, stamp(latest))
 		}

@@ -93,6 +93,8 @@ func TestDecide(t *testing.T) {
 		{name: "defer no window waits for deadline-lead", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDefer, until: week.Add(-time.Hour), reason: "no maintenance window"},
 		{name: "defer custom lead", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "defer", AnnotationDrainLead: "6h"}), action: ActionDefer, until: week.Add(-6 * time.Hour)},
 		{name: "defer waits for next window", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(with(saturdays, AnnotationAction, "defer")), action: ActionDefer, until: time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC), reason: "waiting for the maintenance window"},
+		// A rescheduled event starts at the opening plus drain-lead: the drain is in the window.
+		{name: "defer window opens at deadline minus lead", ev: scheduled(event.ScheduledSystemReboot, time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)), tg: target(with(saturdays, AnnotationAction, "defer", AnnotationDrainLead, "1h")), action: ActionDefer, until: time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC), reason: "waiting for the maintenance window"},
 		{name: "defer window opens after deadline", ev: scheduled(event.ScheduledInstanceRetirement, now.Add(48*time.Hour)), tg: target(with(saturdays, AnnotationAction, "defer")), action: ActionDefer, until: now.Add(47 * time.Hour), reason: "opens after deadline"},
 		{name: "defer window open now drains", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "0 10 * * *", AnnotationWindowDuration: "4h"}), action: ActionDrain, reason: "is open"},
 		{name: "defer deadline passed drains", ev: scheduled(event.ScheduledInstanceRetirement, now.Add(-time.Hour)), tg: target(with(saturdays, AnnotationAction, "defer")), action: ActionDrain, reason: "is reached"},
@@ -255,6 +257,11 @@ func TestHolds(t *testing.T) {
 	}{
 		{"window", scheduled(event.ScheduledInstanceRetirement, week), windowed, HoldWindow},
 		{"deadline without a window", scheduled(event.ScheduledInstanceRetirement, week), target(map[string]string{AnnotationAction: "defer"}), HoldDeadline},
+		{"window opens at deadline minus drain-lead", scheduled(event.ScheduledSystemReboot, time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)), func() Target {
+			t := windowed
+			t.Policy = FromAnnotations(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "1h", AnnotationDrainLead: "1h"})
+			return t
+		}(), HoldWindow},
 		{"window opens too late", scheduled(event.ScheduledInstanceRetirement, now.Add(3*time.Hour)), func() Target {
 			t := windowed
 			t.Policy = FromAnnotations(map[string]string{AnnotationAction: "defer", AnnotationWindowSchedule: "0 2 1 1 *", AnnotationWindowDuration: "1h"})

@@ -65,6 +65,9 @@ type stage struct {
 	events                     *eventbridge.Client
 	intakeURL, dlqURL, karpURL string
 	image                      string
+	// registry takes the metrics of the routers the stage starts when set (a test that reads
+	// them); each router gets a registry of its own otherwise.
+	registry *prometheus.Registry
 }
 
 func newStage(t *testing.T) *stage {
@@ -205,7 +208,11 @@ func (s *stage) routerStoppable(mode signal.Mode, opts ...func(*options.Run)) (s
 		log = slog.New(slog.NewTextHandler(testWriter{s.t}, nil))
 	}
 	restCfg := s.restCfg
-	go func() { done <- app.Run(ctx, o, restCfg, prometheus.NewRegistry(), log) }()
+	reg := s.registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	go func() { done <- app.Run(ctx, o, restCfg, reg, log) }()
 	t := s.t
 	var once sync.Once
 	return func() {

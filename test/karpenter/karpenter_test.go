@@ -55,13 +55,18 @@ func rebalanceBody(id string) string {
 // healthBody is an AWS Health scheduled change (an instance retirement) naming ids, starting
 // at start (RFC 1123, as AWS Health writes it).
 func healthBody(eventID string, start time.Time, ids ...string) string {
+	return healthBodyOf("AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", eventID, start, ids...)
+}
+
+// healthBodyOf is an AWS Health scheduled change of type code naming ids, starting at start.
+func healthBodyOf(code, eventID string, start time.Time, ids ...string) string {
 	var entities, resources []string
 	for _, id := range ids {
 		entities = append(entities, fmt.Sprintf(`{"entityValue":%q,"tags":{}}`, id))
 		resources = append(resources, fmt.Sprintf("%q", id))
 	}
-	detail := fmt.Sprintf(`{"eventArn":"arn:aws:health:%s::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/%s","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":%q,"endTime":%q,"eventDescription":[{"language":"en_US","latestDescription":"Placeholder: the instances will be retired."}],"affectedEntities":[%s]}`,
-		harness.Region, eventID, start.UTC().Format(time.RFC1123), start.Add(2*time.Hour).UTC().Format(time.RFC1123), strings.Join(entities, ","))
+	detail := fmt.Sprintf(`{"eventArn":"arn:aws:health:%s::event/EC2/%s/%s","service":"EC2","eventTypeCode":%q,"eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":%q,"endTime":%q,"eventDescription":[{"language":"en_US","latestDescription":"Placeholder: scheduled maintenance."}],"affectedEntities":[%s]}`,
+		harness.Region, code, eventID, code, start.UTC().Format(time.RFC1123), start.Add(2*time.Hour).UTC().Format(time.RFC1123), strings.Join(entities, ","))
 	return envelope(eventID, "aws.health", "AWS Health Event", "["+strings.Join(resources, ",")+"]", detail)
 }
 

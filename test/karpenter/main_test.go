@@ -108,8 +108,8 @@ func queue(t testing.TB, name string) string {
 }
 
 // startRouter runs the router as in production (app.Run) on its own intake queue until the
-// test ends, and returns the intake queue's URL.
-func startRouter(t testing.TB, name string, mode signal.Mode) string {
+// test ends, with opts applied to its options, and returns the intake queue's URL.
+func startRouter(t testing.TB, name string, mode signal.Mode, opts ...func(*options.Run)) string {
 	t.Helper()
 	intake := queue(t, name+"-intake")
 	o := options.Run{
@@ -120,6 +120,9 @@ func startRouter(t testing.TB, name string, mode signal.Mode) string {
 	}
 	if mode == signal.ModeForward {
 		o.KarpenterQueueURL = stage.QueueURL
+	}
+	for _, f := range opts {
+		f(&o)
 	}
 	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
