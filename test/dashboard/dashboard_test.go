@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -29,6 +28,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/watchdog"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // prometheusOwn are series Prometheus writes itself for every target, which the dashboard
@@ -112,11 +112,11 @@ func routerMetrics(t *testing.T) map[string]bool {
 }
 
 func dashboardPath(t *testing.T) string {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the test file")
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "deploy", "charts", "health-router", "dashboards", "health-router.json")
+	return filepath.Join(root, "deploy", "charts", "health-router", "dashboards", "health-router.json")
 }
 
 // dashboard is the part of Grafana's dashboard model the test reads.

@@ -26,6 +26,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/health-router/health-router/test/harness"
 )
 
 // What the test builds the image with; the labels must say the same.
@@ -41,11 +43,11 @@ var platforms = []string{"linux/amd64", "linux/arm64"}
 // repoRoot is the repository's root, from this file.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the test file")
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return root
 }
 
 // built is the image the tests share: built once per test run (the second build only checks

@@ -280,15 +280,9 @@ func TestStatus(t *testing.T) {
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	wd, err := os.Getwd()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for dir := wd; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-	}
-	t.Fatal("not inside the repository")
-	return ""
+	return root
 }
