@@ -46,33 +46,29 @@ staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-g
   kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
   mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming)
 minor=${K8S_VERSION#1.}
-{
-  echo "module envtestbins"
-  echo "go 1.26"
-  echo "require k8s.io/kubernetes v${K8S_VERSION}"
-  for m in "${staging[@]}"; do echo "replace k8s.io/$m => k8s.io/$m v0.${minor}"; done
-} >"$work/go.mod"
-cat >"$work/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "go.etcd.io/etcd/server/v3"
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-)
-GO
-cd "$work"
+# Built inside this repository's own module graph (a copy of go.mod and go.sum, so the
+# repository's files are never written), with the staging modules pinned to the release as
+# k8s.io/kubernetes requires: every package kube-apiserver shares with the router (client-go,
+# apimachinery, the API types, grpc, protobuf, ~700 of them) is then the version the router is
+# compiled against, and with make's flags (cgo off, -trimpath) the build cache already holds
+# it from `go vet` and the tests. go.mod keeps the shared modules at the versions this release
+# needs, so adding k8s.io/kubernetes upgrades only modules the router does not compile.
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cp "$root/go.mod" "$work/envtest.mod"
+cp "$root/go.sum" "$work/envtest.sum"
+for m in "${staging[@]}"; do echo "replace k8s.io/$m => k8s.io/$m v0.${minor}" >>"$work/envtest.mod"; done
+cd "$root"
+export CGO_ENABLED=0
+modfile=-modfile=$work/envtest.mod
 echo "envtest: first run on this machine: building the test control plane from source (Go module proxy)" >&2
 echo "envtest:   kube-apiserver v${K8S_VERSION} and etcd ${ETCD_VERSION} into $cache" >&2
 echo "envtest:   this takes several minutes (about 15 on 2 cores); later runs reuse the cached binaries at once" >&2
 progress "fetching modules (k8s.io/kubernetes v${K8S_VERSION}, go.etcd.io/etcd/server/v3 ${ETCD_VERSION})"
-go mod tidy -e >/dev/null 2>&1 || true
-go get k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION} go.etcd.io/etcd/server/v3@${ETCD_VERSION} >&2
+go get "$modfile" k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION} go.etcd.io/etcd/server/v3@${ETCD_VERSION} >&2
 progress "compiling kube-apiserver (the long step)"
-go build -trimpath -ldflags=-s -o "$cache/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+go build "$modfile" -trimpath -ldflags=-s -o "$cache/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
 progress "compiling etcd"
-go build -trimpath -ldflags=-s -o "$cache/etcd.tmp" go.etcd.io/etcd/server/v3
+go build "$modfile" -trimpath -ldflags=-s -o "$cache/etcd.tmp" go.etcd.io/etcd/server/v3
 mv "$cache/kube-apiserver.tmp" "$cache/kube-apiserver"
 mv "$cache/etcd.tmp" "$cache/etcd"
 progress "done: cached in $cache (delete that directory to rebuild)"

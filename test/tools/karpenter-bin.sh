@@ -22,35 +22,25 @@ if [[ -x $cache/controller ]]; then
   exit 0
 fi
 
-export GOFLAGS=-mod=mod
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$cache"
 
-# The provider requires timestreamwrite v1.43.1, which the module proxy does not serve; nothing
-# the controller compiles imports it (only the provider's own tests do), so the same replace as
-# this repository's go.mod lets the module graph load.
-tsw=$(cd "$root" && go list -m -f '{{if .Replace}}{{.Replace.Version}}{{end}}' github.com/aws/aws-sdk-go-v2/service/timestreamwrite)
-{
-  echo "module karpenterbin"
-  echo "go 1.26"
-  echo "require github.com/aws/karpenter-provider-aws ${VERSION}"
-  if [[ -n $tsw ]]; then
-    echo "replace github.com/aws/aws-sdk-go-v2/service/timestreamwrite => github.com/aws/aws-sdk-go-v2/service/timestreamwrite ${tsw}"
-  fi
-} >"$work/go.mod"
-cat >"$work/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import _ "github.com/aws/karpenter-provider-aws/cmd/controller"
-GO
-cd "$work"
+# Built inside this repository's own module graph (a copy of go.mod and go.sum, so the
+# repository's files are never written): Karpenter's dependencies are then the versions the
+# router is compiled against (client-go, controller-runtime, Karpenter core, the AWS SDK's
+# EC2 client, the largest package of all), and with make's flags (cgo off, -trimpath) the
+# build cache already holds them from `go vet` and the tests: on a fresh machine only what
+# the controller alone uses is compiled. The go.mod copy also carries this repository's
+# replace of timestreamwrite (the provider requires v1.43.1, which the module proxy does not
+# serve; nothing the controller compiles imports it).
+cp "$root/go.mod" "$work/karpenter.mod"
+cp "$root/go.sum" "$work/karpenter.sum"
+cd "$root"
 echo "building Karpenter's AWS controller ${VERSION} into $cache (first run only, a few minutes)" >&2
 start=$(date +%s)
-go get github.com/aws/karpenter-provider-aws/cmd/controller@"${VERSION}" >&2
-go build -trimpath -ldflags=-s -o "$cache/controller.tmp" github.com/aws/karpenter-provider-aws/cmd/controller
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -modfile="$work/karpenter.mod" -trimpath -ldflags=-s \
+  -o "$cache/controller.tmp" github.com/aws/karpenter-provider-aws/cmd/controller
 mv "$cache/controller.tmp" "$cache/controller"
 echo "built Karpenter's controller in $(( $(date +%s) - start )) s" >&2
 echo "$cache/controller"
