@@ -22,9 +22,10 @@ import (
 // (managedFields as given: the live bench copies those an API server wrote), through the
 // router's cache transforms or not, and returns the heap they hold per node (Node +
 // NodeClaim). It reads the heap after a GC before and after: run it alone.
-func CacheHeap(n int, trim bool, nodeFields, claimFields []metav1.ManagedFieldsEntry, now time.Time) (perNode float64, err error) {
+func CacheHeap(n int, trimmed bool, nodeFields, claimFields []metav1.ManagedFieldsEntry, now time.Time) (perNode float64, err error) {
 	nodes := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, indexers(&corev1.Node{}))
 	claims := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, indexers(&karpv1.NodeClaim{}))
+	trim := cluster.NewTrimmer()
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -44,11 +45,11 @@ func CacheHeap(n int, trim bool, nodeFields, claimFields []metav1.ManagedFieldsE
 			return 0, err
 		}
 		var on, oc any = &dn, &dc
-		if trim {
-			if on, err = cluster.TrimNode(on); err != nil {
+		if trimmed {
+			if on, err = trim.Node(on); err != nil {
 				return 0, err
 			}
-			if oc, err = cluster.TrimNodeClaim(oc); err != nil {
+			if oc, err = trim.NodeClaim(oc); err != nil {
 				return 0, err
 			}
 		}
