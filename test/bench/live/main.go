@@ -257,7 +257,7 @@ func (b *bench) run() error {
 		if err != nil {
 			return err
 		}
-		b.add(fmt.Sprintf("cache heap per node (Node + NodeClaim, indexed), %d realistic nodes through cluster.TrimNode/TrimNodeClaim", m),
+		b.add(fmt.Sprintf("cache heap per node (Node + NodeClaim, indexed), %d realistic nodes through cluster.Trimmer", m),
 			fmt.Sprintf("%.2f KiB (%.0f MiB in all)", trimmed/1024, trimmed*float64(m)/(1<<20)), "≤ 2 KiB")
 		b.add(fmt.Sprintf("same, untrimmed (whole objects, as without the transforms), %d nodes", u),
 			fmt.Sprintf("%.2f KiB (%.1f× the trimmed)", whole/1024, whole/trimmed), "")
