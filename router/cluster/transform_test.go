@@ -13,7 +13,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 )
 
-func TestTrimNode(t *testing.T) {
+func TestTrimmerNode(t *testing.T) {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "ip-10-0-1-2", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
 			Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0", "healthrouter.io/maintenance": "{}"},
@@ -52,7 +52,7 @@ func TestTrimNode(t *testing.T) {
 	}
 }
 
-func TestTrimNodeClaim(t *testing.T) {
+func TestTrimmerNodeClaim(t *testing.T) {
 	nc := &karpv1.NodeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "kafka-a1", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "karpenter"}},
 			Annotations: map[string]string{AnnotationDeferred: "[]", AnnotationDrainSignalled: "e1 2026-11-21T12:00:00Z forward", "karpenter.k8s.aws/ec2nodeclass-hash": "123"},
