@@ -107,6 +107,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if o.KubeClientQPS <= 0 || o.KubeClientBurst <= 0 { // an Options built in code, not parsed
 		restCfg.QPS, restCfg.Burst = options.DefaultKubeClientQPS, options.DefaultKubeClientBurst
 	}
+	trim := cluster.NewTrimmer()
 	var kubeClient client.Client // the manager's client, for the calendar handler made before it
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme: scheme,
@@ -114,8 +115,8 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			// The router caches what it reads, not what Kubernetes stores (see router/cluster).
 			DefaultTransform: cluster.DropManagedFields,
 			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Node{}:                  {Transform: cluster.TrimNode},
-				&karpv1.NodeClaim{}:             {Transform: cluster.TrimNodeClaim},
+				&corev1.Node{}:                  {Transform: trim.Node},
+				&karpv1.NodeClaim{}:             {Transform: trim.NodeClaim},
 				&policyv1.PodDisruptionBudget{}: {Transform: gates.TrimPDB},
 			},
 		},

@@ -3,12 +3,15 @@ package cluster
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 )
 
 func TestInstanceID(t *testing.T) {
@@ -154,3 +157,63 @@ status: {providerID: "aws:///eu-west-1a/i-0a1b2c3d4e5f60718"}
 }
 
 func newNodeList() client.ObjectList { return &corev1.NodeList{} }
+
+// TestInstanceLookups: IndexInstanceID holds buckets of instance IDs, so instances that share
+// a bucket (the same last digits) must still resolve to their own objects only.
+func TestInstanceLookups(t *testing.T) {
+	scheme, err := NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := func(name, id string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + id}}
+	}
+	claim := func(name, id string) *karpv1.NodeClaim {
+		return &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/" + id}}
+	}
+	const a, b, c = "i-0000000000000a123", "i-0000000000000b123", "i-0000000000000a124"
+	if InstanceBucket(a) != InstanceBucket(b) || InstanceBucket(a) == InstanceBucket(c) {
+		t.Fatalf("buckets: %s %s %s", InstanceBucket(a), InstanceBucket(b), InstanceBucket(c))
+	}
+	snap, err := NewSnapshot(scheme, node("na", a), node("nb", b), node("nc", c), node("unlaunched", ""), claim("ca", a), claim("cb", b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		id            string
+		nodes, claims []string
+	}{
+		{a, []string{"na"}, []string{"ca"}},
+		{b, []string{"nb"}, []string{"cb"}},
+		{c, []string{"nc"}, nil},
+		{"i-0000000000000f123", nil, nil}, // same bucket, no such instance
+		{"i-0000000000000f999", nil, nil},
+	} {
+		nodes, err := InstanceNodes(ctx, snap, tc.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claims, err := InstanceClaims(ctx, snap, tc.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gotNodes, gotClaims []string
+		for _, n := range nodes {
+			gotNodes = append(gotNodes, n.Name)
+		}
+		for _, nc := range claims {
+			gotClaims = append(gotClaims, nc.Name)
+		}
+		if !slices.Equal(gotNodes, tc.nodes) || !slices.Equal(gotClaims, tc.claims) {
+			t.Errorf("%s: nodes %v claims %v, want %v %v", tc.id, gotNodes, gotClaims, tc.nodes, tc.claims)
+		}
+		res, err := New(snap).Resolve(ctx, tc.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Found() != (tc.nodes != nil) || (res.Node != nil && res.Node.Name != tc.nodes[0]) {
+			t.Errorf("%s: resolved %+v", tc.id, res)
+		}
+	}
+}

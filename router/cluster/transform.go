@@ -1,7 +1,10 @@
 package cluster
 
 import (
+	"slices"
 	"strings"
+	"sync"
+	"unique"
 
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
@@ -33,8 +36,12 @@ func keepLabel(k string) bool {
 	return false
 }
 
-// trimLabels returns a new map of the labels the router reads: a Go map does not shrink when
-// keys are deleted, so the old one is dropped whole.
+// intern returns s from the process-wide pool of unique strings (Go's unique package): the
+// label keys and values and annotation keys of 100,000 nodes are a few hundred strings.
+func intern(s string) string { return unique.Make(s).Value() }
+
+// trimLabels returns a new map of the labels the router reads, keys and values interned: a
+// Go map does not shrink when keys are deleted, so the old one is dropped whole.
 func trimLabels(labels map[string]string, keep func(string) bool) map[string]string {
 	n := 0
 	for k := range labels {
@@ -48,7 +55,7 @@ func trimLabels(labels map[string]string, keep func(string) bool) map[string]str
 	out := make(map[string]string, n)
 	for k, v := range labels {
 		if keep(k) {
-			out[k] = v
+			out[intern(k)] = intern(v)
 		}
 	}
 	return out
@@ -78,15 +85,92 @@ func routerAnnotations(a map[string]string) map[string]string {
 			if out == nil {
 				out = map[string]string{}
 			}
-			out[k] = v
+			out[intern(k)] = v
 		}
 	}
 	return out
 }
 
-// TrimNode is the cache transform of Nodes: name, Karpenter's labels and the architecture and
-// OS, provider ID, deletion timestamp. It changes obj in place (the informer's own copy) and returns it.
-func TrimNode(obj any) (any, error) {
+// maxShared bounds the label sets and NodeClass references a Trimmer shares. A cluster has a
+// few hundred (its pools by capacity type, zone, instance type, ...); past the bound the table
+// starts again, so an odd churn of shapes costs sharing, never unbounded memory.
+const maxShared = 4096
+
+// Trimmer holds the cache transforms of Nodes and NodeClaims (Node, NodeClaim). Objects with
+// the same kept labels share one labels map, and NodeClaims with the same NodeClass one
+// reference: at 100,000 nodes a map per object was a third of the cache. Sharing is safe
+// because the cache's objects are never changed in place (a Get or List copies them, and a
+// read without a copy must not write: see Resolved).
+type Trimmer struct {
+	mu     sync.Mutex
+	labels map[string]map[string]string
+	refs   map[karpv1.NodeClassReference]*karpv1.NodeClassReference
+}
+
+// NewTrimmer returns a Trimmer with empty tables.
+func NewTrimmer() *Trimmer {
+	return &Trimmer{labels: map[string]map[string]string{}, refs: map[karpv1.NodeClassReference]*karpv1.NodeClassReference{}}
+}
+
+// sharedLabels returns the kept labels of an object, shared with every object that keeps
+// the same ones; labels the router writes (its marks, a per-event time) are never shared.
+func (t *Trimmer) sharedLabels(labels map[string]string, keep func(string) bool) map[string]string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		if keep(k) {
+			if strings.HasPrefix(k, routerPrefix) {
+				return trimLabels(labels, keep)
+			}
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k)
+		b.WriteByte(0)
+		b.WriteString(labels[k])
+		b.WriteByte(0)
+	}
+	id := b.String()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m, ok := t.labels[id]; ok {
+		return m
+	}
+	if len(t.labels) >= maxShared {
+		clear(t.labels)
+	}
+	m := trimLabels(labels, keep)
+	t.labels[id] = m
+	return m
+}
+
+// sharedRef returns a NodeClass reference equal to ref, shared by every NodeClaim with it.
+func (t *Trimmer) sharedRef(ref *karpv1.NodeClassReference) *karpv1.NodeClassReference {
+	if ref == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if r, ok := t.refs[*ref]; ok {
+		return r
+	}
+	if len(t.refs) >= maxShared {
+		clear(t.refs)
+	}
+	r := &karpv1.NodeClassReference{Group: intern(ref.Group), Kind: intern(ref.Kind), Name: intern(ref.Name)}
+	t.refs[*r] = r
+	return r
+}
+
+// Node is the cache transform of Nodes: name, Karpenter's labels and the architecture and
+// OS, provider ID, deletion timestamp, the router's marks. It changes obj in place (the
+// informer's own copy) and returns it.
+func (t *Trimmer) Node(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
@@ -95,11 +179,11 @@ func TrimNode(obj any) (any, error) {
 	n.Annotations = routerAnnotations(n.Annotations)
 	n.OwnerReferences = nil
 	n.Finalizers = nil
-	n.Labels = trimLabels(n.Labels, keepNodeLabel)
+	n.Labels = t.sharedLabels(n.Labels, keepNodeLabel)
 	var taints []corev1.Taint
-	for _, t := range n.Spec.Taints {
-		if strings.HasPrefix(t.Key, routerPrefix) {
-			taints = append(taints, t)
+	for _, tn := range n.Spec.Taints {
+		if strings.HasPrefix(tn.Key, routerPrefix) {
+			taints = append(taints, tn)
 		}
 	}
 	n.Spec = corev1.NodeSpec{ProviderID: n.Spec.ProviderID, Taints: taints}
@@ -107,12 +191,12 @@ func TrimNode(obj any) (any, error) {
 	return n, nil
 }
 
-// TrimNodeClaim is the cache transform of NodeClaims: metadata with only the router's own
+// NodeClaim is the cache transform of NodeClaims: metadata with only the router's own
 // annotations (its records), the labels the router reads, the NodeClass reference, provider
 // ID and the conditions the watchdog reads (Empty, Drifted: type, status, times). Finalizers,
 // owners and Karpenter's annotations are dropped: the router never writes them back (its
 // writes are merge patches of its own annotations, and deletes).
-func TrimNodeClaim(obj any) (any, error) {
+func (t *Trimmer) NodeClaim(obj any) (any, error) {
 	nc, ok := obj.(*karpv1.NodeClaim)
 	if !ok {
 		return obj, nil
@@ -121,8 +205,8 @@ func TrimNodeClaim(obj any) (any, error) {
 	nc.OwnerReferences = nil
 	nc.Finalizers = nil
 	nc.Annotations = routerAnnotations(nc.Annotations)
-	nc.Labels = trimLabels(nc.Labels, keepLabel)
-	nc.Spec = karpv1.NodeClaimSpec{NodeClassRef: nc.Spec.NodeClassRef}
+	nc.Labels = t.sharedLabels(nc.Labels, keepLabel)
+	nc.Spec = karpv1.NodeClaimSpec{NodeClassRef: t.sharedRef(nc.Spec.NodeClassRef)}
 	var conds []status.Condition
 	for _, c := range nc.Status.Conditions {
 		if conditionsRead[c.Type] {

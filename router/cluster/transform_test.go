@@ -2,7 +2,10 @@ package cluster
 
 import (
 	"fmt"
+	"maps"
+	"reflect"
 	"testing"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -10,7 +13,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 )
 
-func TestTrimNode(t *testing.T) {
+func TestTrimmerNode(t *testing.T) {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "ip-10-0-1-2", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
 			Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0", "healthrouter.io/maintenance": "{}"},
@@ -20,7 +23,7 @@ func TestTrimNode(t *testing.T) {
 			Taints: []corev1.Taint{{Key: "x"}, {Key: "healthrouter.io/maintenance-upcoming", Value: "scheduled-change", Effect: corev1.TaintEffectPreferNoSchedule}}},
 		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"a"}, SizeBytes: 1}}, Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}},
 	}
-	out, err := TrimNode(n)
+	out, err := NewTrimmer().Node(n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,12 +47,12 @@ func TestTrimNode(t *testing.T) {
 	if _, ok := got.Labels["team"]; ok || got.ManagedFields != nil || len(got.Status.Images) > 0 || got.Spec.Unschedulable || got.Status.Capacity != nil {
 		t.Errorf("kept what the router never reads: %+v", got)
 	}
-	if o, _ := TrimNode("not a node"); o != "not a node" {
+	if o, _ := NewTrimmer().Node("not a node"); o != "not a node" {
 		t.Error("a foreign object was changed")
 	}
 }
 
-func TestTrimNodeClaim(t *testing.T) {
+func TestTrimmerNodeClaim(t *testing.T) {
 	nc := &karpv1.NodeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "kafka-a1", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "karpenter"}},
 			Annotations: map[string]string{AnnotationDeferred: "[]", AnnotationDrainSignalled: "e1 2026-11-21T12:00:00Z forward", "karpenter.k8s.aws/ec2nodeclass-hash": "123"},
@@ -60,7 +63,7 @@ func TestTrimNodeClaim(t *testing.T) {
 	}
 	nc.StatusConditions().SetTrueWithReason("Drifted", "AMIDrift", fmt.Sprintf("%0500d", 0))
 	nc.StatusConditions().SetTrue("Launched")
-	out, _ := TrimNodeClaim(nc)
+	out, _ := NewTrimmer().NodeClaim(nc)
 	got := out.(*karpv1.NodeClaim)
 	if got.Annotations[AnnotationDeferred] != "[]" || got.Annotations[AnnotationDrainSignalled] == "" || got.Spec.NodeClassRef == nil || got.Status.ProviderID != "aws:///eu-west-1a/i-1" {
 		t.Errorf("lost what the router reads: %+v", got)
@@ -72,5 +75,105 @@ func TestTrimNodeClaim(t *testing.T) {
 	if got.ManagedFields != nil || got.Spec.Requirements != nil || got.Status.Capacity != nil || got.Labels["custom"] != "" ||
 		got.Finalizers != nil || got.Annotations["karpenter.k8s.aws/ec2nodeclass-hash"] != "" {
 		t.Errorf("kept what the router never reads: %+v", got)
+	}
+}
+
+// sameMap reports whether a and b are one map (not merely equal).
+func sameMap(a, b map[string]string) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+}
+
+func TestTrimmerSharesLabels(t *testing.T) {
+	base := map[string]string{karpv1.NodePoolLabelKey: "kafka", karpv1.CapacityTypeLabelKey: "spot", corev1.LabelArchStable: "arm64", "team": "payments"}
+	with := func(k, v string) map[string]string {
+		m := maps.Clone(base)
+		m[k] = v
+		return m
+	}
+	for _, tc := range []struct {
+		name  string
+		other map[string]string
+		share bool
+	}{
+		{"equal labels", maps.Clone(base), true},
+		{"differ only in a dropped label", with("team", "search"), true},
+		{"differ in a kept label", with(karpv1.NodePoolLabelKey, "web"), false},
+		{"one more kept label", with(corev1.LabelOSStable, "linux"), false},
+		{"the router's mark (a per-event value)", with("healthrouter.io/maintenance-at", "1796436000"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTrimmer()
+			a, _ := tr.Node(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: maps.Clone(base)}})
+			b, _ := tr.Node(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b", Labels: tc.other}})
+			la, lb := a.(*corev1.Node).Labels, b.(*corev1.Node).Labels
+			if sameMap(la, lb) != tc.share {
+				t.Errorf("shared %v, want %v: %v %v", sameMap(la, lb), tc.share, la, lb)
+			}
+			if _, ok := lb["team"]; ok || lb[karpv1.NodePoolLabelKey] != tc.other[karpv1.NodePoolLabelKey] {
+				t.Errorf("kept labels: %v", lb)
+			}
+			// Interned: equal strings of different objects are one string in memory.
+			if unsafe.StringData(la[corev1.LabelArchStable]) != unsafe.StringData(lb[corev1.LabelArchStable]) {
+				t.Error("the arch value was not interned")
+			}
+			for k := range lb {
+				if _, ok := la[k]; ok && !internedKey(la, lb, k) {
+					t.Errorf("key %s not interned", k)
+				}
+			}
+		})
+	}
+}
+
+// internedKey reports whether the key k of a and of b is one string in memory.
+func internedKey(a, b map[string]string, k string) bool {
+	var ka, kb string
+	for x := range a {
+		if x == k {
+			ka = x
+		}
+	}
+	for x := range b {
+		if x == k {
+			kb = x
+		}
+	}
+	return unsafe.StringData(ka) == unsafe.StringData(kb)
+}
+
+func TestTrimmerSharesNodeClaimParts(t *testing.T) {
+	tr := NewTrimmer()
+	claim := func(name, pool, class string) *karpv1.NodeClaim {
+		nc, _ := tr.NodeClaim(&karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{karpv1.NodePoolLabelKey: pool, "x": name},
+			Annotations: map[string]string{AnnotationDrainSignalled: name, "karpenter.sh/nodepool-hash": "1"}},
+			Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: class}}})
+		return nc.(*karpv1.NodeClaim)
+	}
+	a, b, c := claim("a", "kafka", "default"), claim("b", "kafka", "default"), claim("c", "web", "gpu")
+	if !sameMap(a.Labels, b.Labels) || sameMap(a.Labels, c.Labels) || a.Labels["x"] != "" {
+		t.Errorf("labels: %v %v %v", a.Labels, b.Labels, c.Labels)
+	}
+	if a.Spec.NodeClassRef != b.Spec.NodeClassRef || a.Spec.NodeClassRef == c.Spec.NodeClassRef || c.Spec.NodeClassRef.Name != "gpu" {
+		t.Errorf("NodeClass references: %p %p %+v", a.Spec.NodeClassRef, b.Spec.NodeClassRef, c.Spec.NodeClassRef)
+	}
+	// Annotations are the object's own (records differ per NodeClaim); their keys are interned.
+	if sameMap(a.Annotations, b.Annotations) || a.Annotations[AnnotationDrainSignalled] != "a" || len(a.Annotations) != 1 || !internedKey(a.Annotations, b.Annotations, AnnotationDrainSignalled) {
+		t.Errorf("annotations: %v %v", a.Annotations, b.Annotations)
+	}
+}
+
+// TestTrimmerBounded: the shared tables start again past maxShared, so churn of shapes cannot
+// grow them without bound; objects trimmed before keep their maps.
+func TestTrimmerBounded(t *testing.T) {
+	tr := NewTrimmer()
+	first, _ := tr.Node(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{karpv1.NodePoolLabelKey: "p0"}}})
+	for i := 1; i <= maxShared+10; i++ {
+		tr.Node(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{karpv1.NodePoolLabelKey: fmt.Sprint("p", i)}}})
+	}
+	if len(tr.labels) > maxShared {
+		t.Errorf("%d shared label sets, bound %d", len(tr.labels), maxShared)
+	}
+	if first.(*corev1.Node).Labels[karpv1.NodePoolLabelKey] != "p0" {
+		t.Errorf("an earlier object's labels changed: %v", first.(*corev1.Node).Labels)
 	}
 }

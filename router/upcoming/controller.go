@@ -27,7 +27,7 @@ import (
 
 // Controller keeps every Node's marks equal to what its NodeClaim's records say. It runs on
 // the leader. It reads NodeClaims, NodePools and Nodes from the cache (whose Node transform
-// keeps the marks: cluster.TrimNode), and reads a Node from the API server only to change it:
+// keeps the marks: cluster.Trimmer), and reads a Node from the API server only to change it:
 // the taints are a list, and a merge patch of a list replaces it whole.
 type Controller struct {
 	cache client.Reader
@@ -107,12 +107,12 @@ func (c *Controller) nodeClaimsOfNode(ctx context.Context, o client.Object) []re
 	if id == "" {
 		return nil
 	}
-	var claims karpv1.NodeClaimList
-	if err := c.cache.List(ctx, &claims, client.MatchingFields{cluster.IndexInstanceID: id}, client.UnsafeDisableDeepCopy); err != nil {
+	claims, err := cluster.InstanceClaims(ctx, c.cache, id, client.UnsafeDisableDeepCopy)
+	if err != nil {
 		c.log.Error("listing the nodeclaims of a node", "node", n.Name, "err", err)
 		return nil
 	}
-	return requests(claims.Items, func(*karpv1.NodeClaim) bool { return true })
+	return requests(claims, func(*karpv1.NodeClaim) bool { return true })
 }
 
 func (c *Controller) nodeClaimsOfPool(ctx context.Context, o client.Object) []reconcile.Request {
@@ -162,15 +162,15 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if !nc.DeletionTimestamp.IsZero() {
 		want = Marks{} // being drained: nothing is pending any more
 	}
-	var nodes corev1.NodeList
-	if err := c.cache.List(ctx, &nodes, client.MatchingFields{cluster.IndexInstanceID: id}); err != nil {
+	nodes, err := cluster.InstanceNodes(ctx, c.cache, id, client.UnsafeDisableDeepCopy)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	for i := range nodes.Items {
-		if Current(&nodes.Items[i]) == want {
+	for i := range nodes {
+		if Current(&nodes[i]) == want {
 			continue
 		}
-		if err := c.mark(ctx, nodes.Items[i].Name, want); err != nil {
+		if err := c.mark(ctx, nodes[i].Name, want); err != nil {
 			return reconcile.Result{}, err
 		}
 	}

@@ -766,12 +766,12 @@ func (w *world) karpenter(ctx context.Context, drop bool) error {
 	if !drop {
 		for _, body := range forwards {
 			id := instanceOf(body)
-			var claims karpv1.NodeClaimList
-			if err := w.store.List(ctx, &claims, client.MatchingFields{cluster.IndexInstanceID: id}); err != nil {
+			claims, err := cluster.InstanceClaims(ctx, w.store, id)
+			if err != nil {
 				return err
 			}
-			for i := range claims.Items {
-				if err := w.store.Delete(ctx, &claims.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+			for i := range claims {
+				if err := w.store.Delete(ctx, &claims[i]); err != nil && !apierrors.IsNotFound(err) {
 					return err
 				}
 			}

@@ -36,9 +36,10 @@ func (k *kube) podCache() cache.Cache {
 	if err != nil {
 		k.t.Fatal(err)
 	}
+	trim := cluster.NewTrimmer()
 	c, err := cache.New(k.cfg, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{
-		&corev1.Node{}:                  {Transform: cluster.TrimNode},
-		&karpv1.NodeClaim{}:             {Transform: cluster.TrimNodeClaim},
+		&corev1.Node{}:                  {Transform: trim.Node},
+		&karpv1.NodeClaim{}:             {Transform: trim.NodeClaim},
 		&corev1.Pod{}:                   {Transform: gates.TrimPod},
 		&policyv1.PodDisruptionBudget{}: {Transform: gates.TrimPDB},
 	}})

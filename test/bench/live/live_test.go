@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/test/bench/realistic"
 )
 
 func TestRequestKey(t *testing.T) {
@@ -36,7 +37,7 @@ func TestHealthEventsSplit(t *testing.T) {
 	now := time.Date(2026, 11, 22, 5, 0, 0, 0, time.UTC)
 	var ids []string
 	for i := 0; i < 9001; i++ {
-		ids = append(ids, instanceID(i))
+		ids = append(ids, realistic.InstanceID(i))
 	}
 	for _, per := range []int{4000, 1000, 10000} {
 		bodies, eventIDs := healthEvents(ids, per, now, 1, 4)

@@ -48,6 +48,7 @@ import (
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/bench/gen"
+	"github.com/health-router/health-router/test/bench/realistic"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -210,10 +211,10 @@ func (b *bench) run() error {
 	// What the API server wrote as managedFields, for the in-process cache weighing.
 	var node0 corev1.Node
 	var claim0 karpv1.NodeClaim
-	if err := kube.Get(ctx, client.ObjectKey{Name: nodeName(0)}, &node0); err != nil {
+	if err := kube.Get(ctx, client.ObjectKey{Name: realistic.NodeName(0)}, &node0); err != nil {
 		return err
 	}
-	if err := kube.Get(ctx, client.ObjectKey{Name: claimName(poolDefer, 0)}, &claim0); err != nil {
+	if err := kube.Get(ctx, client.ObjectKey{Name: realistic.ClaimName(poolDefer, 0)}, &claim0); err != nil {
 		return err
 	}
 
@@ -246,17 +247,17 @@ func (b *bench) run() error {
 	}
 	if m := b.f.memoryNodes; m > 0 {
 		progress("weighing the cache in process: %d realistic Nodes + NodeClaims through the router's transforms", m)
-		trimmed, err := cacheHeap(m, true, node0.ManagedFields, claim0.ManagedFields, now)
+		trimmed, err := realistic.CacheHeap(m, true, node0.ManagedFields, claim0.ManagedFields, now)
 		if err != nil {
 			return err
 		}
 		u := min(m, b.f.untrimmedNodes)
 		progress("weighing the cache in process: %d untrimmed", u)
-		whole, err := cacheHeap(u, false, node0.ManagedFields, claim0.ManagedFields, now)
+		whole, err := realistic.CacheHeap(u, false, node0.ManagedFields, claim0.ManagedFields, now)
 		if err != nil {
 			return err
 		}
-		b.add(fmt.Sprintf("cache heap per node (Node + NodeClaim, indexed), %d realistic nodes through cluster.TrimNode/TrimNodeClaim", m),
+		b.add(fmt.Sprintf("cache heap per node (Node + NodeClaim, indexed), %d realistic nodes through cluster.Trimmer", m),
 			fmt.Sprintf("%.2f KiB (%.0f MiB in all)", trimmed/1024, trimmed*float64(m)/(1<<20)), "≤ 2 KiB")
 		b.add(fmt.Sprintf("same, untrimmed (whole objects, as without the transforms), %d nodes", u),
 			fmt.Sprintf("%.2f KiB (%.1f× the trimmed)", whole/1024, whole/trimmed), "")
@@ -265,7 +266,7 @@ func (b *bench) run() error {
 		var claims, ids []string
 		for i := 0; i < n; i++ {
 			if p, _ := b.poolName(i); p == poolDefer {
-				claims, ids = append(claims, claimName(poolDefer, i)), append(ids, instanceID(i))
+				claims, ids = append(claims, realistic.ClaimName(poolDefer, i)), append(ids, realistic.InstanceID(i))
 			}
 		}
 		if err := b.scale(ctx, l, uids, n+b.f.spotNodes, claims, ids, 0, now); err != nil {
@@ -339,7 +340,7 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg *rest.
 	// restricted to that instance (built before the clock starts: the loop only writes).
 	values := make([]string, n)
 	for i := range values {
-		id := instanceID(offset + i)
+		id := realistic.InstanceID(offset + i)
 		body := gen.HealthBody("bare-0000", "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, now.Add(96*time.Hour), []string{id})
 		values[i] = fmt.Sprintf(`[{"event_id":"bare-0000","key":"arn:aws:health:eu-west-1::event/EC2/x/bare-0000","kind":"scheduled-change","until":%q,"reason":"waiting for the maintenance window","state":"deferred","hold":"window","event":%s}]`,
 			now.Add(12*time.Hour).Format(time.RFC3339), body)
@@ -358,7 +359,7 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg *rest.
 				if i >= n {
 					return
 				}
-				nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName(poolBare, offset+i)}}
+				nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(poolBare, offset+i)}}
 				patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, cluster.AnnotationDeferred, values[i])
 				if err := c.Patch(ctx, nc, client.RawPatch(types.MergePatchType, patch)); err != nil {
 					failed.Add(1)
@@ -398,7 +399,7 @@ func unfinalize(ctx context.Context, kube client.Client, from, to int, pool stri
 				if i >= to {
 					return
 				}
-				nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName(pool, i)}}
+				nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(pool, i)}}
 				if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
 					firstErr.CompareAndSwap(nil, err)
 				}
@@ -465,9 +466,9 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	// The bulk event: every instance, split as EventBridge must (256 KiB, at most perEvent IDs).
 	var ids, claims, paced []string
 	for i := 0; i < n; i++ {
-		ids = append(ids, instanceID(i))
+		ids = append(ids, realistic.InstanceID(i))
 		p, _ := b.poolName(i)
-		claims = append(claims, claimName(p, i))
+		claims = append(claims, realistic.ClaimName(p, i))
 		if p == poolPaced {
 			paced = append(paced, claims[i])
 		}
@@ -484,14 +485,14 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	}
 
 	// A Spot interruption for a node outside the bulk event, once a quarter of it is recorded.
-	spotClaim := claimName(poolSpot, n)
+	spotClaim := realistic.ClaimName(poolSpot, n)
 	spotDeleted := obs.deletionOf(spotClaim)
 	spotLatency := make(chan time.Duration, 1)
 	go func() {
 		for obs.recordedCount() < n/4 && ctx.Err() == nil {
 			time.Sleep(20 * time.Millisecond)
 		}
-		body := spotBody(instanceID(n), time.Now())
+		body := spotBody(realistic.InstanceID(n), time.Now())
 		t := time.Now()
 		if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
 			spotLatency <- -1

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/test/bench/realistic"
 )
 
 // live is what the phases run with the router binary need.
@@ -110,8 +111,8 @@ func (b *bench) scale(ctx context.Context, l *live, uids map[string]types.UID, h
 		}
 		progress("grown in %s", time.Since(t0).Round(time.Second))
 		for i := offset; i < offset+add; i++ {
-			deferClaims = append(deferClaims, claimName(poolDefer, i))
-			deferIDs = append(deferIDs, instanceID(i))
+			deferClaims = append(deferClaims, realistic.ClaimName(poolDefer, i))
+			deferIDs = append(deferIDs, realistic.InstanceID(i))
 		}
 		have += add
 	}

@@ -1,12 +1,13 @@
-package main
+// Package realistic builds the Nodes and NodeClaims that Karpenter and the kubelet keep for
+// an EC2 node, with everything a real cluster stores (images, conditions, Karpenter's labels
+// and annotations), for the benches that weigh and load the router: the live bench creates
+// them on an API server, the cache weighing (CacheHeap) decodes them as a watch does.
+package realistic
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/awslabs/operatorpkg/status"
@@ -14,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 )
 
@@ -23,10 +23,11 @@ import (
 // requirements, resources and status conditions. The router's memory is measured against
 // these, so they carry what a real cluster stores, not what the router reads.
 
-// instanceID is the instance ID of node i of a set (offset keeps sets apart).
-func instanceID(i int) string { return fmt.Sprintf("i-0%016x", 0xbe00000000000+i) }
+// InstanceID is the instance ID of node i of a set (offset keeps sets apart).
+func InstanceID(i int) string { return fmt.Sprintf("i-0%016x", 0xbe00000000000+i) }
 
-func nodeName(i int) string {
+// NodeName is the name of node i.
+func NodeName(i int) string {
 	return fmt.Sprintf("ip-10-%d-%d-%d.eu-west-1.compute.internal", 16+i/65536, (i/256)%256, i%256)
 }
 
@@ -116,11 +117,11 @@ func rl(cpu, mem, pods string) corev1.ResourceList {
 	}
 }
 
-// realNode is node i of pool, as the kubelet registers it (status included) with Karpenter's
+// Node is node i of pool, as the kubelet registers it (status included) with Karpenter's
 // labels and annotations.
-func realNode(i int, pool string, now time.Time) *corev1.Node {
+func Node(i int, pool string, now time.Time) *corev1.Node {
 	s := shapes[i%len(shapes)]
-	name := nodeName(i)
+	name := NodeName(i)
 	l := labels(i, pool)
 	l[corev1.LabelHostname] = name
 	l["beta.kubernetes.io/arch"], l["beta.kubernetes.io/os"], l["beta.kubernetes.io/instance-type"] = "amd64", "linux", s.typ
@@ -141,9 +142,9 @@ func realNode(i int, pool string, now time.Time) *corev1.Node {
 			"karpenter.k8s.aws/ec2nodeclass-hash-version":            "v4",
 			"karpenter.sh/nodepool-hash":                             "4012513481623584108",
 			"karpenter.sh/nodepool-hash-version":                     "v3",
-			"csi.volume.kubernetes.io/nodeid":                        `{"ebs.csi.aws.com":"` + instanceID(i) + `"}`,
+			"csi.volume.kubernetes.io/nodeid":                        `{"ebs.csi.aws.com":"` + InstanceID(i) + `"}`,
 		}},
-		Spec: corev1.NodeSpec{ProviderID: fmt.Sprintf("aws:///%s/%s", zones[i%len(zones)], instanceID(i))},
+		Spec: corev1.NodeSpec{ProviderID: fmt.Sprintf("aws:///%s/%s", zones[i%len(zones)], InstanceID(i))},
 		Status: corev1.NodeStatus{
 			Capacity: rl(s.cpu, s.memMiB, "58"), Allocatable: rl(s.cpu, s.memMiB, "58"),
 			Conditions: []corev1.NodeCondition{
@@ -164,9 +165,9 @@ func realNode(i int, pool string, now time.Time) *corev1.Node {
 	}
 }
 
-// realClaim is the NodeClaim of node i: created by Karpenter with its requirements, then
+// NodeClaim is the NodeClaim of node i (its image ami): created by Karpenter with its requirements, then
 // launched, registered and initialized (its status written through the status subresource).
-func realClaim(i int, pool string, poolUID types.UID, now time.Time) *karpv1.NodeClaim {
+func NodeClaim(i int, pool string, poolUID types.UID, ami string, now time.Time) *karpv1.NodeClaim {
 	s := shapes[i%len(shapes)]
 	t := metav1.NewTime(now.Add(-time.Duration(i%500) * time.Hour))
 	cond := func(typ, reason string) status.Condition {
@@ -178,7 +179,7 @@ func realClaim(i int, pool string, poolUID types.UID, now time.Time) *karpv1.Nod
 	ctrl := true
 	return &karpv1.NodeClaim{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: claimName(pool, i), Labels: labels(i, pool), Finalizers: []string{karpv1.TerminationFinalizer},
+			Name: ClaimName(pool, i), Labels: labels(i, pool), Finalizers: []string{karpv1.TerminationFinalizer},
 			Annotations: map[string]string{
 				"karpenter.k8s.aws/ec2nodeclass-hash": fmt.Sprint(1e18 + float64(i%9)), "karpenter.k8s.aws/ec2nodeclass-hash-version": "v4",
 				"karpenter.sh/nodepool-hash": "4012513481623584108", "karpenter.sh/nodepool-hash-version": "v3", "karpenter.k8s.aws/tagged": "true",
@@ -196,7 +197,7 @@ func realClaim(i int, pool string, poolUID types.UID, now time.Time) *karpv1.Nod
 			ExpireAfter:  karpv1.MustParseNillableDuration("720h"),
 		},
 		Status: karpv1.NodeClaimStatus{
-			NodeName: nodeName(i), ProviderID: fmt.Sprintf("aws:///%s/%s", zones[i%len(zones)], instanceID(i)), ImageID: amiAMD64,
+			NodeName: NodeName(i), ProviderID: fmt.Sprintf("aws:///%s/%s", zones[i%len(zones)], InstanceID(i)), ImageID: ami,
 			Capacity: rl(s.cpu, s.memMiB, "58"), Allocatable: rl(s.cpu, s.memMiB, "58"),
 			Conditions: []status.Condition{
 				cond("Launched", "Launched"), cond("Registered", "Registered"), cond("Initialized", "Initialized"),
@@ -207,59 +208,8 @@ func realClaim(i int, pool string, poolUID types.UID, now time.Time) *karpv1.Nod
 	}
 }
 
-func claimName(pool string, i int) string { return fmt.Sprintf("%s-%06d", pool, i) }
+// ClaimName is the name of the NodeClaim of node i of pool.
+func ClaimName(pool string, i int) string { return fmt.Sprintf("%s-%06d", pool, i) }
 
-// amiAMD64 is replaced by the image moto registers (the AMI check asks EC2 for its state).
-var amiAMD64 = "ami-0c55b159cbfafe1f0"
-
-// create makes objects i in [from, to) with workers in parallel: the Node as the kubelet
-// registers it, Karpenter's label patch, the NodeClaim and its status.
-func createNodes(ctx context.Context, c client.Client, from, to, workers int, pool func(int) (string, types.UID), withNode bool, now time.Time) error {
-	var next atomic.Int64
-	next.Store(int64(from))
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= to || ctx.Err() != nil {
-					return
-				}
-				if err := createOne(ctx, c, i, pool, withNode, now); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
-}
-
-func createOne(ctx context.Context, c client.Client, i int, pool func(int) (string, types.UID), withNode bool, now time.Time) error {
-	name, uid := pool(i)
-	if withNode {
-		n := realNode(i, name, now)
-		if err := c.Create(ctx, n, client.FieldOwner("kubelet")); err != nil {
-			return fmt.Errorf("creating node %d: %w", i, err)
-		}
-		patch := []byte(`{"metadata":{"labels":{"karpenter.sh/registered":"true","karpenter.sh/initialized":"true"}}}`)
-		if err := c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch), client.FieldOwner("karpenter")); err != nil {
-			return fmt.Errorf("labelling node %d: %w", i, err)
-		}
-	}
-	nc := realClaim(i, name, uid, now)
-	st := nc.Status
-	if err := c.Create(ctx, nc, client.FieldOwner("karpenter")); err != nil {
-		return fmt.Errorf("creating nodeclaim %d: %w", i, err)
-	}
-	nc.Status = st
-	if err := c.Status().Update(ctx, nc, client.FieldOwner("karpenter")); err != nil {
-		return fmt.Errorf("nodeclaim %d status: %w", i, err)
-	}
-	return nil
-}
+// AMI is the image of NodeClaims whose image no EC2 stand-in registered.
+const AMI = "ami-0c55b159cbfafe1f0"

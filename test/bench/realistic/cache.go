@@ -1,4 +1,4 @@
-package main
+package realistic
 
 import (
 	"encoding/json"
@@ -17,20 +17,22 @@ import (
 	"github.com/health-router/health-router/router/deferral"
 )
 
-// cacheHeap stores n realistic Nodes and NodeClaims in client-go indexers with the router's
+// CacheHeap stores n realistic Nodes and NodeClaims in client-go indexers with the router's
 // indexes, each decoded from JSON as an informer decodes what the API server sends
-// (managedFields copied from objects the API server wrote), through transform or not, and
-// returns the heap they hold per node (Node + NodeClaim).
-func cacheHeap(n int, trim bool, nodeFields, claimFields []metav1.ManagedFieldsEntry, now time.Time) (perNode float64, err error) {
+// (managedFields as given: the live bench copies those an API server wrote), through the
+// router's cache transforms or not, and returns the heap they hold per node (Node +
+// NodeClaim). It reads the heap after a GC before and after: run it alone.
+func CacheHeap(n int, trimmed bool, nodeFields, claimFields []metav1.ManagedFieldsEntry, now time.Time) (perNode float64, err error) {
 	nodes := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, indexers(&corev1.Node{}))
 	claims := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, indexers(&karpv1.NodeClaim{}))
+	trim := cluster.NewTrimmer()
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for i := 0; i < n; i++ {
-		node := realNode(i, poolDefault, now)
+		node := Node(i, "default", now)
 		node.ManagedFields = nodeFields
-		claim := realClaim(i, poolDefault, "6c0ad1b1-5d53-4f0e-9a57-1d2c3b4a5f60", now)
+		claim := NodeClaim(i, "default", "6c0ad1b1-5d53-4f0e-9a57-1d2c3b4a5f60", AMI, now)
 		claim.ManagedFields = claimFields
 		claim.UID, node.UID = types.UID(fmt.Sprintf("d7c9e1a0-0000-4000-8000-%012d", i)), types.UID(fmt.Sprintf("a1b2c3d4-0000-4000-8000-%012d", i))
 		claim.ResourceVersion, node.ResourceVersion = fmt.Sprint(1000000+2*i), fmt.Sprint(1000001+2*i)
@@ -43,11 +45,11 @@ func cacheHeap(n int, trim bool, nodeFields, claimFields []metav1.ManagedFieldsE
 			return 0, err
 		}
 		var on, oc any = &dn, &dc
-		if trim {
-			if on, err = cluster.TrimNode(on); err != nil {
+		if trimmed {
+			if on, err = trim.Node(on); err != nil {
 				return 0, err
 			}
-			if oc, err = cluster.TrimNodeClaim(oc); err != nil {
+			if oc, err = trim.NodeClaim(oc); err != nil {
 				return 0, err
 			}
 		}
