@@ -17,7 +17,7 @@ fi
 command -v go >/dev/null || { echo "helm-bin.sh: go is not on PATH" >&2; exit 1; }
 
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-export GOFLAGS=
+root=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$cache"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -27,7 +27,15 @@ ldflags="-s -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
 for pkg in pkg/lint/rules pkg/chartutil; do
   ldflags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=${HELM_K8S_MINOR}"
 done
-GOBIN=$work CGO_ENABLED=0 go install -trimpath -ldflags "$ldflags" \
-  "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+# Built inside this repository's own module graph (a copy of go.mod and go.sum; the
+# repository's files are never written), as Karpenter is (karpenter-bin.sh): helm's client-go,
+# apimachinery and the rest are the versions the tests compiled already, with the same flags
+# (cgo off, -trimpath), so only what helm alone uses is compiled. go.mod keeps the modules
+# both use at versions helm accepts, so adding helm upgrades none the router compiles.
+cp "$root/go.mod" "$work/helm.mod"
+cp "$root/go.sum" "$work/helm.sum"
+cd "$root"
+CGO_ENABLED=0 GOFLAGS=-mod=mod go get -modfile="$work/helm.mod" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" >&2
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -modfile="$work/helm.mod" -trimpath -ldflags "$ldflags" -o "$work/helm" helm.sh/helm/v3/cmd/helm
 mv "$work/helm" "$cache/helm"
 echo "$cache/helm"
