@@ -90,6 +90,10 @@ func newDrill(t *testing.T) *drill {
 	if testing.Short() {
 		t.Skip("drills run the router as a process against moto and envtest")
 	}
+	// Each drill has its own moto, API server and router, and spends most of its time waiting
+	// (a minute of SQS outage, a Lease running out, retries backing off): two at a time (go
+	// test's -parallel, GOMAXPROCS by default) halve the package's wall time.
+	t.Parallel()
 	d := &drill{t: t, ctx: context.Background()}
 	d.moto = harness.Moto(t)
 	cfg := harness.KubeAPIServer(t)

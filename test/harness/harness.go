@@ -151,16 +151,20 @@ func KubeEnv(t testing.TB) *envtest.Environment {
 	// controller-runtime prints a stack trace when it logs before a logger is set (envtest
 	// logs as it starts): give it one, warnings and errors only.
 	ctrllog.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+	// The binaries' directory goes to envtest itself, not through the process's environment:
+	// tests that run in parallel (the drills) start envtests at once.
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
 		bins := exec.Command(repoPath("test/tools/envtest-bins.sh"))
 		bins.Stderr = os.Stderr // the first build's progress
 		out, err := bins.Output()
 		if err != nil {
 			t.Fatalf("building envtest binaries: %v", err)
 		}
-		t.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(out)))
+		assets = strings.TrimSpace(string(out))
 	}
 	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{crdDir(t, "sigs.k8s.io/karpenter"), crdDir(t, "github.com/aws/karpenter-provider-aws")},
 		ErrorIfCRDPathMissing: true,
 	}
