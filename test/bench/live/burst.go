@@ -120,9 +120,13 @@ func (b *bench) runBurst(bf burstFlags) error {
 	if err := w.watch(ctx, setupCfg); err != nil {
 		return err
 	}
-	for k, mode := range strings.Split(bf.modes, ",") {
-		if err := b.burstRun(ctx, bf, k, signal.Mode(strings.TrimSpace(mode)), kube, restCfg, sqsc, awsCalls, w); err != nil {
-			return err
+	k := 0
+	for _, flags := range strings.Split(bf.routerFlags, ";") {
+		for _, mode := range strings.Split(bf.modes, ",") {
+			if err := b.burstRun(ctx, bf, k, signal.Mode(strings.TrimSpace(mode)), strings.Fields(flags), kube, restCfg, sqsc, awsCalls, w); err != nil {
+				return err
+			}
+			k++
 		}
 	}
 	b.add("machine load average (1, 5, 15 min) at start / end", loadStart+" / "+loadavg(), "")
@@ -130,10 +134,13 @@ func (b *bench) runBurst(bf burstFlags) error {
 }
 
 // burstRun is one burst through a router in mode.
-func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.Mode, kube client.Client, restCfg *rest.Config, sqsc *sqs.Client,
+func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.Mode, routerFlags []string, kube client.Client, restCfg *rest.Config, sqsc *sqs.Client,
 	awsCalls *awsCounter, w *firsts) error {
 	n := bf.warnings
-	tag := fmt.Sprintf("%s (%d)", mode, k)
+	tag := fmt.Sprintf("run %d, %s", k+1, mode)
+	if len(routerFlags) > 0 {
+		tag += " " + strings.Join(routerFlags, " ")
+	}
 	drainPool, ignorePool := fmt.Sprintf("burst-drain-%d", k), fmt.Sprintf("burst-ignore-%d", k)
 	drainUID, err := createPool(ctx, kube, drainPool, nil)
 	if err != nil {
@@ -177,7 +184,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 		}
 		args = append(args, "--karpenter-queue-url", karpURL)
 	}
-	args = append(args, strings.Fields(bf.routerFlags)...)
+	args = append(args, routerFlags...)
 	o, err := options.ParseRun(args, func(string) string { return "" })
 	if err != nil {
 		return fmt.Errorf("router flags: %w", err)
@@ -196,7 +203,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	defer stopRouter()
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	progress("burst %s: starting the router in process (workers %d, client limit %g/%d; flags %q)", tag, o.Workers, o.KubeClientQPS, o.KubeClientBurst, bf.routerFlags)
+	progress("burst %s: starting the router in process (workers %d, receivers %d, client limit %g/%d)", tag, o.Workers, o.Receivers, o.KubeClientQPS, o.KubeClientBurst)
 	go func() { done <- app.Run(routerCtx, o, cfg, reg, log) }()
 	if err := waitReady(ctx, probe, done); err != nil {
 		return err
@@ -227,6 +234,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	}
 	awsCalls.reset()
 	reqsBefore := reqs.count()
+	cpuBefore := cpuTimes()
 	progress("burst %s: sending %d Spot interruption warnings and %d rebalance recommendations over %s", tag, n, n, bf.over)
 	tStart := time.Now().Add(50 * time.Millisecond)
 	var senders sync.WaitGroup
@@ -285,6 +293,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	cancelEmpty()
 	reqsAfter := reqs.count()
 	calls := awsCalls.snapshot()
+	cpu := cpuSince(cpuBefore, time.Since(tStart))
 
 	b.add(fmt.Sprintf("%s burst: %d Spot warnings + %d rebalance recommendations sent over %s (%d senders)", tag, n, n, bf.over, bf.senders),
 		fmt.Sprintf("sent in %s, at most %s behind schedule", sentIn.Round(10*time.Millisecond), time.Duration(behind.Load()).Round(time.Millisecond)), "")
@@ -315,6 +324,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 		}
 	}
 	b.add(tag+" nothing dropped", dropped, "all; 0 in the DLQ")
+	b.add(tag+" CPU used, send until the queue is empty", cpu, "")
 	// SQS calls per message, on the intake (receive, delete, visibility) and to Karpenter.
 	var parts []string
 	total := 0
@@ -581,4 +591,64 @@ func (c *awsCounter) snapshot() map[string]int {
 		out[k] = v
 	}
 	return out
+}
+
+// cpuTimes is the CPU time, in seconds, of this process and of each child process by name
+// (moto_server, kube-apiserver, etcd), from /proc: who was busy during a burst.
+func cpuTimes() map[string]float64 {
+	out := map[string]float64{}
+	self := os.Getpid()
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime stime: fields 14 and 15, counted after the comm.
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		comm, f := s[open+1:end], strings.Fields(s[end+1:])
+		if len(f) < 13 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		if pid != self && ppid != self {
+			continue
+		}
+		utime, _ := strconv.ParseFloat(f[11], 64)
+		stime, _ := strconv.ParseFloat(f[12], 64)
+		name := comm
+		if pid == self {
+			name = "bench+router"
+		} else if strings.HasPrefix(comm, "moto") || strings.Contains(comm, "python") {
+			name = "moto_server"
+		}
+		out[name] += (utime + stime) / 100 // USER_HZ
+	}
+	return out
+}
+
+// cpuSince writes the CPU seconds each process used since before, over wall, as shares of a
+// core.
+func cpuSince(before map[string]float64, wall time.Duration) string {
+	now := cpuTimes()
+	names := make([]string, 0, len(now))
+	for k := range now {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, k := range names {
+		if d := now[k] - before[k]; d > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.1f s (%.0f%% of a core)", k, d, 100*d/wall.Seconds()))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

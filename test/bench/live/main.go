@@ -112,7 +112,7 @@ func main() {
 	flag.IntVar(&bf.warnings, "burst-warnings", 1000, "Spot interruption warnings in the burst (and as many rebalance recommendations, for a pool that ignores them)")
 	flag.DurationVar(&bf.over, "burst-over", 10*time.Second, "the burst's length: its messages are sent evenly over it")
 	flag.StringVar(&bf.modes, "burst-signal", "delete-nodeclaim,forward", "signalling modes, one burst each (on pools of its own)")
-	flag.StringVar(&bf.routerFlags, "burst-router-flags", "", "more flags for the router of the burst, e.g. \"--workers=20\" (its defaults otherwise, as in production)")
+	flag.StringVar(&bf.routerFlags, "burst-router-flags", "", "more flags for the router of the burst, e.g. \"--workers=20\" (its defaults otherwise, as in production); sets separated by ';' run one after the other, each in every --burst-signal mode, for a comparison in one run")
 	flag.IntVar(&bf.senders, "burst-senders", 8, "goroutines sending the burst's messages (each waits for its message's time)")
 	flag.StringVar(&bf.cpuProfile, "burst-cpuprofile", "", "write a CPU profile of each burst (the router in process, the bench and its watch) to this path, suffixed .<run>")
 	flag.Parse()
