@@ -106,6 +106,12 @@ const (
 	DefaultKubeClientBurst = 300
 )
 
+// Defaults of the intake: messages worked on at once, and the receive loops filling them.
+const (
+	DefaultWorkers   = 10
+	DefaultReceivers = 1
+)
+
 // Run is the configuration of `health-router run`.
 type Run struct {
 	QueueURL           string
@@ -185,8 +191,8 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "URL of the SQS dead-letter queue for messages the router cannot act on (required)")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "URL of Karpenter's interruption queue (its --interruption-queue); drains are forwarded there (signal mode forward)")
 	mode = fs.String("signal", "", "how a drain is signalled: forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
-	fs.IntVar(&o.Workers, "workers", 10, "messages worked on at once (1 to 100)")
-	fs.IntVar(&o.Receivers, "receivers", 1, "SQS receive loops filling the workers, each with one long poll in flight and its share of the free workers (1 to --workers): one loop brings at most 10 messages per round trip to SQS")
+	fs.IntVar(&o.Workers, "workers", DefaultWorkers, "messages worked on at once (1 to 100)")
+	fs.IntVar(&o.Receivers, "receivers", DefaultReceivers, "SQS receive loops filling the workers, each with one long poll in flight and its share of the free workers (1 to --workers): one loop brings at most 10 messages per round trip to SQS")
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
 	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls), plus 25 ms per instance it names; past it the message is retried with backoff, and the retry skips the instances whose outcome is recorded")
