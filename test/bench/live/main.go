@@ -113,7 +113,7 @@ func main() {
 	flag.DurationVar(&bf.over, "burst-over", 10*time.Second, "the burst's length: its messages are sent evenly over it")
 	flag.StringVar(&bf.modes, "burst-signal", "delete-nodeclaim,forward", "signalling modes, one burst each (on pools of its own)")
 	flag.StringVar(&bf.routerFlags, "burst-router-flags", "", "more flags for the router of the burst, e.g. \"--workers=20\" (its defaults otherwise, as in production); sets separated by ';' run one after the other, each in every --burst-signal mode, for a comparison in one run")
-	flag.IntVar(&bf.senders, "burst-senders", 8, "goroutines sending the burst's messages (each waits for its message's time)")
+	flag.IntVar(&bf.senders, "burst-senders", 16, "goroutines sending the burst's messages (each waits for its message's time)")
 	flag.StringVar(&bf.cpuProfile, "burst-cpuprofile", "", "write a CPU profile of each burst (the router in process, the bench and its watch) to this path, suffixed .<run>")
 	flag.Parse()
 	if f.nodes < 10 || f.perEvent < 1 || f.parallel < 1 || f.qps <= 0 || f.burst < 1 || f.spotNodes < 1 {
