@@ -67,6 +67,7 @@ type burstFlags struct {
 	modes       string
 	routerFlags string
 	senders     int
+	sendBatch   int
 	cpuProfile  string
 }
 
@@ -235,33 +236,42 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	awsCalls.reset()
 	reqsBefore := reqs.count()
 	cpuBefore := cpuTimes()
-	progress("burst %s: sending %d Spot interruption warnings and %d rebalance recommendations over %s", tag, n, n, bf.over)
+	progress("burst %s: sending %d Spot interruption warnings and %d rebalance recommendations over %s, %d per send", tag, n, n, bf.over, bf.sendBatch)
 	tStart := time.Now().Add(50 * time.Millisecond)
+	batches := (2*n + bf.sendBatch - 1) / bf.sendBatch
 	var senders sync.WaitGroup
 	for s := 0; s < bf.senders; s++ {
 		senders.Add(1)
 		go func() {
 			defer senders.Done()
 			for {
-				m := int(next.Add(1) - 1)
-				if m >= 2*n {
+				bi := int(next.Add(1) - 1)
+				if bi >= batches {
 					return
 				}
-				at := tStart.Add(time.Duration(m) * step)
+				from, to := bi*bf.sendBatch, min((bi+1)*bf.sendBatch, 2*n)
+				at := tStart.Add(time.Duration(from) * step)
 				time.Sleep(time.Until(at))
 				now := time.Now()
 				if late := now.Sub(at); late > time.Duration(behind.Load()) {
 					behind.Store(int64(late)) // a race between senders only under-reports by a hair
 				}
-				var body string
-				if j := m / 2; m%2 == 0 {
-					body = burstBody("EC2 Spot Instance Interruption Warning", fmt.Sprintf("5b1c0f3e-%04d-4000-8000-%012d", k, j), instanceID(base+j), now)
-				} else {
-					body = burstBody("EC2 Instance Rebalance Recommendation", fmt.Sprintf("5d5555d5-%04d-4555-a555-%012d", k, j), instanceID(base+n+j), now)
+				var entries []sqstypes.SendMessageBatchRequestEntry
+				for m := from; m < to; m++ {
+					var body string
+					if j := m / 2; m%2 == 0 {
+						body = burstBody("EC2 Spot Instance Interruption Warning", fmt.Sprintf("5b1c0f3e-%04d-4000-8000-%012d", k, j), instanceID(base+j), now)
+					} else {
+						body = burstBody("EC2 Instance Rebalance Recommendation", fmt.Sprintf("5d5555d5-%04d-4555-a555-%012d", k, j), instanceID(base+n+j), now)
+					}
+					sendAt[m] = now
+					entries = append(entries, sqstypes.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(m)), MessageBody: aws.String(body)})
 				}
-				sendAt[m] = now
-				if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
-					sendErrs.Add(1)
+				out, err := sqsc.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(intakeURL), Entries: entries})
+				if err != nil {
+					sendErrs.Add(int64(len(entries)))
+				} else {
+					sendErrs.Add(int64(len(out.Failed)))
 				}
 			}
 		}()
@@ -295,7 +305,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	calls := awsCalls.snapshot()
 	cpu := cpuSince(cpuBefore, time.Since(tStart))
 
-	b.add(fmt.Sprintf("%s burst: %d Spot warnings + %d rebalance recommendations sent over %s (%d senders)", tag, n, n, bf.over, bf.senders),
+	b.add(fmt.Sprintf("%s burst: %d Spot warnings + %d rebalance recommendations sent over %s (%d per SendMessageBatch)", tag, n, n, bf.over, bf.sendBatch),
 		fmt.Sprintf("sent in %s, at most %s behind schedule", sentIn.Round(10*time.Millisecond), time.Duration(behind.Load()).Round(time.Millisecond)), "")
 	if len(lat) > 0 {
 		slices.Sort(lat)
