@@ -52,10 +52,11 @@ lint: ## gofmt and go vet
 fuzz: ## fuzz the event parser for a minute (corpus in router/event/testdata/fuzz)
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./router/event
 
-bench: ## benchmarks, the load harness, the live bench on envtest + moto (LIVE_FLAGS), the added latency in front of the real Karpenter (BENCH_KARPENTER_FLAGS)
+bench: ## benchmarks, the load harness, the live bench on envtest + moto (LIVE_FLAGS), the burst of Spot warnings (BURST_FLAGS), the added latency in front of the real Karpenter (BENCH_KARPENTER_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./router/...
 	$(GO) run ./test/bench $(BENCH_FLAGS)
 	$(GO) run ./test/bench/live $(LIVE_FLAGS)
+	$(GO) run ./test/bench/live -burst $(BURST_FLAGS)
 	KUBEBUILDER_ASSETS=$$(test/tools/envtest-bins.sh) KARPENTER_BIN=$$(test/tools/karpenter-bin.sh) $(GO) run ./test/bench/karpenter $(BENCH_KARPENTER_FLAGS)
 
 # The container image (deploy/image): linux/amd64 and linux/arm64, from an empty base, no daemon.

@@ -40,7 +40,7 @@ locals {
         Effect = "Allow"
         Action = [
           "sqs:ReceiveMessage",
-          "sqs:DeleteMessage",
+          "sqs:DeleteMessage", # also authorizes DeleteMessageBatch: the router deletes in batches
           "sqs:ChangeMessageVisibility",
           "sqs:GetQueueAttributes",
           "sqs:GetQueueUrl",

@@ -275,7 +275,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	}
 	in := intake.New(intake.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,
-		Workers: o.Workers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout, MaxReceives: o.MaxReceives,
+		Workers: o.Workers, Receivers: o.Receivers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout, MaxReceives: o.MaxReceives,
 	}, sqsClient, pipe, m, pub, clk, log)
 	if err := mgr.Add(in); err != nil {
 		return err

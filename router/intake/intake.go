@@ -1,6 +1,6 @@
-// Package intake is the SQS loop: receive (long poll, batches of 10), keep messages
-// invisible while they are worked on (heartbeat), decide and act through the pipeline, and
-// only then delete. A deferred instance is recorded on its NodeClaim (router/deferral holds
+// Package intake is the SQS loop: receive (long poll, batches of up to 10, from one or more
+// receive loops sharing the workers), keep messages invisible while they are worked on
+// (heartbeat), decide and act through the pipeline, and only then delete (in batches). A deferred instance is recorded on its NodeClaim (router/deferral holds
 // it from there), so a message is deleted as soon as every instance's outcome is recorded;
 // a poison message goes to the dead-letter queue with its reason; a transient failure leaves
 // the message for redelivery with backoff, and the redelivery skips the instances recorded
@@ -50,7 +50,7 @@ const (
 // sqsAPI is the part of SQS the intake uses.
 type sqsAPI interface {
 	ReceiveMessage(context.Context, *sqs.ReceiveMessageInput, ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error)
-	DeleteMessage(context.Context, *sqs.DeleteMessageInput, ...func(*sqs.Options)) (*sqs.DeleteMessageOutput, error)
+	DeleteMessageBatch(context.Context, *sqs.DeleteMessageBatchInput, ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error)
 	ChangeMessageVisibility(context.Context, *sqs.ChangeMessageVisibilityInput, ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error)
 	SendMessage(context.Context, *sqs.SendMessageInput, ...func(*sqs.Options)) (*sqs.SendMessageOutput, error)
 }
@@ -61,7 +61,11 @@ type Config struct {
 	DeadLetterQueueURL string
 	// Account and Region, when set, reject events from elsewhere as foreign.
 	Account, Region string
-	Workers         int
+	// Workers is how many messages are worked on at once.
+	Workers int
+	// Receivers is how many receive loops fill the workers: each has one ReceiveMessage in
+	// flight at a time, so one loop brings at most ten messages per round trip to SQS.
+	Receivers int
 	// Visibility is how long a received message stays invisible between heartbeats.
 	Visibility time.Duration
 	// WaitTime is the long-poll wait (SQS allows 20 s at most).
@@ -87,6 +91,7 @@ type Intake struct {
 	log       *slog.Logger
 	backoff   *retry.ExponentialJitterBackoff
 	publisher Publisher
+	deleter   *deleter
 }
 
 // Publisher receives the figures the CloudWatch dashboards show; nil-safe NopPublisher
@@ -106,6 +111,8 @@ func New(cfg Config, sqsClient sqsAPI, p *pipeline.Pipeline, m *metrics.Router, 
 	if cfg.Workers < 1 {
 		cfg.Workers = 1
 	}
+	// More loops than workers would only hold slots with nothing to work on.
+	cfg.Receivers = min(max(cfg.Receivers, 1), cfg.Workers)
 	if cfg.Visibility <= 0 {
 		cfg.Visibility = 30 * time.Second
 	}
@@ -116,7 +123,7 @@ func New(cfg Config, sqsClient sqsAPI, p *pipeline.Pipeline, m *metrics.Router, 
 		publisher = nopPublisher{}
 	}
 	return &Intake{cfg: cfg, sqs: sqsClient, pipeline: p, metrics: m, clock: clk, log: log,
-		backoff: retry.NewExponentialJitterBackoff(maxRetryBackoff), publisher: publisher}
+		backoff: retry.NewExponentialJitterBackoff(maxRetryBackoff), publisher: publisher, deleter: newDeleter(sqsClient, cfg.QueueURL)}
 }
 
 // NeedLeaderElection makes only the leader consume: one active consumer per cluster.
@@ -125,37 +132,67 @@ func (in *Intake) NeedLeaderElection() bool { return true }
 // Start consumes until ctx is done, then stops receiving, lets in-flight messages finish
 // (or releases them), and returns. It implements manager.Runnable.
 func (in *Intake) Start(ctx context.Context) error {
-	in.log.Info("intake started", "queue", in.cfg.QueueURL, "workers", in.cfg.Workers)
+	in.log.Info("intake started", "queue", in.cfg.QueueURL, "workers", in.cfg.Workers, "receivers", in.cfg.Receivers)
 	// Work runs on its own context: a shutdown stops receiving at once, but a message being
 	// worked on is finished (bounded by the manager's graceful shutdown timeout).
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	slots := make(chan struct{}, in.cfg.Workers)
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	var workers, loops sync.WaitGroup
+	defer workers.Wait()
+	// Each loop asks for its share of the workers, so that one loop's long poll on an empty
+	// queue does not hold every free worker while another's receive brings a burst.
+	share := min((in.cfg.Workers+in.cfg.Receivers-1)/in.cfg.Receivers, maxReceive)
+	for range in.cfg.Receivers {
+		loops.Go(func() { in.receive(ctx, work, slots, share, &workers) })
+	}
+	loops.Wait()
+	in.log.Info("intake stopping: finishing in-flight messages")
+	return nil
+}
+
+// maxReceive is SQS's limit of messages per ReceiveMessage.
+const maxReceive = 10
+
+// receive is one receive loop. It reserves worker slots before it receives (one, waiting
+// for it, then up to share that are free): never receive what cannot be worked on at once.
+func (in *Intake) receive(ctx, work context.Context, slots chan struct{}, share int, workers *sync.WaitGroup) {
 	for ctx.Err() == nil {
-		free := cap(slots) - len(slots)
-		if free == 0 {
-			select { // wait for a worker; never receive what cannot be worked on at once
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+	reserve:
+		for n < share {
+			select {
 			case slots <- struct{}{}:
-				<-slots
-			case <-ctx.Done():
+				n++
+			default:
+				break reserve
 			}
-			continue
 		}
 		// The receive is not cancelled by a shutdown: a long poll abandoned by the client
 		// still takes messages on the server, which would then stay invisible for the
 		// visibility timeout. It ends within WaitTime, and what it brings after a shutdown
 		// began is released at once.
 		out, err := in.sqs.ReceiveMessage(work, &sqs.ReceiveMessageInput{
-			QueueUrl: aws.String(in.cfg.QueueURL), MaxNumberOfMessages: int32(min(free, 10)),
+			QueueUrl: aws.String(in.cfg.QueueURL), MaxNumberOfMessages: int32(n),
 			WaitTimeSeconds: int32(in.cfg.WaitTime / time.Second), VisibilityTimeout: int32(in.cfg.Visibility / time.Second),
 			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp},
 			MessageAttributeNames:       []string{"All"},
 		})
+		var msgs []sqstypes.Message
+		if err == nil {
+			msgs = out.Messages
+		}
+		for range n - len(msgs) { // the slots nothing came for
+			<-slots
+		}
 		if err != nil {
 			if ctx.Err() != nil {
-				break
+				return
 			}
 			// The SDK has retried already; an SQS outage keeps the loop waiting, not crashing.
 			in.log.Error("receiving from the intake queue", "err", err)
@@ -166,21 +203,19 @@ func (in *Intake) Start(ctx context.Context) error {
 			continue
 		}
 		if ctx.Err() != nil {
-			in.release(work, out.Messages)
-			break
+			in.release(work, msgs)
+			for range msgs {
+				<-slots
+			}
+			return
 		}
-		for _, m := range out.Messages {
-			slots <- struct{}{}
-			wg.Add(1)
-			go func(m sqstypes.Message) {
-				defer wg.Done()
+		for _, m := range msgs {
+			workers.Go(func() {
 				defer func() { <-slots }()
 				in.process(work, m)
-			}(m)
+			})
 		}
 	}
-	in.log.Info("intake stopping: finishing in-flight messages")
-	return nil
 }
 
 // release makes received messages visible again at once, for another consumer.
@@ -272,14 +307,10 @@ func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 	return in.delete(m)
 }
 
+// delete deletes the message, sharing a DeleteMessageBatch with the messages finished at the
+// same time.
 func (in *Intake) delete(m sqstypes.Message) finish {
-	return func(ctx context.Context) error {
-		_, err := in.sqs.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(in.cfg.QueueURL), ReceiptHandle: m.ReceiptHandle})
-		if err != nil {
-			return fmt.Errorf("deleting message %s: %w", aws.ToString(m.MessageId), err)
-		}
-		return nil
-	}
+	return func(ctx context.Context) error { return in.deleter.delete(ctx, m) }
 }
 
 // retry leaves the message for redelivery after a backoff that grows with its receives.

@@ -31,9 +31,9 @@ func (f *recordingSQS) ReceiveMessage(context.Context, *sqs.ReceiveMessageInput,
 	return &sqs.ReceiveMessageOutput{}, nil
 }
 
-func (f *recordingSQS) DeleteMessage(context.Context, *sqs.DeleteMessageInput, ...func(*sqs.Options)) (*sqs.DeleteMessageOutput, error) {
-	f.deleted++
-	return &sqs.DeleteMessageOutput{}, nil
+func (f *recordingSQS) DeleteMessageBatch(_ context.Context, in *sqs.DeleteMessageBatchInput, _ ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error) {
+	f.deleted += len(in.Entries)
+	return &sqs.DeleteMessageBatchOutput{}, nil
 }
 
 func (f *recordingSQS) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMessageVisibilityInput, _ ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error) {

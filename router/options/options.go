@@ -106,6 +106,12 @@ const (
 	DefaultKubeClientBurst = 300
 )
 
+// Defaults of the intake: messages worked on at once, and the receive loops filling them.
+const (
+	DefaultWorkers   = 10
+	DefaultReceivers = 1
+)
+
 // Run is the configuration of `health-router run`.
 type Run struct {
 	QueueURL           string
@@ -113,14 +119,16 @@ type Run struct {
 	KarpenterQueueURL  string
 	Signal             signal.Mode
 	Workers            int
-	Visibility         time.Duration
-	WaitTime           time.Duration
-	HandleTimeout      time.Duration
-	Region             string
-	Account            string
-	AWSEndpointURL     string
-	Gates              featuregate.MutableFeatureGate
-	Kubeconfig         string
+	// Receivers is how many SQS receive loops fill the Workers (intake.Config.Receivers).
+	Receivers      int
+	Visibility     time.Duration
+	WaitTime       time.Duration
+	HandleTimeout  time.Duration
+	Region         string
+	Account        string
+	AWSEndpointURL string
+	Gates          featuregate.MutableFeatureGate
+	Kubeconfig     string
 
 	LeaderElect             bool
 	LeaderElectionNamespace string
@@ -183,7 +191,8 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "URL of the SQS dead-letter queue for messages the router cannot act on (required)")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "URL of Karpenter's interruption queue (its --interruption-queue); drains are forwarded there (signal mode forward)")
 	mode = fs.String("signal", "", "how a drain is signalled: forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
-	fs.IntVar(&o.Workers, "workers", 10, "messages worked on at once (1 to 100)")
+	fs.IntVar(&o.Workers, "workers", DefaultWorkers, "messages worked on at once (1 to 100)")
+	fs.IntVar(&o.Receivers, "receivers", DefaultReceivers, "SQS receive loops filling the workers, each with one long poll in flight and its share of the free workers (1 to --workers): one loop brings at most 10 messages per round trip to SQS")
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
 	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls), plus 25 ms per instance it names; past it the message is retried with backoff, and the retry skips the instances whose outcome is recorded")
@@ -268,6 +277,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--dead-letter-queue-url must differ from --queue-url")
 	case o.Workers < 1 || o.Workers > 100:
 		return o, fmt.Errorf("--workers %d: want 1 to 100", o.Workers)
+	case o.Receivers < 1 || o.Receivers > o.Workers:
+		return o, fmt.Errorf("--receivers %d: want 1 to --workers (%d)", o.Receivers, o.Workers)
 	case o.Visibility < 10*time.Second || o.Visibility > 12*time.Hour:
 		return o, fmt.Errorf("--visibility-timeout %s: want 10s to 12h", o.Visibility)
 	case o.WaitTime < 0 || o.WaitTime > 20*time.Second:

@@ -105,6 +105,8 @@ func TestParseRunErrorsNameTheFlag(t *testing.T) {
 		{append(req, "--signal", "forward"), "--karpenter-queue-url"},
 		{append(req, "--signal", "smoke"), "--signal"},
 		{append(req, "--workers", "0"), "--workers"},
+		{append(req, "--receivers", "0"), "--receivers"},
+		{append(req, "--workers", "4", "--receivers", "5"), "--receivers"},
 		{append(req, "--pod-events-per-event", "-1"), "--pod-events-per-event"},
 		{append(req, "--log-level", "loud"), "--log-level"},
 	} {

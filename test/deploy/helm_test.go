@@ -136,6 +136,7 @@ func TestValuesSets(t *testing.T) {
 			"HEALTH_ROUTER_CLOUDWATCH_METRICS":       "false",
 			"HEALTH_ROUTER_CLOUDWATCH_INTERVAL":      "2m",
 			"HEALTH_ROUTER_WORKERS":                  "20",
+			"HEALTH_ROUTER_RECEIVERS":                "4",
 			"HEALTH_ROUTER_VISIBILITY_TIMEOUT":       "1m",
 			"HEALTH_ROUTER_WAIT_TIME":                "10s",
 			"HEALTH_ROUTER_HANDLE_TIMEOUT":           "90s",

@@ -163,6 +163,24 @@ func (q *queues) DeleteMessage(_ context.Context, in *sqs.DeleteMessageInput, _ 
 	return nil, fmt.Errorf("receipt handle %s is stale", aws.ToString(in.ReceiptHandle))
 }
 
+func (q *queues) DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, _ ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error) {
+	q.mu.Lock()
+	down := q.down
+	q.mu.Unlock()
+	if down {
+		return nil, fmt.Errorf("sqs unreachable")
+	}
+	out := &sqs.DeleteMessageBatchOutput{}
+	for _, e := range in.Entries {
+		if _, err := q.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: in.QueueUrl, ReceiptHandle: e.ReceiptHandle}); err != nil {
+			out.Failed = append(out.Failed, sqstypes.BatchResultErrorEntry{Id: e.Id, Code: aws.String("ReceiptHandleIsInvalid"), Message: aws.String(err.Error()), SenderFault: true})
+			continue
+		}
+		out.Successful = append(out.Successful, sqstypes.DeleteMessageBatchResultEntry{Id: e.Id})
+	}
+	return out, nil
+}
+
 func (q *queues) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMessageVisibilityInput, _ ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()

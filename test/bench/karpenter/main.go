@@ -276,7 +276,8 @@ func (b *bench) router(name string, cfg *rest.Config) (intake string, stop func(
 		return "", nil, err
 	}
 	o := options.Run{
-		QueueURL: intake, DeadLetterQueueURL: dlq, KarpenterQueueURL: b.stage.QueueURL, Signal: signal.ModeForward, Workers: 10,
+		QueueURL: intake, DeadLetterQueueURL: dlq, KarpenterQueueURL: b.stage.QueueURL, Signal: signal.ModeForward,
+		Workers: options.DefaultWorkers, Receivers: options.DefaultReceivers,
 		Visibility: 30 * time.Second, WaitTime: 20 * time.Second, HandleTimeout: time.Minute,
 		Region: harness.Region, AWSEndpointURL: b.stage.Moto, Gates: checks.NewFeatureGates(),
 		MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,

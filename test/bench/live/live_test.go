@@ -80,3 +80,36 @@ func TestPacedLimit(t *testing.T) {
 		}
 	}
 }
+
+// The burst's figures: the nearest-rank percentile, and the busiest window of one resource
+// (watches left out, verbs of one resource together).
+func TestBurstFigures(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 1000; i++ {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	for _, tc := range []struct {
+		p    int
+		want time.Duration
+	}{{50, 500 * time.Millisecond}, {99, 990 * time.Millisecond}, {100, time.Second}} {
+		if got := percentile(d, tc.p); got != tc.want {
+			t.Errorf("p%d: got %s, want %s", tc.p, got, tc.want)
+		}
+	}
+	if got := percentile(d[:1], 99); got != time.Millisecond {
+		t.Errorf("p99 of one: %s", got)
+	}
+	t0 := time.Date(2026, 11, 25, 7, 0, 0, 0, time.UTC)
+	r := newTimedRequests()
+	for i := 0; i < 10; i++ { // 10 deletes in 0.9 s, 5 patches at 0.95 s
+		r.at["delete nodeclaims"] = append(r.at["delete nodeclaims"], t0.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	for i := 0; i < 5; i++ {
+		r.at["patch nodeclaims"] = append(r.at["patch nodeclaims"], t0.Add(950*time.Millisecond+time.Duration(i)*time.Millisecond))
+		r.at["watch events"] = append(r.at["watch events"], t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	r.at["create events"] = []time.Time{t0, t0.Add(time.Second), t0.Add(2 * time.Second)}
+	if n, res := r.peak(time.Second); n != 15 || res != "nodeclaims" {
+		t.Errorf("peak: %d of %s, want 15 of nodeclaims", n, res)
+	}
+}

@@ -76,6 +76,7 @@ type row struct{ measure, result, target string }
 
 type bench struct {
 	f        flags
+	title    string // "live bench", "burst bench"
 	rows     []row
 	failures []string
 }
@@ -106,13 +107,32 @@ func main() {
 	flag.BoolVar(&f.binary, "binary", true, "also run the router binary: its RSS and heap, five events together, an interrupted event")
 	flag.IntVar(&f.liveNodes, "live-nodes", 20000, "nodes the cluster grows to (defer pool) for the binary's second weighing and the five-event run (0 skips both and the interrupted event)")
 	flag.DurationVar(&f.timeout, "timeout", 40*time.Minute, "the whole bench")
+	var burst bool
+	var bf burstFlags
+	flag.BoolVar(&burst, "burst", false, "run the burst bench instead (burst.go): Spot warnings and rebalance recommendations sent evenly, send until each warning's outcome is recorded")
+	flag.IntVar(&bf.warnings, "burst-warnings", 1000, "Spot interruption warnings in the burst (and as many rebalance recommendations, for a pool that ignores them)")
+	flag.DurationVar(&bf.over, "burst-over", 10*time.Second, "the burst's length: its messages are sent evenly over it")
+	flag.StringVar(&bf.modes, "burst-signal", "delete-nodeclaim,forward", "signalling modes, one burst each (on pools of its own)")
+	flag.StringVar(&bf.routerFlags, "burst-router-flags", "", "more flags for the router of the burst, e.g. \"--workers=20\" (its defaults otherwise, as in production); sets separated by ';' run one after the other, each in every --burst-signal mode, for a comparison in one run")
+	flag.IntVar(&bf.senders, "burst-senders", 16, "goroutines sending the burst's messages (each waits for its message's time)")
+	flag.IntVar(&bf.sendBatch, "burst-send-batch", 10, "messages per SendMessageBatch of the burst (1 to 10): moto spends ~5 ms of its one core per call, so 200 single sends a second alone would saturate it")
+	flag.StringVar(&bf.cpuProfile, "burst-cpuprofile", "", "write a CPU profile of each burst (the router in process, the bench and its watch) to this path, suffixed .<run>")
 	flag.Parse()
 	if f.nodes < 10 || f.perEvent < 1 || f.parallel < 1 || f.qps <= 0 || f.burst < 1 || f.spotNodes < 1 {
 		fmt.Fprintln(os.Stderr, "live: --nodes >= 10, --per-event, --instance-parallelism, --kube-client-qps, --kube-client-burst and --spot-nodes >= 1")
 		os.Exit(2)
 	}
-	b := &bench{f: f}
-	if err := b.run(); err != nil {
+	b := &bench{f: f, title: "live bench"}
+	run := b.run
+	if burst {
+		if bf.warnings < 1 || bf.over <= 0 || bf.senders < 1 || bf.sendBatch < 1 || bf.sendBatch > 10 {
+			fmt.Fprintln(os.Stderr, "live: --burst-warnings, --burst-over and --burst-senders must be positive, --burst-send-batch 1 to 10")
+			os.Exit(2)
+		}
+		b.title = "burst bench"
+		run = func() error { return b.runBurst(bf) }
+	}
+	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "live:", err)
 		os.Exit(1)
 	}
@@ -276,8 +296,8 @@ func (b *bench) run() error {
 	return nil
 }
 
-// createPools creates the EC2NodeClass (its image in moto) and the NodePools.
-func createPools(ctx context.Context, kube client.Client, now time.Time, pacedLimit string) (map[string]types.UID, error) {
+// createNodeClass creates the EC2NodeClass "default", its image the one registered in moto.
+func createNodeClass(ctx context.Context, kube client.Client) error {
 	nc := &awsv1.EC2NodeClass{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: awsv1.EC2NodeClassSpec{
 		Role:                       "KarpenterNodeRole-bench",
 		AMISelectorTerms:           []awsv1.AMISelectorTerm{{Alias: "al2023@v20261118"}},
@@ -285,12 +305,34 @@ func createPools(ctx context.Context, kube client.Client, now time.Time, pacedLi
 		SecurityGroupSelectorTerms: []awsv1.SecurityGroupSelectorTerm{{Tags: map[string]string{"karpenter.sh/discovery": "bench"}}},
 	}}
 	if err := kube.Create(ctx, nc); err != nil {
-		return nil, fmt.Errorf("creating the EC2NodeClass: %w", err)
+		return fmt.Errorf("creating the EC2NodeClass: %w", err)
 	}
 	nc.Status.AMIs = []awsv1.AMI{{ID: amiAMD64, Name: "amazon-eks-node-al2023-x86_64-standard-1.34-v20261118", Requirements: []corev1.NodeSelectorRequirement{
 		{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}}}}
 	if err := kube.Status().Update(ctx, nc); err != nil {
-		return nil, fmt.Errorf("EC2NodeClass status: %w", err)
+		return fmt.Errorf("EC2NodeClass status: %w", err)
+	}
+	return nil
+}
+
+// createPool creates a NodePool of the default EC2NodeClass with the given annotations.
+func createPool(ctx context.Context, kube client.Client, name string, annotations map[string]string) (types.UID, error) {
+	np := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations}, Spec: karpv1.NodePoolSpec{
+		Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+			NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
+			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}},
+		}},
+	}}
+	if err := kube.Create(ctx, np); err != nil {
+		return "", fmt.Errorf("creating nodepool %s: %w", name, err)
+	}
+	return np.UID, nil
+}
+
+// createPools creates the EC2NodeClass (its image in moto) and the NodePools.
+func createPools(ctx context.Context, kube client.Client, now time.Time, pacedLimit string) (map[string]types.UID, error) {
+	if err := createNodeClass(ctx, kube); err != nil {
+		return nil, err
 	}
 	// The defer pool's daily window opens 12 hours from now: closed during the bench.
 	hour := (now.Hour() + 12) % 24
@@ -300,16 +342,11 @@ func createPools(ctx context.Context, kube client.Client, now time.Time, pacedLi
 	}
 	uids := map[string]types.UID{}
 	for _, name := range []string{poolDefer, poolDefault, poolPaced, poolSpot, poolBare} {
-		np := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations[name]}, Spec: karpv1.NodePoolSpec{
-			Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
-				NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
-				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}},
-			}},
-		}}
-		if err := kube.Create(ctx, np); err != nil {
-			return nil, fmt.Errorf("creating nodepool %s: %w", name, err)
+		uid, err := createPool(ctx, kube, name, annotations[name])
+		if err != nil {
+			return nil, err
 		}
-		uids[name] = np.UID
+		uids[name] = uid
 	}
 	return uids, nil
 }
@@ -424,7 +461,8 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	_ = gates.Set("ReservedCapacity=false") // moto has no capacity reservation API
 	probe := freePort()
 	o := options.Run{
-		QueueURL: intakeURL, DeadLetterQueueURL: dlqURL, Signal: signal.ModeDeleteNodeClaim, Workers: 10,
+		QueueURL: intakeURL, DeadLetterQueueURL: dlqURL, Signal: signal.ModeDeleteNodeClaim,
+		Workers: options.DefaultWorkers, Receivers: options.DefaultReceivers,
 		Visibility: 30 * time.Second, WaitTime: time.Second, HandleTimeout: 2 * time.Minute, Region: harness.Region, AWSEndpointURL: motoURL,
 		Gates: gates, MetricsBindAddress: "0", HealthProbeBindAddress: fmt.Sprintf("127.0.0.1:%d", probe), ShutdownTimeout: 10 * time.Second,
 		KubeClientQPS: b.f.qps, KubeClientBurst: b.f.burst, InstanceParallelism: b.f.parallel,
@@ -697,8 +735,8 @@ func createQueue(ctx context.Context, c *sqs.Client, name string) (string, error
 }
 
 func (b *bench) print() {
-	fmt.Printf("\nhealth-router live bench — %s, %d CPUs (%s), %s; envtest kube-apiserver %s, moto_server SQS/EC2\n\n",
-		runtime.Version(), runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02"), "v1.37")
+	fmt.Printf("\nhealth-router %s — %s, %d CPUs (%s), %s; envtest kube-apiserver %s, moto_server SQS/EC2\n\n",
+		b.title, runtime.Version(), runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02"), "v1.37")
 	fmt.Println("| measure | result | target |")
 	fmt.Println("| --- | --- | --- |")
 	for _, r := range b.rows {

@@ -128,6 +128,7 @@ rendered: the router's default applies.
 {{- end }}
 {{- $ints := list
   (list "HEALTH_ROUTER_WORKERS" $s.workers)
+  (list "HEALTH_ROUTER_RECEIVERS" $s.receivers)
   (list "HEALTH_ROUTER_KUBE_CLIENT_BURST" $s.kubeClientBurst)
   (list "HEALTH_ROUTER_INSTANCE_PARALLELISM" $s.instanceParallelism)
   (list "HEALTH_ROUTER_MAX_RECEIVES" $s.maxReceives)
