@@ -55,6 +55,7 @@ import (
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/bench/realistic"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -214,7 +215,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	// alternate, one every over/(2n).
 	claims := make([]string, n)
 	for j := range claims {
-		claims[j] = claimName(drainPool, base+j)
+		claims[j] = realistic.ClaimName(drainPool, base+j)
 	}
 	w.expect(claims)
 	sendAt := make([]time.Time, 2*n)
@@ -260,9 +261,9 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 				for m := from; m < to; m++ {
 					var body string
 					if j := m / 2; m%2 == 0 {
-						body = burstBody("EC2 Spot Instance Interruption Warning", fmt.Sprintf("5b1c0f3e-%04d-4000-8000-%012d", k, j), instanceID(base+j), now)
+						body = burstBody("EC2 Spot Instance Interruption Warning", fmt.Sprintf("5b1c0f3e-%04d-4000-8000-%012d", k, j), realistic.InstanceID(base+j), now)
 					} else {
-						body = burstBody("EC2 Instance Rebalance Recommendation", fmt.Sprintf("5d5555d5-%04d-4555-a555-%012d", k, j), instanceID(base+n+j), now)
+						body = burstBody("EC2 Instance Rebalance Recommendation", fmt.Sprintf("5d5555d5-%04d-4555-a555-%012d", k, j), realistic.InstanceID(base+n+j), now)
 					}
 					sendAt[m] = now
 					entries = append(entries, sqstypes.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(m)), MessageBody: aws.String(body)})
