@@ -31,7 +31,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -79,33 +78,12 @@ func (b *bench) runBurst(bf burstFlags) error {
 	defer cancel()
 	loadStart := loadavg()
 
-	progress("burst: starting moto_server and the envtest kube-apiserver with the Karpenter CRDs")
-	motoURL, stopMoto, err := harness.StartMoto()
+	sv, err := startServers("burst: ")
 	if err != nil {
 		return err
 	}
-	defer stopMoto()
-	env, restCfg, err := harness.StartEnvtest()
-	if err != nil {
-		return err
-	}
-	defer env.Stop()
-	scheme, err := cluster.NewScheme()
-	if err != nil {
-		return err
-	}
-	setupCfg := rest.CopyConfig(restCfg)
-	setupCfg.QPS, setupCfg.Burst = 5000, 5000
-	kube, err := client.New(setupCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return err
-	}
-	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": harness.Region} {
-		os.Setenv(k, v)
-	}
-	awsCfg := aws.Config{Region: harness.Region, Credentials: credentials.NewStaticCredentialsProvider("bench", "bench", "")}
-	sqsc := sqs.NewFromConfig(awsCfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(motoURL) })
-	ec2c := ec2.NewFromConfig(awsCfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	defer sv.stop()
+	motoURL, restCfg, setupCfg, kube, sqsc, ec2c := sv.motoURL, sv.restCfg, sv.setupCfg, sv.kube, sv.sqs, sv.ec2
 	img, err := ec2c.RegisterImage(ctx, &ec2.RegisterImageInput{Name: aws.String("amazon-eks-node-al2023-x86_64-standard-1.34-v20261118"),
 		Architecture: ec2types.ArchitectureValuesX8664, RootDeviceName: aws.String("/dev/xvda")})
 	if err != nil {

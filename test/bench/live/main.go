@@ -35,10 +35,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/app"
@@ -158,34 +160,12 @@ func (b *bench) run() error {
 		return err
 	}
 
-	progress("starting moto_server and the envtest kube-apiserver with the Karpenter CRDs")
-	motoURL, stopMoto, err := harness.StartMoto()
+	sv, err := startServers("")
 	if err != nil {
 		return err
 	}
-	defer stopMoto()
-	env, restCfg, err := harness.StartEnvtest()
-	if err != nil {
-		return err
-	}
-	defer env.Stop()
-	scheme, err := cluster.NewScheme()
-	if err != nil {
-		return err
-	}
-	setupCfg := rest.CopyConfig(restCfg)
-	setupCfg.QPS, setupCfg.Burst = 5000, 5000
-	kube, err := client.New(setupCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return err
-	}
-
-	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": harness.Region} {
-		os.Setenv(k, v)
-	}
-	awsCfg := aws.Config{Region: harness.Region, Credentials: credentials.NewStaticCredentialsProvider("bench", "bench", "")}
-	sqsc := sqs.NewFromConfig(awsCfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(motoURL) })
-	ec2c := ec2.NewFromConfig(awsCfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	defer sv.stop()
+	motoURL, restCfg, setupCfg, kube, sqsc, ec2c := sv.motoURL, sv.restCfg, sv.setupCfg, sv.kube, sv.sqs, sv.ec2
 	intakeURL, err := createQueue(ctx, sqsc, "health-router-intake")
 	if err != nil {
 		return err
@@ -249,7 +229,7 @@ func (b *bench) run() error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		if l, err = newLive(ctx, env, root, dir, sqsc, kube, obs, dlqURL, motoURL); err != nil {
+		if l, err = newLive(ctx, sv.env, root, dir, sqsc, kube, obs, dlqURL, motoURL); err != nil {
 			return err
 		}
 		if err := b.weighLive(ctx, l, n+b.f.spotNodes); err != nil {
@@ -257,7 +237,7 @@ func (b *bench) run() error {
 		}
 	}
 
-	bare, err := b.bareLoop(ctx, kube, restCfg, scheme, uids[poolBare], now)
+	bare, err := b.bareLoop(ctx, kube, restCfg, sv.scheme, uids[poolBare], now)
 	if err != nil {
 		return err
 	}
@@ -763,4 +743,49 @@ func freePort() int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// servers are what both benches run on: moto_server and the envtest kube-apiserver with the
+// Karpenter CRDs, a fast client for the setup, and SQS and EC2 clients on moto.
+type servers struct {
+	motoURL           string
+	env               *envtest.Environment
+	restCfg, setupCfg *rest.Config
+	kube              client.Client
+	scheme            *k8sruntime.Scheme
+	sqs               *sqs.Client
+	ec2               *ec2.Client
+	stop              func()
+}
+
+// startServers starts the servers; what says which bench (its progress prefix).
+func startServers(what string) (*servers, error) {
+	progress("%sstarting moto_server and the envtest kube-apiserver with the Karpenter CRDs", what)
+	motoURL, stopMoto, err := harness.StartMoto()
+	if err != nil {
+		return nil, err
+	}
+	env, restCfg, err := harness.StartEnvtest()
+	if err != nil {
+		stopMoto()
+		return nil, err
+	}
+	sv := &servers{motoURL: motoURL, env: env, restCfg: restCfg, stop: func() { _ = env.Stop(); stopMoto() }}
+	if sv.scheme, err = cluster.NewScheme(); err != nil {
+		sv.stop()
+		return nil, err
+	}
+	sv.setupCfg = rest.CopyConfig(restCfg)
+	sv.setupCfg.QPS, sv.setupCfg.Burst = 5000, 5000
+	if sv.kube, err = client.New(sv.setupCfg, client.Options{Scheme: sv.scheme}); err != nil {
+		sv.stop()
+		return nil, err
+	}
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": harness.Region} {
+		os.Setenv(k, v)
+	}
+	awsCfg := aws.Config{Region: harness.Region, Credentials: credentials.NewStaticCredentialsProvider("bench", "bench", "")}
+	sv.sqs = sqs.NewFromConfig(awsCfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	sv.ec2 = ec2.NewFromConfig(awsCfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(motoURL) })
+	return sv, nil
 }
