@@ -1,7 +1,8 @@
 // Package intake is the SQS loop: receive (long poll, batches of up to 10, from one or more
 // receive loops sharing the workers), keep messages invisible while they are worked on
-// (heartbeat), decide and act through the pipeline, and only then delete (in batches). A deferred instance is recorded on its NodeClaim (router/deferral holds
-// it from there), so a message is deleted as soon as every instance's outcome is recorded;
+// (heartbeat), decide and act through the pipeline, and only then delete (in batches). A
+// deferred instance is recorded on its NodeClaim (router/deferral holds it from there), so a
+// message is deleted as soon as every instance's outcome is recorded;
 // a poison message goes to the dead-letter queue with its reason; a transient failure leaves
 // the message for redelivery with backoff, and the redelivery skips the instances recorded
 // meanwhile. Nothing is dropped.
