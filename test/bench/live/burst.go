@@ -69,7 +69,16 @@ type burstFlags struct {
 	senders     int
 	sendBatch   int
 	cpuProfile  string
+	sqs         string // "in-test,moto": which SQS serves the intake, one burst each
 }
+
+// The SQS a burst runs on: the in-test server (test/harness.SQS, SQS's JSON protocol, O(log n)
+// per call) measures the router's own share against the target; moto_server is the reference
+// whose per-call cost grows with its queue.
+const (
+	sqsInTest = "in-test"
+	sqsMoto   = "moto"
+)
 
 // runBurst runs the burst bench once per signalling mode, each on pools of its own.
 func (b *bench) runBurst(bf burstFlags) error {
@@ -100,13 +109,27 @@ func (b *bench) runBurst(bf burstFlags) error {
 	if err := w.watch(ctx, setupCfg); err != nil {
 		return err
 	}
+	local := harness.NewSQS()
+	defer local.Close()
+	localc := sqs.NewFromConfig(aws.Config{Region: harness.Region, Credentials: sqsc.Options().Credentials},
+		func(o *sqs.Options) { o.BaseEndpoint = aws.String(local.URL) })
 	k := 0
-	for _, flags := range strings.Split(bf.routerFlags, ";") {
-		for _, mode := range strings.Split(bf.modes, ",") {
-			if err := b.burstRun(ctx, bf, k, signal.Mode(strings.TrimSpace(mode)), strings.Fields(flags), kube, restCfg, sqsc, awsCalls, w); err != nil {
-				return err
+	for _, server := range strings.Split(bf.sqs, ",") {
+		server = strings.TrimSpace(server)
+		c, url := sqsc, motoURL
+		if server == sqsInTest {
+			c, url = localc, local.URL
+		} else if server != sqsMoto {
+			return fmt.Errorf("--burst-sqs: %q is neither %s nor %s", server, sqsInTest, sqsMoto)
+		}
+		awsCalls.routeSQS(url)
+		for _, flags := range strings.Split(bf.routerFlags, ";") {
+			for _, mode := range strings.Split(bf.modes, ",") {
+				if err := b.burstRun(ctx, bf, k, server, signal.Mode(strings.TrimSpace(mode)), strings.Fields(flags), kube, restCfg, c, awsCalls, w); err != nil {
+					return err
+				}
+				k++
 			}
-			k++
 		}
 	}
 	b.add("machine load average (1, 5, 15 min) at start / end", loadStart+" / "+loadavg(), "")
@@ -114,10 +137,10 @@ func (b *bench) runBurst(bf burstFlags) error {
 }
 
 // burstRun is one burst through a router in mode.
-func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.Mode, routerFlags []string, kube client.Client, restCfg *rest.Config, sqsc *sqs.Client,
+func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server string, mode signal.Mode, routerFlags []string, kube client.Client, restCfg *rest.Config, sqsc *sqs.Client,
 	awsCalls *awsCounter, w *firsts) error {
 	n := bf.warnings
-	tag := fmt.Sprintf("run %d, %s", k+1, mode)
+	tag := fmt.Sprintf("run %d, %s SQS, %s", k+1, server, mode)
 	if len(routerFlags) > 0 {
 		tag += " " + strings.Join(routerFlags, " ")
 	}
@@ -260,9 +283,12 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	if sendErrs.Load() > 0 {
 		return fmt.Errorf("burst %s: %d sends failed", tag, sendErrs.Load())
 	}
+	// The wait is bounded from the last send: a warning not recorded by then is reported as
+	// not recorded (moto's backlog once held outcomes past an earlier, shorter bound).
+	waitBound := bf.over + 5*time.Minute
 	select {
 	case <-w.all():
-	case <-time.After(bf.over + 2*time.Minute):
+	case <-time.After(waitBound):
 	case err := <-done:
 		return fmt.Errorf("the router stopped: %v", err)
 	}
@@ -290,9 +316,13 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 		slices.Sort(lat)
 		p50, p99, worst := percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1]
 		what := map[signal.Mode]string{signal.ModeDeleteNodeClaim: "NodeClaim deleting", signal.ModeForward: "drain stamp, then the forward"}[mode]
+		target := fmt.Sprintf("p99 ≤ %s", ms(burstTarget))
+		if server == sqsMoto {
+			target = "reference (moto's cost per call grows with its queue)"
+		}
 		b.add(fmt.Sprintf("%s warning: send until outcome recorded (%s), p50 / p99 / max", tag, what),
-			fmt.Sprintf("%s / **%s** / %s", ms(p50), ms(p99), ms(worst)), fmt.Sprintf("p99 ≤ %s", ms(burstTarget)))
-		if p99 > burstTarget {
+			fmt.Sprintf("%s / **%s** / %s", ms(p50), ms(p99), ms(worst)), target)
+		if p99 > burstTarget && server == sqsInTest {
 			b.fail("%s: p99 %s from send to outcome recorded (target %s)", tag, ms(p99), ms(burstTarget))
 		}
 	}
@@ -300,8 +330,8 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, mode signal.
 	ignored := counterValue(reg, metrics.Decisions, map[string]string{"kind": string(event.KindRebalance), "action": string(policy.ActionIgnore)})
 	drained := counterValue(reg, metrics.Decisions, map[string]string{"kind": string(event.KindSpotInterruption), "action": string(policy.ActionDrain)})
 	dlq := queueDepth(ctx, sqsc, dlqURL)
-	dropped := fmt.Sprintf("warnings recorded %d/%d (drain decisions %.0f), recommendations ignored %.0f/%d, intake queue %s, DLQ %d",
-		len(lat), n, drained, ignored, n, map[bool]string{true: "NOT empty after 2 min", false: fmt.Sprintf("empty %s after the last send", emptyAt.Sub(tStart.Add(sentIn)).Round(10*time.Millisecond))}[intakeLeft], dlq)
+	dropped := fmt.Sprintf("warnings recorded %d/%d within %s of the last send (drain decisions %.0f), recommendations ignored %.0f/%d, intake queue %s, DLQ %d",
+		len(lat), n, waitBound, drained, ignored, n, map[bool]string{true: "NOT empty after 2 min", false: fmt.Sprintf("empty %s after the last send", emptyAt.Sub(tStart.Add(sentIn)).Round(10*time.Millisecond))}[intakeLeft], dlq)
 	if len(lat) < n || ignored != float64(n) || intakeLeft || dlq != 0 {
 		b.fail("%s: something was dropped: %s", tag, dropped)
 	}
@@ -535,11 +565,21 @@ func (r *timedRequests) peak(window time.Duration) (int, string) {
 	return best, bestKey
 }
 
-// awsCounter is a reverse proxy to moto that counts the calls through it by API.
+// awsCounter is a reverse proxy that counts the calls through it by API: SQS's (JSON
+// protocol) to the SQS of the run, the rest (EC2) to moto.
 type awsCounter struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
 	calls map[string]int
+	sqs   *httputil.ReverseProxy
+}
+
+// routeSQS sends SQS's calls to target from now on.
+func (c *awsCounter) routeSQS(target string) {
+	u, _ := url.Parse(target)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sqs = httputil.NewSingleHostReverseProxy(u)
 }
 
 func newAWSCounter(target string) *awsCounter {
@@ -560,8 +600,12 @@ func newAWSCounter(target string) *awsCounter {
 		}
 		c.mu.Lock()
 		c.calls[name]++
+		to := proxy
+		if c.sqs != nil && strings.HasPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.") {
+			to = c.sqs
+		}
 		c.mu.Unlock()
-		proxy.ServeHTTP(w, r)
+		to.ServeHTTP(w, r)
 	}))
 	return c
 }

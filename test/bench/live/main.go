@@ -118,6 +118,7 @@ func main() {
 	flag.StringVar(&bf.routerFlags, "burst-router-flags", "", "more flags for the router of the burst, e.g. \"--workers=20\" (its defaults otherwise, as in production); sets separated by ';' run one after the other, each in every --burst-signal mode, for a comparison in one run")
 	flag.IntVar(&bf.senders, "burst-senders", 16, "goroutines sending the burst's messages (each waits for its message's time)")
 	flag.IntVar(&bf.sendBatch, "burst-send-batch", 10, "messages per SendMessageBatch of the burst (1 to 10): moto spends ~5 ms of its one core per call, so 200 single sends a second alone would saturate it")
+	flag.StringVar(&bf.sqs, "burst-sqs", "in-test,moto", "the SQS serving the intake, one burst (in every --burst-signal mode) each: in-test (test/harness.SQS, SQS's JSON protocol in the bench's process; the target applies) or moto (moto_server, for reference: its cost per call grows with its queue)")
 	flag.StringVar(&bf.cpuProfile, "burst-cpuprofile", "", "write a CPU profile of each burst (the router in process, the bench and its watch) to this path, suffixed .<run>")
 	flag.Parse()
 	if f.nodes < 10 || f.perEvent < 1 || f.parallel < 1 || f.qps <= 0 || f.burst < 1 || f.spotNodes < 1 {
