@@ -160,6 +160,22 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
 	m := metrics.NewRouter(reg, func() float64 { return deferrals.Deferred() })
 	sig.OnUnreadable(m.RecordsUnreadable.Inc)
+	sig.SetInstanceEventRate(o.InstanceEventsPerSecond, func(reason string) { m.EventsHeld.WithLabelValues(reason).Inc() })
+	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
+		t := clk.NewTicker(signal.SummaryInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				sig.Summarise() // what was held back is told before the process ends
+				return nil
+			case <-t.C():
+				sig.Summarise()
+			}
+		}
+	})); err != nil {
+		return err
+	}
 	var pub intake.Publisher
 	var decisions pipeline.Publisher
 	if publisher != nil {

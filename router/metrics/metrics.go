@@ -21,6 +21,7 @@ const (
 	Reschedules          = "health_router_reschedules_total"                   // label: result; scheduled events moved into a pool's window
 	RecordsUnreadable    = "health_router_records_unreadable_total"            // NodeClaim records this router cannot read (kept as they are)
 	WakesDropped         = "health_router_deferral_wakes_dropped_total"        // releases not queued (the wake queue was full); the recheck covers them
+	EventsHeld           = "health_router_instance_events_held_total"          // label: reason; instances whose decision Events were summed up per pool
 
 	// Watchdog gauges: Karpenter states users otherwise find by accident.
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool

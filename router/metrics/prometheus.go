@@ -22,6 +22,9 @@ type Router struct {
 	Unmanaged         *prometheus.CounterVec
 	RecordsUnreadable prometheus.Counter
 	WakesDropped      prometheus.Counter
+	// EventsHeld counts the instances whose decision Events went over
+	// --instance-events-per-second, by Event reason; they are told in a summary per pool.
+	EventsHeld *prometheus.CounterVec
 	// Reschedules counts the attempts to move a scheduled event into its pool's window
 	// (healthrouter.io/reschedule), by result.
 	Reschedules *prometheus.CounterVec
@@ -71,11 +74,14 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		WakesDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: WakesDropped, Help: "Releases of held deferrals not queued because the wake queue was full; the periodic recheck and each record's own time cover them.",
 		}),
+		EventsHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: EventsHeld, Help: "Instances whose decision Events (on the Node and the NodeClaim) went over --instance-events-per-second, by Event reason: they are told in one Event per NodePool and reason every 30s, and their records stay on their NodeClaims.",
+		}, []string{LabelReason}),
 		Reschedules: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Reschedules, Help: "Scheduled events of pools annotated healthrouter.io/reschedule=true the router tried to move into the pool's window, by result: moved, in-window (already there), not-moved (no deadline, too close, no opening before the deadline, no open event), refused (EC2 refused the call) or unavailable (EC2 did not answer; the ordinary policy applied).",
 		}, []string{LabelResult}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.RecordsUnreadable, m.WakesDropped, m.Reschedules,
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now: the active records on NodeClaims, as the leader's deferral controller holds them."}, deferred))
 	return m
 }

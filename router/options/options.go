@@ -165,6 +165,9 @@ type Run struct {
 	NodeMarks bool
 	// PodEventsPerEvent bounds the pod Events of one event (router/podnotice); 0: none.
 	PodEventsPerEvent int
+	// InstanceEventsPerSecond bounds the decision Events on Nodes and NodeClaims, in
+	// instances a second (signal.SetInstanceEventRate); 0: unbounded.
+	InstanceEventsPerSecond float64
 	// RebootInPlace runs the reboot in place (router/inplace) for the pools that ask for it;
 	// off, their nodes are replaced. It needs permission to patch Nodes, evict pods, read
 	// DaemonSets and (for instance-reboot) ec2:RebootInstances.
@@ -222,6 +225,7 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.BoolVar(&o.NodeMarks, "node-marks", true, "show each node's pending outcome (deferred, held) on its Node: the label healthrouter.io/maintenance-at (Unix seconds), the annotation healthrouter.io/maintenance, and in pools annotated healthrouter.io/taint-upcoming=true a PreferNoSchedule taint; needs permission to patch Nodes")
 	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "keep nodes through reboot-type scheduled events for the pools annotated healthrouter.io/action.scheduled-change.<type>=reboot-in-place: cordon, evict (PDBs respected), let AWS reboot (or RebootInstances for instance-reboot), uncordon once Ready; off, those nodes are replaced. Needs permission to patch Nodes, create pods/eviction and get DaemonSets, and ec2:RebootInstances")
 	fs.IntVar(&o.PodEventsPerEvent, "pod-events-per-event", podnotice.DefaultPerEvent, "Kubernetes Events written on the pods of the nodes an event drains or defers, at most this many per event (and 110 per node); the pods past it are counted in one summary Event per namespace; 0: no pod Events")
+	fs.Float64Var(&o.InstanceEventsPerSecond, "instance-events-per-second", signal.DefaultInstanceEventsPerSecond, "instances a second whose decision gets its Kubernetes Events (on the Node and the NodeClaim), with a burst of ten seconds' worth; past it the instances are counted and told in one Event per NodePool and reason every 30s (their records stay on their NodeClaims), so that a burst of 1,000 Spot warnings does not write 2,000 Events while Karpenter launches replacements; 0: no bound")
 	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount (the Terraform module's default is 100); 0: never")
 	fs.StringVar(&o.WebhookURL, "webhook-url", "", "URL that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
 	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
@@ -265,6 +269,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--unmanaged-nodes %q: want %s or %s", o.UnmanagedNodes, policy.UnmanagedIgnore, policy.UnmanagedCordonDrain)
 	case o.PodEventsPerEvent < 0:
 		return o, fmt.Errorf("--pod-events-per-event %d: want 0 (none) or more", o.PodEventsPerEvent)
+	case o.InstanceEventsPerSecond < 0:
+		return o, fmt.Errorf("--instance-events-per-second %g: want 0 (no bound) or more", o.InstanceEventsPerSecond)
 	case o.MaxReceives < 0:
 		return o, fmt.Errorf("--max-receives %d: want 0 (never) or more", o.MaxReceives)
 	case o.AlertmanagerURL != "" && !validHTTPURL(o.AlertmanagerURL):

@@ -97,6 +97,8 @@ type Signaller struct {
 	canon    map[string]*Canonicalizer // parsed events worked on now, by ID and body size
 	// onUnreadable counts a NodeClaim whose records cannot be read (a metric); may be nil.
 	onUnreadable func()
+	// budget bounds the per-instance Events; nil: unbounded (SetInstanceEventRate).
+	budget *eventBudget
 }
 
 // OnUnreadable sets what counts a NodeClaim whose records this router cannot read.
@@ -551,11 +553,16 @@ func writeRecords(nc *karpv1.NodeClaim, set record.Set) error {
 	return nil
 }
 
-// event posts an Event on the Node and the NodeClaim.
+// event posts an Event on the Node and the NodeClaim, within the instance Event budget (held
+// back and summed up per pool past it; see SetInstanceEventRate).
 func (s *Signaller) event(res cluster.Resolved, typ, reason, format string, args ...any) {
+	msg := eventMessage(format, args...)
+	if !s.budget.allow(res, typ, reason, res.InstanceID+": "+msg, s.clock.Now()) {
+		return
+	}
 	for _, obj := range []runtime.Object{nodeOrNil(res.Node), claimOrNil(res.NodeClaim)} {
 		if obj != nil {
-			s.recorder.Eventf(obj, nil, typ, reason, actions[reason], format, args...)
+			s.recorder.Eventf(obj, nil, typ, reason, actions[reason], "%s", msg)
 		}
 	}
 }

@@ -33,6 +33,10 @@ var moves atomic.Int64
 // inPlaces counts the reboots in place the router began, over all runs.
 var inPlaces atomic.Int64
 
+// eventsSummarised counts the instances whose Events were held back and told in a summary,
+// over all runs.
+var eventsSummarised atomic.Int64
+
 // checks is rapid's -rapid.checks.
 func checks() *int {
 	n := 0
@@ -489,6 +493,10 @@ func (m *machine) advance(t *rapid.T, d time.Duration) {
 			t.Fatal(err)
 		}
 		m.inPlaceOver()
+		m.w.summarise(m.w.leader) // the summary loop runs every 30s; a tick is longer
+		if err := m.w.checkEvents(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -586,6 +594,7 @@ func (m *machine) activeMaintenance(inst, match string) bool {
 func (m *machine) finish(t *rapid.T) {
 	m.advance(t, max(m.horizon.Sub(m.now())+tick, time.Hour))
 	m.Check(t)
+	eventsSummarised.Add(int64(m.w.told))
 	m.w.queues.mu.Lock()
 	defer m.w.queues.mu.Unlock()
 	if n := len(m.w.queues.intake); n > 0 {
@@ -604,6 +613,9 @@ func TestSimulation(t *testing.T) {
 		}
 		if *checks() >= 20 && inPlaces.Load() == 0 {
 			t.Error("no kafka node was kept through a reboot over the run")
+		}
+		if *checks() >= 20 && eventsSummarised.Load() == 0 {
+			t.Error("no instance's Events were held back and told in a summary over the run")
 		}
 	}()
 	rapid.Check(t, func(t *rapid.T) {

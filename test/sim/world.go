@@ -36,7 +36,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -340,6 +339,10 @@ type replica struct {
 	due      map[string]time.Time // NodeClaim -> when the controller's workqueue hands it back
 	seen     map[string]string    // NodeClaim -> the resourceVersion last reconciled (the watch)
 	marked   map[string]string    // NodeClaim -> its and its Node's resourceVersions at the marks' last pass
+	sig      *signal.Signaller
+	mu       sync.Mutex
+	held     int // instances whose Events this replica held back (its metric)
+	told     int // of them, told in its summaries
 }
 
 // world is the simulated cluster, AWS and router replicas.
@@ -353,7 +356,8 @@ type world struct {
 	mode     signal.Mode
 	leader   *replica
 	standby  *replica
-	recorder *events.FakeRecorder
+	recorder *summaryRecorder
+	told     int // instances the replicas' summaries told of, over the run
 	log      *slog.Logger
 	nextInst int
 	// onDrain observes every drain the router signals (a NodeClaim DELETE, or a forward);
@@ -376,7 +380,7 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 	clk := clocktesting.NewFakeClock(Start)
 	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode,
 		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
-		recorder: &events.FakeRecorder{}, log: simLog(), onLaunch: onLaunch, booted: map[string]string{}}
+		recorder: &summaryRecorder{}, log: simLog(), onLaunch: onLaunch, booted: map[string]string{}}
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
@@ -470,6 +474,8 @@ func (w *world) newReplica(name string) *replica {
 	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedIgnore))
 	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
 	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
+	sig.SetInstanceEventRate(instanceEventsPerSecond, func(string) { r.mu.Lock(); r.held++; r.mu.Unlock() })
+	r.sig = sig
 	r.inPlace = inplace.New(w.router, w.router, noPods{}, w.ec2, w.clock, w.recorder, w.log, nil,
 		func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error {
 			return sig.Replace(ctx, nc)
@@ -836,6 +842,7 @@ func (w *world) crash() {
 // leader becomes the standby.
 func (w *world) failover() {
 	w.stop(w.leader)
+	w.summarise(w.leader) // a graceful stop tells what it held back
 	w.leader, w.standby = w.standby, w.leader
 	w.lead(w.leader)
 }

@@ -143,6 +143,10 @@ rendered: the router's default applies.
 - name: HEALTH_ROUTER_KUBE_CLIENT_QPS
   value: {{ $s.kubeClientQPS | toString | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" $s.instanceEventsPerSecond) }}
+- name: HEALTH_ROUTER_INSTANCE_EVENTS_PER_SECOND
+  value: {{ $s.instanceEventsPerSecond | toString | quote }}
+{{- end }}
 {{- with $s.featureGates }}
 {{- if not (kindIs "invalid" .reservedCapacity) }}
 - name: HEALTH_ROUTER_FEATURE_GATES
