@@ -24,18 +24,14 @@ demo: ## the live router on local stand-ins (moto_server, envtest): the demo sce
 replay: build ## the what-if tool on the demo scenario (test/demo): no servers at all
 	$(BIN) replay --cluster test/demo/cluster.yaml --events test/demo/events --aws test/demo/aws.yaml --now $(DEMO_NOW)
 
-# The Terraform suite (test/tools/terraform-tests.sh) runs the Lambda's and test/terraform's Go
-# tests itself, so the package list here leaves them out rather than run them twice.
-GO_PACKAGES = $$($(GO) list ./... | grep -v -e /test/terraform -e /lambda/)
-
 # Every tool the suites need is built from the Go module proxy once per machine and version,
-# cached outside the repo, by test/tools/tools-env.sh, which prints the variables the suites
-# read (KARPENTER_BIN, KUBEBUILDER_ASSETS, HELM_BIN, ALERTMANAGER_BIN); a failed build fails
-# the target (never a skipped suite). Each phase says how long it took (test/tools/timed.sh).
+# cached outside the repo (test/tools/*-bin.sh). test/tools/make-test.sh builds them in the
+# background beside go vet and the suites; a suite that needs one waits for it, and a failed
+# build fails the target (never a skipped suite). Each phase says how long it took
+# (test/tools/timed.sh).
 TIMED := test/tools/timed.sh
-test: lint ## everything CI runs: lint, unit, integration and drills (moto, envtest, the real Karpenter and Alertmanager, helm), Terraform
-	tools=$$($(TIMED) tools test/tools/tools-env.sh) && env $$tools $(TIMED) go-test $(GO) test -p 1 -count=1 -timeout 30m $(GO_PACKAGES)
-	$(TIMED) terraform test/tools/terraform-tests.sh
+test: ## everything CI runs: gofmt and go vet, unit, integration and drills (moto, envtest, the real Karpenter and Alertmanager, helm), Terraform
+	test/tools/make-test.sh
 
 SEEDS ?= 200
 STEPS ?= 60

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -27,12 +28,24 @@ receivers:
   - name: "null"
 `
 
-// StartAlertmanager starts Alertmanager with its data in dir. It fails when
-// ALERTMANAGER_BIN is unset or not executable: the gate's tests need the real server.
+// StartAlertmanager starts Alertmanager with its data in dir: ALERTMANAGER_BIN, or the binary
+// test/tools/alertmanager-bin.sh builds and caches (waiting for a build under way, as make
+// test's background build). It fails when neither gives an executable: the gate's tests need
+// the real server.
 func StartAlertmanager(dir string) (*Alertmanager, error) {
 	bin := os.Getenv("ALERTMANAGER_BIN")
 	if bin == "" {
-		return nil, fmt.Errorf("ALERTMANAGER_BIN is not set: run ALERTMANAGER_BIN=$(test/tools/alertmanager-bin.sh) go test ... (make test does)")
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		build := exec.Command(filepath.Join(root, "test/tools/alertmanager-bin.sh"))
+		build.Stderr = os.Stderr
+		out, err := build.Output()
+		if err != nil {
+			return nil, fmt.Errorf("ALERTMANAGER_BIN is not set and test/tools/alertmanager-bin.sh failed: %w", err)
+		}
+		bin = strings.TrimSpace(string(out))
 	}
 	if fi, err := os.Stat(bin); err != nil || fi.Mode()&0o111 == 0 {
 		return nil, fmt.Errorf("ALERTMANAGER_BIN=%s is not an executable (build it with test/tools/alertmanager-bin.sh)", bin)

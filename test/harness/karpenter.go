@@ -49,10 +49,15 @@ const KarpenterInstanceType = "m5.large"
 // test/tools/karpenter-bin.sh) on envtest's kube-apiserver and moto_server, with its
 // interruption queue, as a cluster would run it, less the kubelet: Launch plays the node.
 type KarpenterStage struct {
-	Env        *envtest.Environment
-	Rest       *rest.Config
-	Kube       client.Client
-	Moto       string
+	Env  *envtest.Environment
+	Rest *rest.Config
+	Kube client.Client
+	Moto string
+	// Endpoint is the AWS endpoint of the stage's processes (Karpenter's AWS_ENDPOINT_URL):
+	// moto, or with LocalSQS a split of SQS's calls to the in-test SQS and the rest to moto.
+	Endpoint string
+	// LocalSQS is the in-test SQS (KarpenterStageOptions.LocalSQS), or nil.
+	LocalSQS   *SQS
 	AWS        aws.Config
 	SQS        *sqs.Client
 	EC2        *ec2.Client
@@ -72,7 +77,20 @@ type KarpenterStage struct {
 // into (cluster, subnet, security group, instance profile, AMI) and creates the EC2NodeClass
 // "default". It returns once Karpenter serves metrics and the EC2NodeClass is Ready. dir
 // holds the kubeconfig and Karpenter's log.
-func StartKarpenterStage(ctx context.Context, bin, dir string) (_ *KarpenterStage, err error) {
+func StartKarpenterStage(ctx context.Context, bin, dir string) (*KarpenterStage, error) {
+	return StartKarpenterStageWith(ctx, bin, dir, KarpenterStageOptions{})
+}
+
+// KarpenterStageOptions change the stage.
+type KarpenterStageOptions struct {
+	// LocalSQS serves SQS (Karpenter's interruption queue, and the queues tests create) from
+	// the in-test SQS instead of moto, whose cost per call grows with its queues: the benches
+	// that measure latency under a burst use it; everything else stays on moto.
+	LocalSQS bool
+}
+
+// StartKarpenterStageWith is StartKarpenterStage with options.
+func StartKarpenterStageWith(ctx context.Context, bin, dir string, opts KarpenterStageOptions) (_ *KarpenterStage, err error) {
 	if bin == "" {
 		return nil, errors.New("no Karpenter controller binary: set KARPENTER_BIN=$(test/tools/karpenter-bin.sh) (make test does)")
 	}
@@ -92,10 +110,17 @@ func StartKarpenterStage(ctx context.Context, bin, dir string) (_ *KarpenterStag
 	if err != nil {
 		return nil, err
 	}
-	s.Moto = moto
+	s.Moto, s.Endpoint = moto, moto
 	s.stops = append(s.stops, stop)
 	s.AWS = AWSConfig(nil)
-	s.SQS = sqs.NewFromConfig(s.AWS, func(o *sqs.Options) { o.BaseEndpoint = aws.String(moto) })
+	sqsURL := moto
+	if opts.LocalSQS {
+		s.LocalSQS = NewSQS()
+		split := AWSSplit(moto, s.LocalSQS.URL)
+		s.stops = append(s.stops, s.LocalSQS.Close, split.Close)
+		s.Endpoint, sqsURL = split.URL, s.LocalSQS.URL
+	}
+	s.SQS = sqs.NewFromConfig(s.AWS, func(o *sqs.Options) { o.BaseEndpoint = aws.String(sqsURL) })
 	s.EC2 = ec2.NewFromConfig(s.AWS, func(o *ec2.Options) { o.BaseEndpoint = aws.String(moto) })
 	image, profile, err := s.prepareAWS(ctx)
 	if err != nil {
@@ -222,7 +247,7 @@ func (s *KarpenterStage) startKarpenter(ctx context.Context, bin, dir string) er
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
 		"KUBECONFIG="+kcPath,
-		"AWS_ENDPOINT_URL="+s.Moto,
+		"AWS_ENDPOINT_URL="+s.Endpoint,
 		"AWS_ACCESS_KEY_ID=testing", "AWS_SECRET_ACCESS_KEY=testing", "AWS_SESSION_TOKEN=", "AWS_REGION="+Region, "AWS_EC2_METADATA_DISABLED=true",
 		"CLUSTER_NAME="+KarpenterCluster,
 		"CLUSTER_ENDPOINT="+s.Rest.Host,

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +41,21 @@ type SQS struct {
 	queues map[string]*sqsQueue
 	seq    atomic.Uint64
 	calls  sync.Map // operation -> *atomic.Int64
+}
+
+// AWSSplit serves one AWS endpoint for two servers, as AWS_ENDPOINT_URL names one: SQS's
+// JSON protocol (X-Amz-Target: AmazonSQS.*) goes to sqsURL, everything else to otherURL.
+func AWSSplit(otherURL, sqsURL string) *httptest.Server {
+	other, _ := url.Parse(otherURL)
+	q, _ := url.Parse(sqsURL)
+	toOther, toSQS := httputil.NewSingleHostReverseProxy(other), httputil.NewSingleHostReverseProxy(q)
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.") {
+			toSQS.ServeHTTP(w, r)
+			return
+		}
+		toOther.ServeHTTP(w, r)
+	}))
 }
 
 // NewSQS starts the server on a loopback port; Close stops it.

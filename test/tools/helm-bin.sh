@@ -18,7 +18,18 @@ command -v go >/dev/null || { echo "helm-bin.sh: go is not on PATH" >&2; exit 1;
 
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# One build at a time: a second caller (a suite while make test builds the tools in the
+# background) waits for the first one's result instead of starting its own build.
 mkdir -p "$cache"
+exec 9>"$cache.lock"
+if ! flock -n 9; then
+  echo "helm: another process is building helm into $cache; waiting for it" >&2
+  flock 9
+fi
+if [[ -x $cache/helm ]]; then
+  echo "$cache/helm"
+  exit 0
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "building helm ${HELM_VERSION} into $cache (first run only, a minute or two; cached afterwards)" >&2

@@ -22,9 +22,20 @@ if [[ -x $cache/controller ]]; then
   exit 0
 fi
 
+# One build at a time: a second caller (a suite while make test builds the tools in the
+# background) waits for the first one's result instead of starting its own build.
+mkdir -p "$cache"
+exec 9>"$cache.lock"
+if ! flock -n 9; then
+  echo "karpenter: another process is building the controller into $cache; waiting for it" >&2
+  flock 9
+fi
+if [[ -x $cache/controller ]]; then
+  echo "$cache/controller"
+  exit 0
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$cache"
 
 # Built inside this repository's own module graph (a copy of go.mod and go.sum, so the
 # repository's files are never written): Karpenter's dependencies are then the versions the

@@ -2,12 +2,13 @@
 # Builds, once per machine and version, every tool the suites of make test need, and prints
 # them as the environment the suites read (one NAME=value a line): KARPENTER_BIN,
 # KUBEBUILDER_ASSETS (kube-apiserver, etcd), HELM_BIN, ALERTMANAGER_BIN. A failed build fails
-# this script, so no suite runs without its tool (none is skipped). Karpenter comes first:
-# after `go vet` the build cache holds most of what it compiles.
+# this script, so no suite runs without its tool (none is skipped). make test runs it in the
+# background (make-test.sh), so the order is the order the suites need them in: envtest and
+# helm for test/deploy, Alertmanager for test/gates, Karpenter for test/karpenter, the last.
 set -euo pipefail
 cd "$(dirname "$0")"
-karpenter=$(./timed.sh karpenter ./karpenter-bin.sh)
 assets=$(./timed.sh envtest ./envtest-bins.sh)
 helm=$(./timed.sh helm ./helm-bin.sh)
 alertmanager=$(./timed.sh alertmgr ./alertmanager-bin.sh)
+karpenter=$(./timed.sh karpenter ./karpenter-bin.sh)
 printf '%s\n' "KARPENTER_BIN=$karpenter" "KUBEBUILDER_ASSETS=$assets" "HELM_BIN=$helm" "ALERTMANAGER_BIN=$alertmanager"
