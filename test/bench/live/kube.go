@@ -183,6 +183,17 @@ func (o *outcomes) expect(events []string, claims []string, pacedClaims []string
 	o.maxInFlight = len(o.inFlight)
 }
 
+// recordedClaims is the NodeClaims recorded so far.
+func (o *outcomes) recordedClaims() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]string, 0, len(o.recorded))
+	for c := range o.recorded {
+		out = append(out, c)
+	}
+	return out
+}
+
 func (o *outcomes) recordedCount() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
