@@ -207,6 +207,24 @@ func TestValuesSets(t *testing.T) {
 		if spec.PriorityClassName != "system-cluster-critical" {
 			t.Errorf("priorityClassName %q", spec.PriorityClassName)
 		}
+		// The Go runtime's soft limit follows the container's memory limit (the binary held
+		// 68 MiB of heap and 334 MiB of RSS at 20,000 nodes with no limit set).
+		var memLimit bool
+		for _, e := range spec.Containers[0].Env {
+			if e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil &&
+				e.ValueFrom.ResourceFieldRef.Resource == "limits.memory" && e.ValueFrom.ResourceFieldRef.ContainerName == spec.Containers[0].Name {
+				memLimit = true
+			}
+		}
+		if !memLimit {
+			t.Errorf("no GOMEMLIMIT from the container's limits.memory in %+v", spec.Containers[0].Env)
+		}
+		noLimit := decode(t, "-f", ciValues(t, "default"), "--set", "resources.limits=null").deployment.Spec.Template.Spec.Containers[0]
+		for _, e := range noLimit.Env {
+			if e.Name == "GOMEMLIMIT" {
+				t.Errorf("GOMEMLIMIT set without a memory limit: %+v", e)
+			}
+		}
 	})
 }
 
