@@ -10,7 +10,7 @@ GO ?= go
 BIN := bin/health-router
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit lint fuzz bench demo replay clean image image-push chart-docs docs manifests sim
+.PHONY: help build test unit fmt lint fuzz bench demo replay clean image image-push chart-docs docs manifests sim
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -41,8 +41,10 @@ sim: ## the deterministic simulation of the router with SEEDS seeds of STEPS act
 unit: ## unit tests only (no moto, no envtest)
 	$(GO) test -short ./router/...
 
-lint: ## gofmt and go vet
+fmt: ## gofmt check (no file is written)
 	@out=$$(gofmt -l cmd router lambda test deploy 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+lint: fmt ## gofmt and go vet
 	$(TIMED) vet $(GO) vet ./...
 
 fuzz: ## fuzz the event parser for a minute (corpus in router/event/testdata/fuzz)

@@ -1,7 +1,6 @@
 package signal
 
 import (
-	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -137,5 +136,3 @@ func (s *Signaller) HeldEvents() int {
 	}
 	return n
 }
-
-func eventMessage(format string, args ...any) string { return fmt.Sprintf(format, args...) }

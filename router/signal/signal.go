@@ -556,7 +556,7 @@ func writeRecords(nc *karpv1.NodeClaim, set record.Set) error {
 // event posts an Event on the Node and the NodeClaim, within the instance Event budget (held
 // back and summed up per pool past it; see SetInstanceEventRate).
 func (s *Signaller) event(res cluster.Resolved, typ, reason, format string, args ...any) {
-	msg := eventMessage(format, args...)
+	msg := fmt.Sprintf(format, args...)
 	if !s.budget.allow(res, typ, reason, res.InstanceID+": "+msg, s.clock.Now()) {
 		return
 	}

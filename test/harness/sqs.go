@@ -46,16 +46,21 @@ type SQS struct {
 // AWSSplit serves one AWS endpoint for two servers, as AWS_ENDPOINT_URL names one: SQS's
 // JSON protocol (X-Amz-Target: AmazonSQS.*) goes to sqsURL, everything else to otherURL.
 func AWSSplit(otherURL, sqsURL string) *httptest.Server {
+	return httptest.NewServer(SplitHandler(otherURL, sqsURL))
+}
+
+// SplitHandler is AWSSplit's handler, for a server of the caller's.
+func SplitHandler(otherURL, sqsURL string) http.Handler {
 	other, _ := url.Parse(otherURL)
 	q, _ := url.Parse(sqsURL)
 	toOther, toSQS := httputil.NewSingleHostReverseProxy(other), httputil.NewSingleHostReverseProxy(q)
-	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.") {
 			toSQS.ServeHTTP(w, r)
 			return
 		}
 		toOther.ServeHTTP(w, r)
-	}))
+	})
 }
 
 // NewSQS starts the server on a loopback port; Close stops it.

@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"runtime/pprof"
@@ -566,26 +565,24 @@ func (r *timedRequests) peak(window time.Duration) (int, string) {
 }
 
 // awsCounter is a reverse proxy that counts the calls through it by API: SQS's (JSON
-// protocol) to the SQS of the run, the rest (EC2) to moto.
+// protocol) to the SQS of the run, the rest (EC2) to moto (harness.SplitHandler).
 type awsCounter struct {
 	srv   *httptest.Server
+	moto  string
 	mu    sync.Mutex
 	calls map[string]int
-	sqs   *httputil.ReverseProxy
+	to    http.Handler
 }
 
 // routeSQS sends SQS's calls to target from now on.
 func (c *awsCounter) routeSQS(target string) {
-	u, _ := url.Parse(target)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.sqs = httputil.NewSingleHostReverseProxy(u)
+	c.to = harness.SplitHandler(c.moto, target)
 }
 
 func newAWSCounter(target string) *awsCounter {
-	u, _ := url.Parse(target)
-	c := &awsCounter{calls: map[string]int{}}
-	proxy := httputil.NewSingleHostReverseProxy(u)
+	c := &awsCounter{calls: map[string]int{}, moto: target, to: harness.SplitHandler(target, target)}
 	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := r.Header.Get("X-Amz-Target") // SQS's JSON protocol: AmazonSQS.ReceiveMessage
 		if name == "" {
@@ -600,10 +597,7 @@ func newAWSCounter(target string) *awsCounter {
 		}
 		c.mu.Lock()
 		c.calls[name]++
-		to := proxy
-		if c.sqs != nil && strings.HasPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.") {
-			to = c.sqs
-		}
+		to := c.to
 		c.mu.Unlock()
 		to.ServeHTTP(w, r)
 	}))
