@@ -41,6 +41,7 @@ type SQS struct {
 	queues map[string]*sqsQueue
 	seq    atomic.Uint64
 	calls  sync.Map // operation -> *atomic.Int64
+	onSend func(queue, body string, at time.Time)
 }
 
 // AWSSplit serves one AWS endpoint for two servers, as AWS_ENDPOINT_URL names one: SQS's
@@ -69,6 +70,15 @@ func NewSQS() *SQS {
 	s.srv = httptest.NewServer(s)
 	s.URL = s.srv.URL
 	return s
+}
+
+// OnSend has f called with every message accepted (the queue's name, the body, when it was
+// accepted), as a bench measures when a message reached a queue whose consumer it does not
+// control. f is called with the server's lock held: it must not block.
+func (s *SQS) OnSend(f func(queue, body string, at time.Time)) {
+	s.mu.Lock()
+	s.onSend = f
+	s.mu.Unlock()
 }
 
 // Close stops the server.
@@ -381,6 +391,9 @@ func (s *SQS) send(q *sqsQueue, now time.Time, body string, delaySeconds *int, a
 		visibleAt: now.Add(delay), delayed: delay > 0, seq: seq}
 	q.byID[m.id] = m
 	heap.Push(&q.ready, m)
+	if s.onSend != nil {
+		s.onSend(q.name, body, now)
+	}
 	if delay == 0 {
 		q.wake()
 	}

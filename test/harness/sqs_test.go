@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,4 +219,32 @@ func apiCode(err error) string {
 		return ae.ErrorCode()
 	}
 	return ""
+}
+
+// OnSend sees every accepted message, single and batched, with its queue and body, and none
+// that SQS refused.
+func TestSQSOnSend(t *testing.T) {
+	ctx := context.Background()
+	s, c, url := newSQSClient(t)
+	var seen []string
+	s.OnSend(func(queue, body string, at time.Time) {
+		if at.IsZero() {
+			t.Errorf("message %q seen with no time", body)
+		}
+		seen = append(seen, queue+":"+body)
+	})
+	if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(url), MessageBody: aws.String("one")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: []sqstypes.SendMessageBatchRequestEntry{
+		{Id: aws.String("a"), MessageBody: aws.String("two")}, {Id: aws.String("b"), MessageBody: aws.String("three")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(url), MessageBody: aws.String("late"), DelaySeconds: 901}); err == nil {
+		t.Fatal("a delay over 900 s was accepted")
+	}
+	want := "intake:one intake:two intake:three"
+	if got := strings.Join(seen, " "); got != want {
+		t.Errorf("seen %q, want %q", got, want)
+	}
 }
