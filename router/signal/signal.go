@@ -213,10 +213,51 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		if s.forward == nil {
 			return false, errNoBatcher
 		}
-		// The stamp first (write-ahead): a stamp that fails sends nothing, so a retry cannot
-		// forward twice; a send that fails after it leaves a stamped NodeClaim, which the
-		// deferral controller deletes past the confirmation bound (the confirm-or-fallback).
-		if !resend {
+		sentKey := "sent/" + ev.ID + "/" + d.InstanceID
+		switch {
+		case resend:
+			// Stamped by an earlier try: only the send is left.
+		case s.signalledRecently(sentKey):
+			// Sent by an earlier try of this process whose stamp failed: only the stamp is left.
+			if err := stamp(); err != nil {
+				if apierrors.IsNotFound(err) {
+					return true, nil
+				}
+				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s after forwarding it: %w", d.InstanceID, claim.Name, err)
+			}
+			s.remember(d.InstanceID)
+			return s.drained(ev, d, res, quiet), nil
+		case ev.Urgent():
+			// An urgent event (a Spot warning, a reservation's end, a stopping instance) has
+			// minutes: the send does not wait on the API server, which is busiest in the same
+			// reclaim. Stamp and send go at once. Urgent drains are not paced, so an unstamped
+			// send holds no pacing slot; a stamp that fails is an error (retried: the retry
+			// stamps and does not send again), and a crash between the two forwards the event
+			// again on redelivery (Karpenter ignores an interruption for a deleting NodeClaim).
+			sent := make(chan error, 1)
+			go func() { sent <- s.forward.send(ctx, string(body)) }()
+			serr := stamp()
+			ferr := <-sent
+			switch {
+			case serr != nil && apierrors.IsNotFound(serr):
+				return true, nil
+			case serr != nil:
+				if ferr == nil {
+					s.remember(sentKey)
+				}
+				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s (forwarded: %t): %w", d.InstanceID, claim.Name, ferr == nil, serr)
+			}
+			s.remember(d.InstanceID)
+			if ferr != nil {
+				s.event(res, corev1.EventTypeWarning, ReasonDrained, "%s; forwarding it to Karpenter failed (%v): the router deletes the NodeClaim itself within the confirmation bound", d.Reason, ferr)
+				return false, nil
+			}
+			return s.drained(ev, d, res, quiet), nil
+		default:
+			// The stamp first (write-ahead): a stamp that fails sends nothing, so a retry
+			// cannot forward twice, and the pacer counts the drain from the moment it is sent;
+			// a send that fails after it leaves a stamped NodeClaim, which the deferral
+			// controller deletes past the confirmation bound (the confirm-or-fallback).
 			if err := stamp(); err != nil {
 				if apierrors.IsNotFound(err) {
 					return true, nil
@@ -253,6 +294,12 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		}
 		s.remember(d.InstanceID)
 	}
+	return s.drained(ev, d, res, quiet), nil
+}
+
+// drained tells of a drain signalled (on the instance unless quiet, and on the NodeClass when
+// a check failed); it returns false, Drain's already.
+func (s *Signaller) drained(ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) bool {
 	if !quiet {
 		s.event(res, eventType(d), ReasonDrained, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
 	}
@@ -263,7 +310,7 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 			}
 		}
 	}
-	return false, nil
+	return false
 }
 
 // forwardBody is the body forwarded to Karpenter for one instance, and kept in a deferral

@@ -13,7 +13,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -468,4 +470,120 @@ func TestForwardWhoseStampFailed(t *testing.T) {
 	if len(sent.bodies) != 1 {
 		t.Errorf("forwarded %d times, want once", len(sent.bodies))
 	}
+}
+
+const spotBody = `{"version":"0","id":"s1","detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","account":"123456789012","time":"2026-11-21T11:58:00Z","region":"eu-west-1","resources":["arn:aws:ec2:eu-west-1a:123456789012:instance/i-0a1b2c3d4e5f6000a"],"detail":{"instance-id":"i-0a1b2c3d4e5f6000a","instance-action":"terminate"}}`
+
+// refusingSQS fails every send, as SQS unreachable.
+type refusingSQS struct{}
+
+func (refusingSQS) SendMessageBatch(context.Context, *sqs.SendMessageBatchInput, ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error) {
+	return nil, errors.New("dial tcp: connection refused")
+}
+
+// An urgent forward (a Spot warning) does not wait on the API server: the stamp and the send
+// go at once. A stamp that fails is an error whose retry stamps without sending again; a send
+// that fails leaves the stamp to the confirm-or-fallback; a NodeClaim gone is drained already.
+func TestUrgentForwardStampsAndSendsAtOnce(t *testing.T) {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	notFound := errors.New("not found")
+	for _, tc := range []struct {
+		name string
+		// patch is called on each PATCH of the NodeClaim with what was sent by then; it
+		// returns the error the API server answers (nil: the PATCH goes through).
+		patch        func(sent *sentMessages, try int) error
+		refuse       bool
+		wantFirstErr bool
+		wantAlready  bool
+		wantSent     int
+		wantStamp    bool
+		wantRetry    bool // a second Drain is needed and must succeed without sending again
+	}{
+		{name: "the send goes while the stamp waits on the API server", wantSent: 1, wantStamp: true,
+			patch: func(sent *sentMessages, _ int) error {
+				deadline := time.Now().Add(5 * time.Second)
+				for time.Now().Before(deadline) {
+					sent.mu.Lock()
+					n := len(sent.bodies)
+					sent.mu.Unlock()
+					if n > 0 {
+						return nil
+					}
+					time.Sleep(time.Millisecond)
+				}
+				return errors.New("the send waited for the stamp")
+			}},
+		{name: "a stamp that fails: an error, the retry stamps and sends nothing more", wantFirstErr: true, wantSent: 1, wantStamp: true, wantRetry: true,
+			patch: func(_ *sentMessages, try int) error {
+				if try == 0 {
+					return errors.New("EOF")
+				}
+				return nil
+			}},
+		{name: "a send that fails: the stamp stays for the fallback", refuse: true, wantSent: 0, wantStamp: true},
+		{name: "the NodeClaim is gone: drained already", wantAlready: true, wantSent: 1,
+			patch: func(*sentMessages, int) error { return notFound }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "spot-a"}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-0a1b2c3d4e5f6000a"}}
+			sent := &sentMessages{}
+			tries := 0
+			kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(claim).WithInterceptorFuncs(interceptor.Funcs{
+				Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+					if tc.patch != nil {
+						err := tc.patch(sent, tries)
+						tries++
+						if err == notFound {
+							return apierrorsNotFound(obj.GetName())
+						}
+						if err != nil {
+							return err
+						}
+					}
+					return c.Patch(ctx, obj, patch, opts...)
+				},
+			}).Build()
+			var api batchAPI = sent
+			if tc.refuse {
+				api = refusingSQS{}
+			}
+			rec := events.NewFakeRecorder(10)
+			s := New(kube, kube, ModeForward, api, "karpenter", rec, clocktesting.NewFakeClock(now))
+			ev := parse(t, spotBody)
+			if !ev.Urgent() {
+				t.Fatal("the Spot warning is not urgent")
+			}
+			d := policy.Decision{EventID: ev.ID, InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}
+			res := cluster.Resolved{InstanceID: "i-0a1b2c3d4e5f6000a", NodeClaim: claim}
+			already, err := s.Drain(context.Background(), ev, d, res, true)
+			if (err != nil) != tc.wantFirstErr || already != tc.wantAlready {
+				t.Fatalf("Drain: already %t, err %v; want already %t, an error %t", already, err, tc.wantAlready, tc.wantFirstErr)
+			}
+			if tc.wantRetry {
+				if _, err := s.Drain(context.Background(), ev, d, res, true); err != nil {
+					t.Fatalf("retry: %v", err)
+				}
+			}
+			if len(sent.bodies) != tc.wantSent {
+				t.Errorf("forwarded %d times, want %d", len(sent.bodies), tc.wantSent)
+			}
+			got := &karpv1.NodeClaim{}
+			if err := kube.Get(context.Background(), client.ObjectKey{Name: "spot-a"}, got); err != nil {
+				t.Fatal(err)
+			}
+			if stamped := got.Annotations[cluster.AnnotationDrainSignalled] != ""; stamped != tc.wantStamp {
+				t.Errorf("stamped %t, want %t (%v)", stamped, tc.wantStamp, got.Annotations)
+			}
+			if tc.refuse && !strings.Contains(strings.Join(drainEvents(rec), "\n"), "forwarding it to Karpenter failed") {
+				t.Error("no Warning Event for the failed send")
+			}
+		})
+	}
+}
+
+func apierrorsNotFound(name string) error {
+	return apierrors.NewNotFound(schema.GroupResource{Group: "karpenter.sh", Resource: "nodeclaims"}, name)
 }
