@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -50,10 +51,11 @@ func main() {
 	}
 }
 
-// sample is one warning: when it was sent and when Karpenter deleted the NodeClaim.
+// sample is one warning: when it was sent, when it reached Karpenter's queue (sent there
+// directly, or forwarded by the router) and when Karpenter deleted the NodeClaim.
 type sample struct {
-	claim      string
-	sent, done time.Time
+	claim, instance    string
+	sent, queued, done time.Time
 }
 
 type bench struct {
@@ -67,6 +69,9 @@ type bench struct {
 	// missed is recorded when the list sees it (later than it happened, never earlier).
 	list    func()
 	present map[string]bool
+	// queued is when a warning naming each instance first reached Karpenter's queue (the
+	// in-test SQS only: moto tells no one).
+	queued map[string]time.Time
 }
 
 func run(singles, burst int, window time.Duration, polite, localSQS bool) (err error) {
@@ -102,9 +107,23 @@ func run(singles, burst int, window time.Duration, polite, localSQS bool) (err e
 	os.Setenv("AWS_ACCESS_KEY_ID", "testing")
 	os.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
 	os.Setenv("AWS_REGION", harness.Region)
-	b := &bench{ctx: ctx, stage: stage, deleted: map[string]time.Time{}, changed: make(chan struct{}, 1)}
+	b := &bench{ctx: ctx, stage: stage, deleted: map[string]time.Time{}, changed: make(chan struct{}, 1), queued: map[string]time.Time{}}
 	if err := b.watch(); err != nil {
 		return err
+	}
+	if stage.LocalSQS != nil {
+		stage.LocalSQS.OnSend(func(queue, body string, at time.Time) {
+			if queue != stage.QueueName {
+				return
+			}
+			if id := instanceIn(body); id != "" {
+				b.mu.Lock()
+				if _, ok := b.queued[id]; !ok {
+					b.queued[id] = at
+				}
+				b.mu.Unlock()
+			}
+		})
 	}
 
 	half := burst / 2
@@ -164,6 +183,7 @@ func run(singles, burst int, window time.Duration, polite, localSQS bool) (err e
 	}
 	rows = append(rows, row{fmt.Sprintf("burst of %d within %s (router's client as given: QPS %v)", 2*half, window, qps(stage.Rest)), direct, routed})
 	burstAdded := pct(latencies(routed), 99) - pct(latencies(direct), 99)
+	share := shares(routed)
 	stop()
 
 	if polite {
@@ -194,11 +214,53 @@ func run(singles, burst int, window time.Duration, polite, localSQS bool) (err e
 		fmt.Printf("%-75s %-8s %9s %9s %9s\n", "", "router", ms(pct(rt, 50)), ms(pct(rt, 99)), ms(pct(rt, 100)))
 		fmt.Printf("%-75s %-8s %9s %9s %9s\n", "", "added", ms(pct(rt, 50)-pct(d, 50)), ms(pct(rt, 99)-pct(d, 99)), ms(pct(rt, 100)-pct(d, 100)))
 	}
-	fmt.Printf("target: at most 100 ms added at p99 under the burst: %s added\n", ms(burstAdded))
-	if burstAdded > 100*time.Millisecond {
-		return fmt.Errorf("the router added %s at p99 under the burst (target 100 ms)", ms(burstAdded))
+	if !localSQS {
+		fmt.Printf("target: at most 100 ms added at p99 under the burst: %s added (end to end; the router's own share needs the in-test SQS)\n", ms(burstAdded))
+		if burstAdded > 100*time.Millisecond {
+			return fmt.Errorf("the router added %s at p99 under the burst (target 100 ms)", ms(burstAdded))
+		}
+		return nil
+	}
+	// What the router adds to each warning is the time it holds it: from the send to its
+	// intake until its forward is in Karpenter's queue, where a direct warning is at once.
+	// Measured per warning, it does not carry Karpenter's own spread, which the difference of
+	// two p99s above does (both paths' p99s move by a second from run to run).
+	fmt.Printf("%-75s %-8s %9s %9s %9s\n", "burst: the router's share (send to its intake -> in Karpenter's queue)", "router", ms(pct(share, 50)), ms(pct(share, 99)), ms(pct(share, 100)))
+	fmt.Printf("target: at most 100 ms added at p99 under the burst: %s (the router's share; end to end %s, the difference of the two paths' p99s)\n",
+		ms(pct(share, 99)), ms(burstAdded))
+	if len(share) != len(routed) {
+		return fmt.Errorf("%d of the %d routed warnings were never seen in Karpenter's queue", len(routed)-len(share), len(routed))
+	}
+	if p := pct(share, 99); p > 100*time.Millisecond {
+		return fmt.Errorf("the router held warnings %s at p99 under the burst before Karpenter's queue had them (target 100 ms)", ms(p))
 	}
 	return nil
+}
+
+// shares is, for each routed warning, the time from its send to the router's intake until
+// it was in Karpenter's queue, sorted.
+func shares(routed []sample) []time.Duration {
+	out := make([]time.Duration, 0, len(routed))
+	for _, s := range routed {
+		if !s.queued.IsZero() {
+			out = append(out, s.queued.Sub(s.sent))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// instanceIn is the instance a Spot interruption warning names (its detail's instance-id).
+func instanceIn(body string) string {
+	var m struct {
+		Detail struct {
+			InstanceID string `json:"instance-id"`
+		} `json:"detail"`
+	}
+	if json.Unmarshal([]byte(body), &m) != nil {
+		return ""
+	}
+	return m.Detail.InstanceID
 }
 
 // watch records when each NodeClaim gets its deletion timestamp, from a watch (not a poll),
@@ -304,7 +366,7 @@ func (b *bench) router(name string, cfg *rest.Config) (intake string, stop func(
 
 // one sends a warning for n to queueURL and waits for Karpenter to delete its NodeClaim.
 func (b *bench) one(queueURL string, n harness.Node) (sample, error) {
-	s := sample{claim: n.NodeClaim, sent: time.Now()}
+	s := sample{claim: n.NodeClaim, instance: n.Instance, sent: time.Now()}
 	if err := b.send(queueURL, n); err != nil {
 		return s, err
 	}
@@ -336,7 +398,7 @@ func (b *bench) burst(karpenterQueue string, direct []harness.Node, intake strin
 		}
 		wg.Go(func() {
 			time.Sleep(time.Until(at))
-			s.claim, s.sent = n.NodeClaim, time.Now()
+			s.claim, s.instance, s.sent = n.NodeClaim, n.Instance, time.Now()
 			if err := b.send(url, n); err != nil {
 				errs <- err
 			}
@@ -376,6 +438,7 @@ func (b *bench) wait(samples []*sample, timeout time.Duration) error {
 		for _, s := range samples {
 			if t, ok := b.deleted[s.claim]; ok {
 				s.done = t
+				s.queued = b.queued[s.instance]
 			} else {
 				pending++
 			}
