@@ -71,7 +71,7 @@ func HeldOn(o client.Object) []string {
 	}
 	var keys []string
 	repair := false
-	for _, d := range record.Records(nc) {
+	for _, d := range record.Headers(nc) {
 		if d.Active() && d.Kind == event.KindInstanceStatus && !repair {
 			// Any held repair (by the cut-off, pacing, a check) ends if the instance recovers.
 			keys, repair = append(keys, RepairKey), true
@@ -422,7 +422,7 @@ func (c *Controller) held(ctx context.Context, key string) ([]heldClaim, error) 
 	for i := range claims.Items {
 		nc := &claims.Items[i]
 		h := heldClaim{nc: nc}
-		for _, d := range record.Records(nc) {
+		for _, d := range record.Headers(nc) {
 			if d.Active() && (h.until.IsZero() || d.Until.Before(h.until)) {
 				h.until = d.Until
 			}

@@ -183,7 +183,7 @@ func Impaired(nc *karpv1.NodeClaim) bool {
 	if nc.Annotations[record.Annotation] == "" {
 		return false
 	}
-	for _, r := range record.Records(nc) {
+	for _, r := range record.Headers(nc) {
 		if r.Active() && r.Kind == event.KindInstanceStatus {
 			return true
 		}

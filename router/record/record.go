@@ -125,18 +125,25 @@ func Decode(v string) (Set, error) {
 		}
 		return Set{Records: rs}, nil
 	case '{':
-		var head struct {
-			Version int `json:"version"`
-		}
-		if err := json.Unmarshal(raw, &head); err != nil {
-			return Set{}, fmt.Errorf("%w: %v", ErrUnreadable, err)
-		}
-		if head.Version < 2 || head.Version > Version {
-			return Set{}, fmt.Errorf("%w: version %d (this router reads 1 to %d)", ErrUnreadable, head.Version, Version)
-		}
+		// One pass in the common case; the version alone is read again only to explain a
+		// value that does not decode (a newer version's records may not fit this one's).
 		var e envelope
-		if err := json.Unmarshal(raw, &e); err != nil {
-			return Set{}, fmt.Errorf("%w: version %d: %v", ErrUnreadable, head.Version, err)
+		err := json.Unmarshal(raw, &e)
+		version := e.Version
+		if err != nil {
+			var head struct {
+				Version int `json:"version"`
+			}
+			if herr := json.Unmarshal(raw, &head); herr != nil {
+				return Set{}, fmt.Errorf("%w: %v", ErrUnreadable, herr)
+			}
+			version = head.Version
+		}
+		if version < 2 || version > Version {
+			return Set{}, fmt.Errorf("%w: version %d (this router reads 1 to %d)", ErrUnreadable, version, Version)
+		}
+		if err != nil {
+			return Set{}, fmt.Errorf("%w: version %d: %v", ErrUnreadable, version, err)
 		}
 		return Set{Records: e.Records, Running: e.Running}, nil
 	}

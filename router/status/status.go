@@ -168,7 +168,7 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 			since := st.Began.UTC()
 			s.Drains = append(s.Drains, Drain{NodeClaim: c.Name, Node: c.Status.NodeName, EventID: st.EventID, Since: &since, InPlace: string(st.Step)})
 		}
-		for _, d := range record.Records(c) {
+		for _, d := range record.Headers(c) {
 			if d.State != record.StateDeferred {
 				continue // history: cancelled or superseded
 			}
