@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,7 +71,7 @@ type flags struct {
 	nodes, perEvent, parallel, burst, spotNodes, memoryNodes, untrimmedNodes, liveNodes int
 	binary                                                                              bool
 	qps                                                                                 float64
-	pacedLimit                                                                          string
+	pacedLimit, cpuProfile                                                              string
 	karpenterDelay, timeout                                                             time.Duration
 }
 
@@ -109,6 +110,7 @@ func main() {
 	flag.BoolVar(&f.binary, "binary", true, "also run the router binary: its RSS and heap, five events together, an interrupted event")
 	flag.IntVar(&f.liveNodes, "live-nodes", 20000, "nodes the cluster grows to (defer pool) for the binary's second weighing and the five-event run (0 skips both and the interrupted event)")
 	flag.DurationVar(&f.timeout, "timeout", 40*time.Minute, "the whole bench")
+	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench's process (the router in process, the bench's watch and played Karpenter) from the bulk event's send until every outcome is recorded")
 	var burst bool
 	var bf burstFlags
 	flag.BoolVar(&burst, "burst", false, "run the burst bench instead (burst.go): Spot warnings and rebalance recommendations sent evenly, send until each warning's outcome is recorded")
@@ -367,6 +369,7 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg *rest.
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var failed atomic.Int64
+	cpuBefore := cpuTimes()
 	t0 := time.Now()
 	for w := 0; w < b.f.parallel; w++ {
 		wg.Add(1)
@@ -390,8 +393,10 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg *rest.
 	if failed.Load() > 0 {
 		return 0, fmt.Errorf("bare loop: %d patches failed", failed.Load())
 	}
+	cpu := cpuSince(cpuBefore, d)
 	b.add(fmt.Sprintf("bare loop: %d merge patches (one per instance), %d at once, limit %g/%d", n, b.f.parallel, b.f.qps, b.f.burst),
 		fmt.Sprintf("%s (%.0f/s)", d.Round(10*time.Millisecond), float64(n)/d.Seconds()), "")
+	b.add("bare loop: CPU while it ran", cpu, "")
 	// Out of the way of the router's run: finalizers off, then one collection delete.
 	progress("bare loop: removing its NodeClaims")
 	if err := unfinalize(ctx, kube, offset, offset+n, poolBare); err != nil {
@@ -496,6 +501,18 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	obs.expect(eventIDs, claims, paced)
 	before := reqs.snapshot()
 	progress("sending %d Health event(s) naming %d instances", len(bodies), n)
+	if b.f.cpuProfile != "" {
+		f, err := os.Create(b.f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	cpuBefore := cpuTimes()
 	tSend := time.Now()
 	for _, body := range bodies {
 		if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
@@ -533,11 +550,16 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 		return fmt.Errorf("the router stopped: %v", err)
 	}
 	took := obs.allAt.Sub(tSend)
+	cpu := cpuSince(cpuBefore, time.Since(tSend))
+	if b.f.cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	lines, total, by := since(reqs.snapshot(), before)
 	deletedAt := waitQueueEmpty(ctx, sqsc, intakeURL)
 	b.add(fmt.Sprintf("router: %d instances, send until every outcome is recorded", n),
 		fmt.Sprintf("%s (%.0f/s)", took.Round(10*time.Millisecond), float64(n)/took.Seconds()), "")
 	b.add("router: send until the message(s) are deleted from SQS", deletedAt.Sub(tSend).Round(10*time.Millisecond).String(), "")
+	b.add("router: CPU until every outcome is recorded (Karpenter played by the bench included)", cpu, "")
 	ratio := bare.Seconds() / took.Seconds()
 	b.add("**router speed / bare-loop speed** (same client limit and parallelism)", fmt.Sprintf("**%.2f×**", ratio), "≥ 1.0×")
 	b.add(fmt.Sprintf("router: API requests until recorded (%d, %.2f per instance)", total, float64(total)/float64(n)), strings.Join(lines, ", "), "")
