@@ -20,7 +20,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -223,17 +222,11 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 	var sendErrs atomic.Int64
 	var next atomic.Int64
 	step := bf.over / time.Duration(2*n)
-	if bf.cpuProfile != "" {
-		f, err := os.Create(fmt.Sprintf("%s.%d", bf.cpuProfile, k))
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startProfile(bf.cpuProfile, fmt.Sprintf("%s.%d", bf.cpuProfile, k))
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	awsCalls.reset()
 	reqsBefore := reqs.count()
 	cpuBefore := cpuTimes()
@@ -291,9 +284,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 	case err := <-done:
 		return fmt.Errorf("the router stopped: %v", err)
 	}
-	if bf.cpuProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	recorded := w.times()
 	var lat []time.Duration
 	for j, c := range claims {

@@ -334,6 +334,24 @@ func createPools(ctx context.Context, kube client.Client, now time.Time, pacedLi
 	return uids, nil
 }
 
+// startProfile writes a CPU profile of this process to path until stop (called once or
+// more); flag "" profiles nothing.
+func startProfile(flag, path string) (stop func(), err error) {
+	if flag == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { pprof.StopCPUProfile(); f.Close() }) }, nil
+}
+
 // limited returns a client with the router's client limit.
 func limited(cfg *rest.Config, qps float64, burst int) (client.Client, error) {
 	c := rest.CopyConfig(cfg)
@@ -501,17 +519,11 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	obs.expect(eventIDs, claims, paced)
 	before := reqs.snapshot()
 	progress("sending %d Health event(s) naming %d instances", len(bodies), n)
-	if b.f.cpuProfile != "" {
-		f, err := os.Create(b.f.cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startProfile(b.f.cpuProfile, b.f.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	cpuBefore := cpuTimes()
 	tSend := time.Now()
 	for _, body := range bodies {
@@ -551,9 +563,7 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	}
 	took := obs.allAt.Sub(tSend)
 	cpu := cpuSince(cpuBefore, time.Since(tSend))
-	if b.f.cpuProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	lines, total, by := since(reqs.snapshot(), before)
 	deletedAt := waitQueueEmpty(ctx, sqsc, intakeURL)
 	b.add(fmt.Sprintf("router: %d instances, send until every outcome is recorded", n),
