@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -99,6 +100,20 @@ type Signaller struct {
 	onUnreadable func()
 	// budget bounds the per-instance Events; nil: unbounded (SetInstanceEventRate).
 	budget *eventBudget
+	// stampFailed is when a drain stamp last failed (UnixNano on clock; 0: never): while
+	// the API server fails, urgent forwards wait for their stamps again (stampTrouble).
+	stampFailed atomic.Int64
+}
+
+// stampTrouble is how long after a failed drain stamp urgent forwards wait for their stamps:
+// while the API server fails, a send that goes before its stamp would be sent again by the
+// next leader (its memory of the send dies with the process), once per instance.
+const stampTrouble = 30 * time.Second
+
+// apiTroubled reports whether a drain stamp failed within stampTrouble.
+func (s *Signaller) apiTroubled() bool {
+	at := s.stampFailed.Load()
+	return at != 0 && s.clock.Since(time.Unix(0, at)) < stampTrouble
 }
 
 // OnUnreadable sets what counts a NodeClaim whose records this router cannot read.
@@ -186,7 +201,7 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		resend = true
 	}
 	stamp := func() error {
-		return s.update(ctx, claim, func(nc *karpv1.NodeClaim) (bool, error) {
+		err := s.update(ctx, claim, func(nc *karpv1.NodeClaim) (bool, error) {
 			if nc.Annotations[cluster.AnnotationDrainSignalled] != "" || !nc.DeletionTimestamp.IsZero() {
 				return false, nil // recorded by an earlier try, or drained by another: nothing to add
 			}
@@ -200,6 +215,10 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 			nc.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp(ev.ID, s.clock.Now(), string(via))
 			return true, nil
 		})
+		if err != nil && !apierrors.IsNotFound(err) {
+			s.stampFailed.Store(s.clock.Now().UnixNano())
+		}
+		return err
 	}
 	switch via {
 	case ModeForward:
@@ -227,13 +246,15 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 			}
 			s.remember(d.InstanceID)
 			return s.drained(ev, d, res, quiet), nil
-		case ev.Urgent():
+		case ev.Urgent() && !s.apiTroubled():
 			// An urgent event (a Spot warning, a reservation's end, a stopping instance) has
 			// minutes: the send does not wait on the API server, which is busiest in the same
 			// reclaim. Stamp and send go at once. Urgent drains are not paced, so an unstamped
 			// send holds no pacing slot; a stamp that fails is an error (retried: the retry
 			// stamps and does not send again), and a crash between the two forwards the event
 			// again on redelivery (Karpenter ignores an interruption for a deleting NodeClaim).
+			// Once a stamp has failed, urgent forwards wait for their stamps for stampTrouble:
+			// an outage then sends nothing unstamped past the forwards in flight when it began.
 			sent := make(chan error, 1)
 			go func() { sent <- s.forward.send(ctx, string(body)) }()
 			serr := stamp()

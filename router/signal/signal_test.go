@@ -587,3 +587,52 @@ func TestUrgentForwardStampsAndSendsAtOnce(t *testing.T) {
 func apierrorsNotFound(name string) error {
 	return apierrors.NewNotFound(schema.GroupResource{Group: "karpenter.sh", Resource: "nodeclaims"}, name)
 }
+
+// While the API server fails, urgent forwards wait for their stamps again: the first, in
+// flight when the stamps began to fail, went out unstamped; the next sends nothing until its
+// stamp is written. Once stamps have gone through for stampTrouble, they go at once again.
+func TestUrgentForwardWaitsWhileStampsFail(t *testing.T) {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(name, id string) *karpv1.NodeClaim {
+		return &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/" + id}}
+	}
+	a, b := claim("spot-a", "i-0a1b2c3d4e5f6000a"), claim("spot-b", "i-0a1b2c3d4e5f6000b")
+	down := true
+	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(a, b).WithInterceptorFuncs(interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if down {
+				return errors.New("EOF")
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}).Build()
+	sent := &sentMessages{}
+	clk := clocktesting.NewFakeClock(now)
+	s := New(kube, kube, ModeForward, sent, "karpenter", events.NewFakeRecorder(10), clk)
+	drain := func(nc *karpv1.NodeClaim, id string) error {
+		ev := parse(t, strings.ReplaceAll(strings.ReplaceAll(spotBody, "i-0a1b2c3d4e5f6000a", id), `"id":"s1"`, `"id":"s-`+id+`"`))
+		d := policy.Decision{EventID: ev.ID, InstanceID: id, Action: policy.ActionDrain}
+		_, err := s.Drain(context.Background(), ev, d, cluster.Resolved{InstanceID: id, NodeClaim: nc}, true)
+		return err
+	}
+	if err := drain(a, "i-0a1b2c3d4e5f6000a"); err == nil || len(sent.bodies) != 1 {
+		t.Fatalf("the first, as the stamps begin to fail: err %v, %d sent (want an error, 1 sent)", err, len(sent.bodies))
+	}
+	if err := drain(b, "i-0a1b2c3d4e5f6000b"); err == nil || len(sent.bodies) != 1 {
+		t.Fatalf("the next, while they fail: err %v, %d sent (want an error, nothing more sent)", err, len(sent.bodies))
+	}
+	down = false
+	if err := drain(b, "i-0a1b2c3d4e5f6000b"); err != nil || len(sent.bodies) != 2 {
+		t.Fatalf("the API server back: err %v, %d sent (want 2)", err, len(sent.bodies))
+	}
+	if !s.apiTroubled() {
+		t.Error("a stamp that went through ended the wait before stampTrouble")
+	}
+	clk.Step(stampTrouble)
+	if s.apiTroubled() {
+		t.Errorf("urgent forwards still wait for their stamps %s after the last failure", stampTrouble)
+	}
+}

@@ -264,12 +264,14 @@ func TestKubernetesAPIDownMidBurst(t *testing.T) {
 		}
 		dupes += max(counts[instance(i)]-1, 0)
 	}
-	// A drain forwarded just before the cut whose NodeClaim annotation failed, or before the
-	// leader exited, may be forwarded again; Karpenter ignores it for a NodeClaim already
+	// A drain forwarded just before the cut whose stamp failed (an urgent forward does not
+	// wait for its stamp until a stamp has failed), or before the leader exited, may be
+	// forwarded again by the next leader; Karpenter ignores it for a NodeClaim already
 	// deleting.
-	if dupes > 4 {
-		t.Errorf("%d duplicate forwards", dupes)
+	if dupes > drillWorkers {
+		t.Errorf("%d duplicate forwards, more than the %d messages in flight when the cut began", dupes, drillWorkers)
 	}
+	t.Logf("%d duplicate forwards", dupes)
 	if !d.empty(d.dlqURL) {
 		t.Error("dead-lettered during a Kubernetes outage")
 	}
