@@ -305,7 +305,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		p50, p99, worst := percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1]
-		what := map[signal.Mode]string{signal.ModeDeleteNodeClaim: "NodeClaim deleting", signal.ModeForward: "drain stamp, then the forward"}[mode]
+		what := map[signal.Mode]string{signal.ModeDeleteNodeClaim: "NodeClaim deleting", signal.ModeForward: "drain stamp; an urgent forward goes at once"}[mode]
 		target := fmt.Sprintf("p99 ≤ %s", ms(burstTarget))
 		if server == sqsMoto {
 			target = "reference (moto's cost per call grows with its queue)"
