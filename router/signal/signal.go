@@ -94,6 +94,7 @@ type Signaller struct {
 	locks    keymutex.KeyMutex // one drain at a time per instance: duplicates signal once
 	recentMu sync.Mutex
 	recent   map[string]time.Time // instance -> when this process signalled its drain
+	swept    time.Time            // the last sweep of recent's expired entries
 	canonMu  sync.Mutex
 	canon    map[string]*Canonicalizer // parsed events worked on now, by ID and body size
 	// onUnreadable counts a NodeClaim whose records cannot be read (a metric); may be nil.
@@ -150,18 +151,27 @@ func (s *Signaller) Via(ev event.Event) Mode {
 	return ModeDeleteNodeClaim
 }
 
+// signalledRecently reports whether id was remembered within recentTTL. Expired entries are
+// swept at most once per recentSweep, not on every call: a bulk event's instances each ask,
+// and a sweep walks every entry.
 func (s *Signaller) signalledRecently(id string) bool {
 	s.recentMu.Lock()
 	defer s.recentMu.Unlock()
 	now := s.clock.Now()
-	for k, t := range s.recent {
-		if now.Sub(t) > recentTTL {
-			delete(s.recent, k)
+	if now.Sub(s.swept) >= recentSweep || now.Before(s.swept) {
+		for k, t := range s.recent {
+			if now.Sub(t) > recentTTL {
+				delete(s.recent, k)
+			}
 		}
+		s.swept = now
 	}
-	_, ok := s.recent[id]
-	return ok
+	t, ok := s.recent[id]
+	return ok && now.Sub(t) <= recentTTL
 }
+
+// recentSweep is how often signalledRecently sweeps expired entries.
+const recentSweep = time.Minute
 
 func (s *Signaller) remember(id string) {
 	s.recentMu.Lock()
@@ -232,21 +242,14 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		if s.forward == nil {
 			return false, errNoBatcher
 		}
+		// sentBefore: an earlier try of this process sent it, and its stamp failed.
 		sentKey := "sent/" + ev.ID + "/" + d.InstanceID
+		sentBefore := !resend && s.signalledRecently(sentKey)
+		sent, sendErr := sentBefore, error(nil)
 		switch {
 		case resend:
 			// Stamped by an earlier try: only the send is left.
-		case s.signalledRecently(sentKey):
-			// Sent by an earlier try of this process whose stamp failed: only the stamp is left.
-			if err := stamp(); err != nil {
-				if apierrors.IsNotFound(err) {
-					return true, nil
-				}
-				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s after forwarding it: %w", d.InstanceID, claim.Name, err)
-			}
-			s.remember(d.InstanceID)
-			return s.drained(ev, d, res, quiet), nil
-		case ev.Urgent() && !s.apiTroubled():
+		case ev.Urgent() && !sentBefore && !s.apiTroubled():
 			// An urgent event (a Spot warning, a reservation's end, a stopping instance) has
 			// minutes: the send does not wait on the API server, which is busiest in the same
 			// reclaim. Stamp and send go at once. Urgent drains are not paced, so an unstamped
@@ -255,40 +258,38 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 			// again on redelivery (Karpenter ignores an interruption for a deleting NodeClaim).
 			// Once a stamp has failed, urgent forwards wait for their stamps for stampTrouble:
 			// an outage then sends nothing unstamped past the forwards in flight when it began.
-			sent := make(chan error, 1)
-			go func() { sent <- s.forward.send(ctx, string(body)) }()
+			done := make(chan error, 1)
+			go func() { done <- s.forward.send(ctx, string(body)) }()
 			serr := stamp()
-			ferr := <-sent
-			switch {
-			case serr != nil && apierrors.IsNotFound(serr):
-				return true, nil
-			case serr != nil:
-				if ferr == nil {
-					s.remember(sentKey)
+			sent, sendErr = true, <-done
+			if serr != nil {
+				if apierrors.IsNotFound(serr) {
+					return true, nil
 				}
-				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s (forwarded: %t): %w", d.InstanceID, claim.Name, ferr == nil, serr)
+				if sendErr == nil {
+					s.remember(sentKey) // the retry stamps, and sends nothing more
+				}
+				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s (forwarded: %t): %w", d.InstanceID, claim.Name, sendErr == nil, serr)
 			}
-			s.remember(d.InstanceID)
-			if ferr != nil {
-				s.event(res, corev1.EventTypeWarning, ReasonDrained, "%s; forwarding it to Karpenter failed (%v): the router deletes the NodeClaim itself within the confirmation bound", d.Reason, ferr)
-				return false, nil
-			}
-			return s.drained(ev, d, res, quiet), nil
 		default:
 			// The stamp first (write-ahead): a stamp that fails sends nothing, so a retry
 			// cannot forward twice, and the pacer counts the drain from the moment it is sent;
 			// a send that fails after it leaves a stamped NodeClaim, which the deferral
-			// controller deletes past the confirmation bound (the confirm-or-fallback).
+			// controller deletes past the confirmation bound (the confirm-or-fallback). After
+			// an earlier try's send, only the stamp is left.
 			if err := stamp(); err != nil {
 				if apierrors.IsNotFound(err) {
 					return true, nil
 				}
-				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s before forwarding it: %w", d.InstanceID, claim.Name, err)
+				return false, fmt.Errorf("recording the drain of %s on nodeclaim %s (forwarded: %t): %w", d.InstanceID, claim.Name, sentBefore, err)
 			}
 		}
 		s.remember(d.InstanceID)
-		if err := s.forward.send(ctx, string(body)); err != nil {
-			s.event(res, corev1.EventTypeWarning, ReasonDrained, "%s; forwarding it to Karpenter failed (%v): the router deletes the NodeClaim itself within the confirmation bound", d.Reason, err)
+		if !sent {
+			sendErr = s.forward.send(ctx, string(body))
+		}
+		if sendErr != nil {
+			s.event(res, corev1.EventTypeWarning, ReasonDrained, "%s; forwarding it to Karpenter failed (%v): the router deletes the NodeClaim itself within the confirmation bound", d.Reason, sendErr)
 			return false, nil
 		}
 	case ModeDeleteNodeClaim:
@@ -315,12 +316,6 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		}
 		s.remember(d.InstanceID)
 	}
-	return s.drained(ev, d, res, quiet), nil
-}
-
-// drained tells of a drain signalled (on the instance unless quiet, and on the NodeClass when
-// a check failed); it returns false, Drain's already.
-func (s *Signaller) drained(ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) bool {
 	if !quiet {
 		s.event(res, eventType(d), ReasonDrained, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
 	}
@@ -331,7 +326,7 @@ func (s *Signaller) drained(ev event.Event, d policy.Decision, res cluster.Resol
 			}
 		}
 	}
-	return false
+	return false, nil
 }
 
 // forwardBody is the body forwarded to Karpenter for one instance, and kept in a deferral

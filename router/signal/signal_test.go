@@ -636,3 +636,38 @@ func TestUrgentForwardWaitsWhileStampsFail(t *testing.T) {
 		t.Errorf("urgent forwards still wait for their stamps %s after the last failure", stampTrouble)
 	}
 }
+
+// The memory of recent drains: an entry counts for recentTTL, checked on each lookup, and
+// expired entries are swept at most once per recentSweep.
+func TestSignalledRecently(t *testing.T) {
+	clk := clocktesting.NewFakeClock(now)
+	s := New(nil, nil, ModeDeleteNodeClaim, nil, "", events.NewFakeRecorder(1), clk)
+	for _, tc := range []struct {
+		step     time.Duration
+		remember string
+		ask      string
+		want     bool
+		kept     int // entries in the map after the lookup
+	}{
+		{remember: "i-a", ask: "i-a", want: true, kept: 1},
+		{ask: "i-b", want: false, kept: 1},
+		{step: recentTTL - recentSweep/2, remember: "i-b", ask: "i-a", want: true, kept: 2},
+		{step: recentSweep, ask: "i-a", want: false, kept: 1}, // swept: a minute since the last sweep
+		{step: recentSweep / 2, ask: "i-b", want: true, kept: 1},
+		{step: recentTTL, ask: "i-b", want: false, kept: 0},
+		{remember: "i-c", ask: "i-c", want: true, kept: 1},
+		{step: recentTTL - recentSweep/2, ask: "i-c", want: true, kept: 1},
+		{step: 3 * recentSweep / 4, ask: "i-c", want: false, kept: 1}, // expired, not yet swept
+	} {
+		clk.Step(tc.step)
+		if tc.remember != "" {
+			s.remember(tc.remember)
+		}
+		if got := s.signalledRecently(tc.ask); got != tc.want {
+			t.Errorf("at +%s: %s recent %t, want %t", clk.Since(now), tc.ask, got, tc.want)
+		}
+		if len(s.recent) != tc.kept {
+			t.Errorf("at +%s: %d entries kept, want %d", clk.Since(now), len(s.recent), tc.kept)
+		}
+	}
+}
