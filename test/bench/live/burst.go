@@ -222,7 +222,11 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 	var sendErrs atomic.Int64
 	var next atomic.Int64
 	step := bf.over / time.Duration(2*n)
-	stopProfile, err := startProfile(bf.cpuProfile, fmt.Sprintf("%s.%d", bf.cpuProfile, k))
+	profile := ""
+	if bf.cpuProfile != "" {
+		profile = fmt.Sprintf("%s.%d", bf.cpuProfile, k)
+	}
+	stopProfile, err := startProfile(profile)
 	if err != nil {
 		return err
 	}

@@ -335,9 +335,9 @@ func createPools(ctx context.Context, kube client.Client, now time.Time, pacedLi
 }
 
 // startProfile writes a CPU profile of this process to path until stop (called once or
-// more); flag "" profiles nothing.
-func startProfile(flag, path string) (stop func(), err error) {
-	if flag == "" {
+// more); path "" profiles nothing.
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
 		return func() {}, nil
 	}
 	f, err := os.Create(path)
@@ -519,7 +519,7 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	obs.expect(eventIDs, claims, paced)
 	before := reqs.snapshot()
 	progress("sending %d Health event(s) naming %d instances", len(bodies), n)
-	stopProfile, err := startProfile(b.f.cpuProfile, b.f.cpuProfile)
+	stopProfile, err := startProfile(b.f.cpuProfile)
 	if err != nil {
 		return err
 	}
