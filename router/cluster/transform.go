@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"unique"
 
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
@@ -36,13 +35,31 @@ func keepLabel(k string) bool {
 	return false
 }
 
-// intern returns s from the process-wide pool of unique strings (Go's unique package): the
-// label keys and values and annotation keys of 100,000 nodes are a few hundred strings.
-func intern(s string) string { return unique.Make(s).Value() }
+// maxStrings bounds the strings a Trimmer interns; past it the table starts again, as the
+// shared tables do (maxShared).
+const maxStrings = 16384
+
+// intern returns the Trimmer's one copy of s: the label keys and values and annotation keys
+// of 100,000 nodes are a few hundred strings. The table holds its strings itself: Go's unique
+// package drops a string from its pool once no handle to it is live, so after a garbage
+// collection it hands out a new copy of a string the cache already holds.
+func (t *Trimmer) intern(s string) string {
+	t.smu.Lock()
+	defer t.smu.Unlock()
+	if c, ok := t.strs[s]; ok {
+		return c
+	}
+	if len(t.strs) >= maxStrings {
+		clear(t.strs)
+	}
+	s = strings.Clone(s)
+	t.strs[s] = s
+	return s
+}
 
 // trimLabels returns a new map of the labels the router reads, keys and values interned: a
 // Go map does not shrink when keys are deleted, so the old one is dropped whole.
-func trimLabels(labels map[string]string, keep func(string) bool) map[string]string {
+func (t *Trimmer) trimLabels(labels map[string]string, keep func(string) bool) map[string]string {
 	n := 0
 	for k := range labels {
 		if keep(k) {
@@ -55,7 +72,7 @@ func trimLabels(labels map[string]string, keep func(string) bool) map[string]str
 	out := make(map[string]string, n)
 	for k, v := range labels {
 		if keep(k) {
-			out[intern(k)] = intern(v)
+			out[t.intern(k)] = t.intern(v)
 		}
 	}
 	return out
@@ -78,14 +95,14 @@ const routerPrefix = "healthrouter.io/"
 
 // routerAnnotations returns the annotations the router writes and reads on a NodeClaim (its
 // records, healthrouter.io/*); Karpenter's own hashes and the rest are dropped.
-func routerAnnotations(a map[string]string) map[string]string {
+func (t *Trimmer) routerAnnotations(a map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range a {
 		if strings.HasPrefix(k, routerPrefix) {
 			if out == nil {
 				out = map[string]string{}
 			}
-			out[intern(k)] = v
+			out[t.intern(k)] = v
 		}
 	}
 	return out
@@ -105,11 +122,13 @@ type Trimmer struct {
 	mu     sync.Mutex
 	labels map[string]map[string]string
 	refs   map[karpv1.NodeClassReference]*karpv1.NodeClassReference
+	smu    sync.Mutex // guards strs, apart from mu: sharedLabels interns while holding mu
+	strs   map[string]string
 }
 
 // NewTrimmer returns a Trimmer with empty tables.
 func NewTrimmer() *Trimmer {
-	return &Trimmer{labels: map[string]map[string]string{}, refs: map[karpv1.NodeClassReference]*karpv1.NodeClassReference{}}
+	return &Trimmer{labels: map[string]map[string]string{}, refs: map[karpv1.NodeClassReference]*karpv1.NodeClassReference{}, strs: map[string]string{}}
 }
 
 // sharedLabels returns the kept labels of an object, shared with every object that keeps
@@ -119,7 +138,7 @@ func (t *Trimmer) sharedLabels(labels map[string]string, keep func(string) bool)
 	for k := range labels {
 		if keep(k) {
 			if strings.HasPrefix(k, routerPrefix) {
-				return trimLabels(labels, keep)
+				return t.trimLabels(labels, keep)
 			}
 			keys = append(keys, k)
 		}
@@ -144,7 +163,7 @@ func (t *Trimmer) sharedLabels(labels map[string]string, keep func(string) bool)
 	if len(t.labels) >= maxShared {
 		clear(t.labels)
 	}
-	m := trimLabels(labels, keep)
+	m := t.trimLabels(labels, keep)
 	t.labels[id] = m
 	return m
 }
@@ -162,7 +181,7 @@ func (t *Trimmer) sharedRef(ref *karpv1.NodeClassReference) *karpv1.NodeClassRef
 	if len(t.refs) >= maxShared {
 		clear(t.refs)
 	}
-	r := &karpv1.NodeClassReference{Group: intern(ref.Group), Kind: intern(ref.Kind), Name: intern(ref.Name)}
+	r := &karpv1.NodeClassReference{Group: t.intern(ref.Group), Kind: t.intern(ref.Kind), Name: t.intern(ref.Name)}
 	t.refs[*r] = r
 	return r
 }
@@ -176,7 +195,7 @@ func (t *Trimmer) Node(obj any) (any, error) {
 		return obj, nil
 	}
 	n.ManagedFields = nil
-	n.Annotations = routerAnnotations(n.Annotations)
+	n.Annotations = t.routerAnnotations(n.Annotations)
 	n.OwnerReferences = nil
 	n.Finalizers = nil
 	n.Labels = t.sharedLabels(n.Labels, keepNodeLabel)
@@ -204,7 +223,7 @@ func (t *Trimmer) NodeClaim(obj any) (any, error) {
 	nc.ManagedFields = nil
 	nc.OwnerReferences = nil
 	nc.Finalizers = nil
-	nc.Annotations = routerAnnotations(nc.Annotations)
+	nc.Annotations = t.routerAnnotations(nc.Annotations)
 	nc.Labels = t.sharedLabels(nc.Labels, keepLabel)
 	nc.Spec = karpv1.NodeClaimSpec{NodeClassRef: t.sharedRef(nc.Spec.NodeClassRef)}
 	var conds []status.Condition
