@@ -17,12 +17,16 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/keymutex"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/karpenter/pkg/apis"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
@@ -544,6 +548,9 @@ func (s *Signaller) PolicyProblems(res cluster.Resolved, problems []string) {
 	}
 }
 
+// nodeClaimGVK is the kind update's metadata-only patches name.
+var nodeClaimGVK = schema.GroupVersionKind{Group: apis.Group, Version: "v1", Kind: "NodeClaim"}
+
 // update applies mutate to a copy of the NodeClaim as the caller (the cache) has it and
 // patches it with an optimistic lock; on a conflict it reads the NodeClaim fresh and tries
 // again. mutate returns false when there is nothing to change. One write per instance,
@@ -568,7 +575,15 @@ func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate fun
 		if ok, err := mutate(next); err != nil || !ok {
 			return err
 		}
-		err := s.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		data, err := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}).Data(next)
+		if err != nil {
+			return fmt.Errorf("nodeclaim %s: computing the patch: %w", next.Name, err)
+		}
+		// Sent for the NodeClaim's metadata alone: the API server answers with metadata (in
+		// protobuf), not the whole object in JSON, which nothing here reads.
+		target := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: next.Name}}
+		target.SetGroupVersionKind(nodeClaimGVK)
+		err = s.kube.Patch(ctx, target, client.RawPatch(types.MergePatchType, data))
 		if apierrors.IsRequestEntityTooLargeError(err) || (apierrors.IsInvalid(err) && strings.Contains(err.Error(), "annotations")) {
 			// Refused for its size or form: the same write fails on every retry.
 			return fmt.Errorf("%w: %w", record.ErrTooLarge, err)
