@@ -46,15 +46,22 @@ const maxStrings = 16384
 func (t *Trimmer) intern(s string) string {
 	t.smu.Lock()
 	defer t.smu.Unlock()
-	if c, ok := t.strs[s]; ok {
-		return c
+	return shared(t.strs, s, maxStrings, func() string { return strings.Clone(s) })
+}
+
+// shared returns table's value for k, made by mk and kept when absent. A table at bound
+// starts again: objects given earlier values keep them, later ones share new ones. The
+// caller holds the table's lock.
+func shared[K comparable, V any](table map[K]V, k K, bound int, mk func() V) V {
+	if v, ok := table[k]; ok {
+		return v
 	}
-	if len(t.strs) >= maxStrings {
-		clear(t.strs)
+	if len(table) >= bound {
+		clear(table)
 	}
-	s = strings.Clone(s)
-	t.strs[s] = s
-	return s
+	v := mk()
+	table[k] = v
+	return v
 }
 
 // trimLabels returns a new map of the labels the router reads, keys and values interned: a
@@ -157,15 +164,7 @@ func (t *Trimmer) sharedLabels(labels map[string]string, keep func(string) bool)
 	id := b.String()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if m, ok := t.labels[id]; ok {
-		return m
-	}
-	if len(t.labels) >= maxShared {
-		clear(t.labels)
-	}
-	m := t.trimLabels(labels, keep)
-	t.labels[id] = m
-	return m
+	return shared(t.labels, id, maxShared, func() map[string]string { return t.trimLabels(labels, keep) })
 }
 
 // sharedRef returns a NodeClass reference equal to ref, shared by every NodeClaim with it.
@@ -175,15 +174,9 @@ func (t *Trimmer) sharedRef(ref *karpv1.NodeClassReference) *karpv1.NodeClassRef
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if r, ok := t.refs[*ref]; ok {
-		return r
-	}
-	if len(t.refs) >= maxShared {
-		clear(t.refs)
-	}
-	r := &karpv1.NodeClassReference{Group: t.intern(ref.Group), Kind: t.intern(ref.Kind), Name: t.intern(ref.Name)}
-	t.refs[*r] = r
-	return r
+	return shared(t.refs, *ref, maxShared, func() *karpv1.NodeClassReference {
+		return &karpv1.NodeClassReference{Group: t.intern(ref.Group), Kind: t.intern(ref.Kind), Name: t.intern(ref.Name)}
+	})
 }
 
 // Node is the cache transform of Nodes: name, Karpenter's labels and the architecture and
