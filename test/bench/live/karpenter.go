@@ -10,8 +10,6 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
-
-	"github.com/health-router/health-router/router/cluster"
 )
 
 // karpenter is Karpenter as the bench plays it for a paced pool, the same in the bare loop's
@@ -29,13 +27,8 @@ type karpenter struct {
 
 func newKarpenter(cfg *rest.Config, delay time.Duration, base int) (*karpenter, error) {
 	k := &karpenter{reqs: newRequests(), delay: delay, base: base}
-	c := rest.CopyConfig(cfg)
-	c.WrapTransport = k.reqs.wrap
-	s, err := cluster.NewScheme()
-	if err != nil {
-		return nil, err
-	}
-	if k.kube, err = client.New(c, client.Options{Scheme: s}); err != nil {
+	var err error
+	if k.kube, err = limited(k.reqs.config(cfg), float64(cfg.QPS), cfg.Burst); err != nil {
 		return nil, err
 	}
 	return k, nil

@@ -33,6 +33,13 @@ func newRequests() *requests { return &requests{n: map[string]int{}} }
 // wrap is a rest.Config WrapTransport.
 func (r *requests) wrap(rt http.RoundTripper) http.RoundTripper { return counted{r, rt} }
 
+// config returns a copy of cfg whose requests r counts.
+func (r *requests) config(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.WrapTransport = r.wrap
+	return c
+}
+
 type counted struct {
 	r    *requests
 	next http.RoundTripper

@@ -381,9 +381,7 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 		return 0, err
 	}
 	reqs := newRequests()
-	cfg := rest.CopyConfig(restCfg)
-	cfg.WrapTransport = reqs.wrap
-	c, err := limited(cfg, b.f.qps, b.f.burst)
+	c, err := limited(reqs.config(restCfg), b.f.qps, b.f.burst)
 	if err != nil {
 		return 0, err
 	}
@@ -560,8 +558,7 @@ func unfinalize(ctx context.Context, kube client.Client, from, to int, pool stri
 func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
 	intakeURL, dlqURL, motoURL string, n int, bare time.Duration, now time.Time) error {
 	reqs := newRequests()
-	cfg := rest.CopyConfig(restCfg)
-	cfg.WrapTransport = reqs.wrap
+	cfg := reqs.config(restCfg)
 	gates := checks.NewFeatureGates()
 	_ = gates.Set("ReservedCapacity=false") // moto has no capacity reservation API
 	probe := freePort()
