@@ -413,9 +413,12 @@ type heldClaim struct {
 	until time.Time
 }
 
+// held returns the NodeClaims held on key, each with its earliest until. They are the
+// cache's own objects, not copies (read them, never change them): a paced pool releasing one
+// drain at a time would otherwise copy every held NodeClaim at each finished drain.
 func (c *Controller) held(ctx context.Context, key string) ([]heldClaim, error) {
 	var claims karpv1.NodeClaimList
-	if err := c.kube.List(ctx, &claims, client.MatchingFields{IndexHeldOn: key}); err != nil {
+	if err := c.kube.List(ctx, &claims, client.MatchingFields{IndexHeldOn: key}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodeclaims held on %s: %w", key, err)
 	}
 	out := make([]heldClaim, 0, len(claims.Items))

@@ -6,6 +6,7 @@ package signal
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -552,9 +553,11 @@ func (s *Signaller) PolicyProblems(res cluster.Resolved, problems []string) {
 var nodeClaimGVK = schema.GroupVersionKind{Group: apis.Group, Version: "v1", Kind: "NodeClaim"}
 
 // update applies mutate to a copy of the NodeClaim as the caller (the cache) has it and
-// patches it with an optimistic lock; on a conflict it reads the NodeClaim fresh and tries
-// again. mutate returns false when there is nothing to change. One write per instance,
-// and a read only when someone else wrote first. An error of mutate ends it.
+// patches its annotations, the only thing the router writes on a NodeClaim, with an
+// optimistic lock; on a conflict it reads the NodeClaim fresh and tries again. mutate returns
+// false when there is nothing to change; what it changes besides annotations is not sent.
+// One write per instance, and a read only when someone else wrote first. An error of mutate
+// ends it.
 func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*karpv1.NodeClaim) (bool, error)) error {
 	cur := nc
 	first := true
@@ -567,7 +570,7 @@ func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate fun
 			cur = fresh
 		}
 		first = false
-		base := cur.DeepCopy()
+		base := cur
 		next := cur.DeepCopy()
 		if next.Annotations == nil {
 			next.Annotations = map[string]string{}
@@ -575,9 +578,12 @@ func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate fun
 		if ok, err := mutate(next); err != nil || !ok {
 			return err
 		}
-		data, err := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}).Data(next)
+		data, err := annotationPatch(base, next)
 		if err != nil {
 			return fmt.Errorf("nodeclaim %s: computing the patch: %w", next.Name, err)
+		}
+		if data == nil {
+			return nil // mutate left the annotations as they were
 		}
 		// Sent for the NodeClaim's metadata alone: the API server answers with metadata (in
 		// protobuf), not the whole object in JSON, which nothing here reads.
@@ -590,6 +596,34 @@ func (s *Signaller) update(ctx context.Context, nc *karpv1.NodeClaim, mutate fun
 		}
 		return err
 	})
+}
+
+// annotationPatch is the JSON merge patch from base's annotations to next's (a removed key
+// set to null) with base's resourceVersion as the optimistic lock, or nil when they are the
+// same: what client.MergeFromWithOptimisticLock sends for a change of annotations, without
+// encoding both whole objects and diffing them.
+func annotationPatch(base, next *karpv1.NodeClaim) ([]byte, error) {
+	changed := map[string]*string{}
+	for k, v := range next.Annotations {
+		if old, ok := base.Annotations[k]; !ok || old != v {
+			changed[k] = &v
+		}
+	}
+	for k := range base.Annotations {
+		if _, ok := next.Annotations[k]; !ok {
+			changed[k] = nil
+		}
+	}
+	if len(changed) == 0 {
+		return nil, nil
+	}
+	type meta struct {
+		Annotations     map[string]*string `json:"annotations"`
+		ResourceVersion string             `json:"resourceVersion"`
+	}
+	return json.Marshal(struct {
+		Metadata meta `json:"metadata"`
+	}{meta{changed, base.ResourceVersion}})
 }
 
 // updateRecords applies mutate to the NodeClaim's records. Records this router cannot read

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -709,5 +710,55 @@ func TestSignalledRecently(t *testing.T) {
 		if len(s.recent) != tc.kept {
 			t.Errorf("at +%s: %d entries kept, want %d", clk.Since(now), len(s.recent), tc.kept)
 		}
+	}
+}
+
+// The patch names what changed in the annotations and nothing else, with the optimistic lock;
+// it matches, key for key, the merge patch controller-runtime computes from the whole objects.
+func TestAnnotationPatch(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		base, next map[string]string
+		want       string
+	}{
+		{"added to none", nil, map[string]string{"a": "1"}, `{"metadata":{"annotations":{"a":"1"},"resourceVersion":"7"}}`},
+		{"changed", map[string]string{"a": "1", "b": "2"}, map[string]string{"a": "1", "b": "3"}, `{"metadata":{"annotations":{"b":"3"},"resourceVersion":"7"}}`},
+		{"removed", map[string]string{"a": "1", "b": "2"}, map[string]string{"a": "1"}, `{"metadata":{"annotations":{"b":null},"resourceVersion":"7"}}`},
+		{"set to empty", map[string]string{"a": "1"}, map[string]string{"a": ""}, `{"metadata":{"annotations":{"a":""},"resourceVersion":"7"}}`},
+		{"quoted value", nil, map[string]string{"r": `{"version":2,"records":[]}`}, `{"metadata":{"annotations":{"r":"{\"version\":2,\"records\":[]}"},"resourceVersion":"7"}}`},
+		{"unchanged", map[string]string{"a": "1"}, map[string]string{"a": "1"}, ``},
+		{"both empty", nil, map[string]string{}, ``},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "x", ResourceVersion: "7", Annotations: tc.base}}
+			next := base.DeepCopy()
+			next.Annotations = tc.next
+			next.Labels = map[string]string{"not": "sent"} // only annotations are written
+			got, err := annotationPatch(base, next)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.want {
+				t.Errorf("got %s, want %s", got, tc.want)
+			}
+			if tc.want == "" {
+				return
+			}
+			next.Labels = base.Labels
+			lib, err := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}).Data(next)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var a, b any
+			if err := json.Unmarshal(got, &a); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(lib, &b); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Errorf("got %s, controller-runtime's merge patch %s", got, lib)
+			}
+		})
 	}
 }
