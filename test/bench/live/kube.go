@@ -157,7 +157,6 @@ type outcomes struct {
 	maxPresent  int             // the pool's largest size: the router's limit is never above its limit at that size
 	pacedDone   time.Time
 	onPacedDone chan struct{}
-	onDelete    func(name string) // a NodeClaim of the paced pool started deleting
 	onDeleted   func(name string)
 	deletedAt   map[string]time.Time
 	// spot
@@ -188,6 +187,7 @@ func (o *outcomes) expect(events []string, claims []string, pacedClaims []string
 	o.allAt, o.pacedDone = time.Time{}, time.Time{}
 	o.onAll, o.onPacedDone = make(chan struct{}), make(chan struct{})
 	o.maxInFlight = len(o.inFlight)
+	o.maxPresent = len(o.present) // an earlier round's objects are gone
 }
 
 // recordedClaims is the NodeClaims recorded so far.
@@ -271,9 +271,6 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 	if deleting || stamped {
 		if m.DeletionTimestamp != nil && o.deletedAt[name].IsZero() {
 			o.deletedAt[name] = now
-			if o.onDelete != nil {
-				o.onDelete(name)
-			}
 		}
 		o.inFlight[name] = true
 		o.maxInFlight = max(o.maxInFlight, len(o.inFlight))

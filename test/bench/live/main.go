@@ -21,6 +21,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,7 +40,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -70,11 +73,11 @@ const (
 const maxEventBytes = 256 * 1024
 
 type flags struct {
-	nodes, perEvent, parallel, burst, spotNodes, memoryNodes, untrimmedNodes, liveNodes int
-	binary                                                                              bool
-	qps                                                                                 float64
-	pacedLimit, cpuProfile                                                              string
-	karpenterDelay, timeout                                                             time.Duration
+	nodes, perEvent, parallel, burst, spotNodes, memoryNodes, untrimmedNodes, liveNodes, rounds, profileRound int
+	binary                                                                                                    bool
+	qps                                                                                                       float64
+	pacedLimit, cpuProfile, apiserverProfile                                                                  string
+	karpenterDelay, timeout                                                                                   time.Duration
 }
 
 type row struct{ measure, result, target string }
@@ -86,11 +89,18 @@ type bench struct {
 	failures []string
 	// bareWrites is the bare loop's writes per instance, beside the router's.
 	bareWrites float64
+	// quiet: a round after the first adds no rows (its times are tabled together at the end).
+	quiet bool
+	round int // the round running, from 1
 }
 
 // add adds a row to the table, and shows it at once on stderr (a long run shows its figures
 // as they come).
 func (b *bench) add(measure, result, target string) {
+	if b.quiet {
+		progress("  (round) %s: %s", measure, result)
+		return
+	}
 	b.rows = append(b.rows, row{measure, result, target})
 	progress("  %s: %s", measure, result)
 }
@@ -108,6 +118,7 @@ func main() {
 	flag.IntVar(&f.parallel, "instance-parallelism", 16, "instances carried out at once, by the router and by the bare loop")
 	flag.StringVar(&f.pacedLimit, "paced-limit", "2%", "healthrouter.io/max-concurrent-drains of the paced pool")
 	flag.DurationVar(&f.karpenterDelay, "karpenter-delay", 2*time.Second, "how long Karpenter (played by the bench) takes to drain a NodeClaim of the paced pool")
+	flag.IntVar(&f.rounds, "rounds", 3, "rounds of the bare loop then the router (the API server's speed moves up to 20% from run to run): the first on the setup's objects, tabled in detail; each later one on fresh Nodes and NodeClaims of its own, removed after; every round's ratio and their median are tabled")
 	flag.IntVar(&f.spotNodes, "spot-nodes", 4, "nodes of a Spot pool outside the bulk event; one gets a Spot interruption during the bulk work")
 	flag.IntVar(&f.memoryNodes, "memory-nodes", 100000, "realistic Nodes and NodeClaims stored through the cache transforms to weigh the cache in process (0 skips)")
 	flag.IntVar(&f.untrimmedNodes, "untrimmed-nodes", 10000, "nodes stored untrimmed for comparison (at most --memory-nodes)")
@@ -115,6 +126,8 @@ func main() {
 	flag.IntVar(&f.liveNodes, "live-nodes", 20000, "nodes the cluster grows to (defer pool) for the binary's second weighing and the five-event run (0 skips both and the interrupted event)")
 	flag.DurationVar(&f.timeout, "timeout", 40*time.Minute, "the whole bench")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench's process (the router in process, the bench's watch and played Karpenter) from the bulk event's send until every outcome is recorded")
+	flag.StringVar(&f.apiserverProfile, "apiserver-cpuprofile", "", "write a CPU profile of kube-apiserver (its /debug/pprof) for the first 20 s of each side, to this path suffixed .bare and .router")
+	flag.IntVar(&f.profileRound, "profile-round", 1, "the round -cpuprofile and -apiserver-cpuprofile profile")
 	var burst bool
 	var bf burstFlags
 	flag.BoolVar(&burst, "burst", false, "run the burst bench instead (burst.go): Spot warnings and rebalance recommendations sent evenly, send until each warning's outcome is recorded")
@@ -244,13 +257,55 @@ func (b *bench) run() error {
 		}
 	}
 
+	b.round = 1
 	bare, err := b.bareLoop(ctx, kube, restCfg, setupCfg, uids[poolBare], now)
 	if err != nil {
 		return err
 	}
-
-	if err := b.routerRun(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, n, bare, now); err != nil {
+	res, err := b.routerRun(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, 0, n, 0, bare, now)
+	if err != nil {
 		return err
+	}
+	ratios := []float64{bare.Seconds() / res.took.Seconds()}
+	// More rounds, the same work on fresh objects of their own (indices from r<<18), removed
+	// after. Each starts with the paced pool as the first did: the replacements the played
+	// Karpenter made in the round before are removed first.
+	repl := [2]int{res.replFrom, res.replTo}
+	for r := 1; r < b.f.rounds; r++ {
+		from := r << 18
+		progress("round %d of %d: removing the paced pool's replacements, creating %d Nodes and NodeClaims of its own", r+1, b.f.rounds, n+1)
+		if err := b.removeClaims(ctx, kube, repl[0], repl[1], func(int) string { return poolPaced }, false); err != nil {
+			return err
+		}
+		if err := createNodes(ctx, kube, from, from+n+1, 8, func(i int) (string, types.UID) { return poolOf(i - from) }, true, now); err != nil {
+			return err
+		}
+		b.quiet, b.round = true, r+1
+		bare, err := b.bareLoop(ctx, kube, restCfg, setupCfg, uids[poolBare], now)
+		if err != nil {
+			return err
+		}
+		res, err := b.routerRun(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, from, n, 100+r, bare, now)
+		if err != nil {
+			return err
+		}
+		b.quiet = false
+		ratios = append(ratios, bare.Seconds()/res.took.Seconds())
+		progress("round %d: removing its objects", r+1)
+		if err := b.removeClaims(ctx, kube, from, from+n+1, func(i int) string { p, _ := b.poolName(i - from); return p }, true); err != nil {
+			return err
+		}
+		repl = [2]int{res.replFrom, res.replTo}
+	}
+	if len(ratios) > 1 {
+		var each []string
+		for _, r := range ratios {
+			each = append(each, fmt.Sprintf("%.2f×", r))
+		}
+		sorted := slices.Clone(ratios)
+		slices.Sort(sorted)
+		b.add(fmt.Sprintf("**router speed / bare-loop speed, %d rounds** (each a bare loop, then the router, on fresh objects; the first is the one above)", len(ratios)),
+			fmt.Sprintf("**median %.2f×** (rounds in order: %s)", sorted[len(sorted)/2], strings.Join(each, ", ")), "≥ 1.0×")
 	}
 	if m := b.f.memoryNodes; m > 0 {
 		progress("weighing the cache in process: %d realistic Nodes + NodeClaims through the router's transforms", m)
@@ -356,6 +411,31 @@ func startProfile(path string) (stop func(), err error) {
 	return func() { once.Do(func() { pprof.StopCPUProfile(); f.Close() }) }, nil
 }
 
+// apiserverProfile profiles kube-apiserver for seconds, from now, into path (nothing when
+// path is ""); wait returns once the profile is written.
+func apiserverProfile(ctx context.Context, cfg *rest.Config, path string, seconds int) (wait func() error) {
+	if path == "" {
+		return func() error { return nil }
+	}
+	done := make(chan error, 1)
+	go func() {
+		c := rest.CopyConfig(cfg)
+		c.Timeout = time.Duration(seconds+30) * time.Second
+		cs, err := kubernetes.NewForConfig(c)
+		if err != nil {
+			done <- err
+			return
+		}
+		b, err := cs.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", fmt.Sprint(seconds)).DoRaw(ctx)
+		if err != nil {
+			done <- fmt.Errorf("profiling kube-apiserver: %w", err)
+			return
+		}
+		done <- os.WriteFile(path, b, 0o644)
+	}()
+	return func() error { return <-done }
+}
+
 // limited returns a client with the router's client limit.
 func limited(cfg *rest.Config, qps float64, burst int) (client.Client, error) {
 	c := rest.CopyConfig(cfg)
@@ -375,6 +455,13 @@ func limited(cfg *rest.Config, qps float64, burst int) (client.Client, error) {
 // background on the API server.
 func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setupCfg *rest.Config, uid types.UID, now time.Time) (time.Duration, error) {
 	n := b.f.nodes
+	// The paced share's limit is the router's: the paced pool's size as the round starts (a
+	// round before the last adds its own NodeClaims to the pool's).
+	var pool metav1.PartialObjectMetadataList
+	pool.SetGroupVersionKind(schema.GroupVersionKind{Group: "karpenter.sh", Version: "v1", Kind: "NodeClaimList"})
+	if err := kube.List(ctx, &pool, client.MatchingLabels{karpv1.NodePoolLabelKey: poolPaced}); err != nil {
+		return 0, err
+	}
 	progress("bare loop: creating %d fresh NodeClaims", n)
 	offset := 1 << 20
 	if err := createNodes(ctx, kube, offset, offset+n, 8, func(int) (string, types.UID) { return poolBare, uid }, false, now); err != nil {
@@ -392,17 +479,13 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 	// The value the router records for a deferred instance: a record holding the event
 	// restricted to that instance (built before the clock starts: the loop only writes).
 	values := make([]string, n)
-	paced := 0
 	for i := range values {
-		if p, _ := b.poolName(i); p == poolPaced {
-			paced++
-		}
 		id := realistic.InstanceID(offset + i)
 		body := gen.HealthBody("bare-0000", "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED", now, now.Add(96*time.Hour), []string{id})
 		values[i] = fmt.Sprintf(`[{"event_id":"bare-0000","key":"arn:aws:health:eu-west-1::event/EC2/x/bare-0000","kind":"scheduled-change","until":%q,"reason":"waiting for the maintenance window","state":"deferred","hold":"window","event":%s}]`,
 			now.Add(12*time.Hour).Format(time.RFC3339), body)
 	}
-	limit := pacedLimitFor(b.f.pacedLimit, paced)
+	limit := pacedLimitFor(b.f.pacedLimit, len(pool.Items))
 
 	// Pacing by hand: at most limit paced drains at once; a finished one deletes the oldest
 	// held instance, or frees its slot.
@@ -430,16 +513,34 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 		released.Add(1)
 		del(next, true)
 	}
+	var paceMu sync.Mutex
+	pacedDrains := map[string]bool{}
 	del = func(name string, pacedDrain bool) {
+		if pacedDrain {
+			paceMu.Lock()
+			pacedDrains[name] = true
+			paceMu.Unlock()
+		}
 		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		if err := c.Delete(ctx, nc); err != nil && ctx.Err() == nil {
 			failed.Add(1)
 			return
 		}
 		deletes.Add(1)
-		if pacedDrain {
+	}
+	// Karpenter drains what its watch sees deleting; the bare loop's paced share is the
+	// instances it deleted as paced drains.
+	karpCtx, stopKarp := context.WithCancel(ctx)
+	defer stopKarp()
+	if err := karp.watch(karpCtx, poolBare, func(name string) {
+		paceMu.Lock()
+		paced := pacedDrains[name]
+		paceMu.Unlock()
+		if paced {
 			karp.drain(ctx, name, poolBare, uid, now, finished)
 		}
+	}); err != nil {
+		return 0, err
 	}
 	patch := func(i int, name string) bool {
 		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}}
@@ -455,6 +556,8 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 	progress("bare loop: the router's outcomes, one write each, %d at once, client limit %g/%d; the paced share at most %d at once", b.f.parallel, b.f.qps, b.f.burst, limit)
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	settle(ctx, 30*time.Second) // from a quiet API server, as the router's run
+	profiled := apiserverProfile(ctx, setupCfg, b.profilePath(b.f.apiserverProfile, ".bare"), 20)
 	cpuBefore := cpuTimes()
 	t0 := time.Now()
 	for w := 0; w < b.f.parallel; w++ {
@@ -507,6 +610,9 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 	b.add("bare loop: API requests while it ran: its own / Karpenter's (played)", fmt.Sprintf("%d (%.2f per instance) / %d", total, float64(total)/float64(n), karpReqs), "")
 	b.add("bare loop: CPU while it ran", cpu, "")
 	b.bareWrites = float64(patches.Load()+deletes.Load()) / float64(n)
+	if err := profiled(); err != nil {
+		return 0, err
+	}
 	// Out of the way of the router's run: the played drains finish, finalizers off, then one
 	// collection delete.
 	progress("bare loop: removing its NodeClaims")
@@ -526,11 +632,59 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 }
 
 func unfinalize(ctx context.Context, kube client.Client, from, to int, pool string) error {
+	return inParallel(from, to, 8, func(i int) error {
+		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(pool, i)}}
+		if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		return nil
+	})
+}
+
+// routerRun runs the router in process and sends the bulk event, the Spot interruption in
+// the middle of it, and plays Karpenter for the paced pool.
+func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
+	intakeURL, dlqURL, motoURL string, from, n, tag int, bare time.Duration, now time.Time) (roundResult, error) {
+	var res roundResult
+	err := b.routerRound(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, from, n, tag, bare, now, &res)
+	return res, err
+}
+
+// roundResult is what a round of the router leaves: its time, and the index range of the
+// played Karpenter's replacements.
+type roundResult struct {
+	took             time.Duration
+	replFrom, replTo int
+}
+
+// removeClaims removes the NodeClaims of indices [from, to), each of the pool pool(i)
+// names, finalizers off first, and with node their Nodes.
+func (b *bench) removeClaims(ctx context.Context, kube client.Client, from, to int, pool func(i int) string, node bool) error {
+	return inParallel(from, to, 8, func(i int) error {
+		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(pool(i), i)}}
+		if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		if err := kube.Delete(ctx, nc); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		if !node {
+			return nil
+		}
+		if err := kube.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: realistic.NodeName(i)}}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		return nil
+	})
+}
+
+// inParallel calls fn for every i in [from, to), workers at once; the first error is returned.
+func inParallel(from, to, workers int, fn func(i int) error) error {
 	var next atomic.Int64
 	next.Store(int64(from))
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
-	for w := 0; w < 8; w++ {
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -539,8 +693,7 @@ func unfinalize(ctx context.Context, kube client.Client, from, to int, pool stri
 				if i >= to {
 					return
 				}
-				nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(pool, i)}}
-				if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil && !apierrors.IsNotFound(err) {
+				if err := fn(i); err != nil {
 					firstErr.CompareAndSwap(nil, err)
 				}
 			}
@@ -553,10 +706,8 @@ func unfinalize(ctx context.Context, kube client.Client, from, to int, pool stri
 	return nil
 }
 
-// routerRun runs the router in process and sends the bulk event, the Spot interruption in
-// the middle of it, and plays Karpenter for the paced pool.
-func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
-	intakeURL, dlqURL, motoURL string, n int, bare time.Duration, now time.Time) error {
+func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
+	intakeURL, dlqURL, motoURL string, from, n, tag int, bare time.Duration, now time.Time, res *roundResult) error {
 	reqs := newRequests()
 	cfg := reqs.config(restCfg)
 	gates := checks.NewFeatureGates()
@@ -583,33 +734,39 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	b.add("router: start until ready (cache synced)", time.Since(tStart).Round(10*time.Millisecond).String(), "")
 
 	// Karpenter, as the bench plays it for the paced pool (as in the bare loop's run).
-	karp, err := newKarpenter(setupCfg, b.f.karpenterDelay, 3<<20)
+	karp, err := newKarpenter(setupCfg, b.f.karpenterDelay, 3<<20+from)
 	if err != nil {
 		return err
 	}
-	obs.mu.Lock()
-	obs.onDelete = func(name string) { karp.drain(ctx, name, poolPaced, uids[poolPaced], now, nil) }
-	obs.mu.Unlock()
+	if err := karp.watch(routerCtx, poolPaced, func(name string) { karp.drain(ctx, name, poolPaced, uids[poolPaced], now, nil) }); err != nil {
+		return err
+	}
+	// As in a cluster where the router has been running: its start-up work (the first
+	// reconcile of every NodeClaim by the deferral controller, more in a larger cluster) is
+	// done before the event is sent, and the API server is as quiet as before the bare loop.
+	settled := settle(ctx, 30*time.Second)
+	b.add("router: ready until settled (the bench's process and kube-apiserver under 10% of a core for a second)", settled.Round(100*time.Millisecond).String(), "")
 
 	// The bulk event: every instance, split as EventBridge must (256 KiB, at most perEvent IDs).
 	var ids, claims, paced []string
-	for i := 0; i < n; i++ {
+	for i := from; i < from+n; i++ {
 		ids = append(ids, realistic.InstanceID(i))
-		p, _ := b.poolName(i)
+		p, _ := b.poolName(i - from)
 		claims = append(claims, realistic.ClaimName(p, i))
 		if p == poolPaced {
-			paced = append(paced, claims[i])
+			paced = append(paced, claims[len(claims)-1])
 		}
 	}
-	bodies, eventIDs := healthEvents(ids, b.f.perEvent, now, 0, 4)
+	bodies, eventIDs := healthEvents(ids, b.f.perEvent, now, tag, 4)
 	obs.expect(eventIDs, claims, paced)
 	before := reqs.snapshot()
 	progress("sending %d Health event(s) naming %d instances", len(bodies), n)
-	stopProfile, err := startProfile(b.f.cpuProfile)
+	stopProfile, err := startProfile(b.profilePath(b.f.cpuProfile, ""))
 	if err != nil {
 		return err
 	}
 	defer stopProfile()
+	profiled := apiserverProfile(ctx, setupCfg, b.profilePath(b.f.apiserverProfile, ".router"), 20)
 	cpuBefore := cpuTimes()
 	tSend := time.Now()
 	for _, body := range bodies {
@@ -619,14 +776,14 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	}
 
 	// A Spot interruption for a node outside the bulk event, once a quarter of it is recorded.
-	spotClaim := realistic.ClaimName(poolSpot, n)
+	spotClaim := realistic.ClaimName(poolSpot, from+n)
 	spotDeleted := obs.deletionOf(spotClaim)
 	spotLatency := make(chan time.Duration, 1)
 	go func() {
 		for obs.recordedCount() < n/4 && ctx.Err() == nil {
 			time.Sleep(20 * time.Millisecond)
 		}
-		body := spotBody(realistic.InstanceID(n), time.Now())
+		body := spotBody(realistic.InstanceID(from+n), time.Now())
 		t := time.Now()
 		if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
 			spotLatency <- -1
@@ -648,11 +805,15 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 		return fmt.Errorf("the router stopped: %v", err)
 	}
 	took := obs.allAt.Sub(tSend)
+	res.took = took
 	cpu := cpuSince(cpuBefore, time.Since(tSend))
 	stopProfile()
 	lines, total, by := since(reqs.snapshot(), before)
 	karpReqs := karp.requests()
 	deletedAt := waitQueueEmpty(ctx, sqsc, intakeURL)
+	if err := profiled(); err != nil {
+		return err
+	}
 	b.add(fmt.Sprintf("router: %d instances, send until every outcome is recorded", n),
 		fmt.Sprintf("%s (%.0f/s)", took.Round(10*time.Millisecond), float64(n)/took.Seconds()), "")
 	b.add("router: send until the message(s) are deleted from SQS", deletedAt.Sub(tSend).Round(10*time.Millisecond).String(), "")
@@ -717,6 +878,7 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 		return fmt.Errorf("router: %w", err)
 	}
 	karp.wg.Wait()
+	res.replFrom, res.replTo = karp.replacements()
 	return nil
 }
 
@@ -843,6 +1005,30 @@ func (b *bench) print() {
 	for _, r := range b.rows {
 		fmt.Printf("| %s | %s | %s |\n", r.measure, r.result, r.target)
 	}
+}
+
+// settle waits until the bench's process (the router in it) and kube-apiserver each use
+// under a tenth of a core over a second, or for at most bound; it returns how long it waited.
+func settle(ctx context.Context, bound time.Duration) time.Duration {
+	t0 := time.Now()
+	for time.Since(t0) < bound && ctx.Err() == nil {
+		before := cpuTimes()
+		time.Sleep(time.Second)
+		after := cpuTimes()
+		if after["bench+router"]-before["bench+router"] < 0.1 && after["kube-apiserver"]-before["kube-apiserver"] < 0.1 {
+			break
+		}
+	}
+	return time.Since(t0)
+}
+
+// profilePath is path with suffix, or "" (no profile) for no path and in a round other than
+// -profile-round.
+func (b *bench) profilePath(path, suffix string) string {
+	if path == "" || b.round != b.f.profileRound {
+		return ""
+	}
+	return path + suffix
 }
 
 func cpuModel() string {
