@@ -158,7 +158,6 @@ type outcomes struct {
 	pacedDone   time.Time
 	onPacedDone chan struct{}
 	onDeleted   func(name string)
-	deletedAt   map[string]time.Time
 	// spot
 	watchFor map[string]chan time.Time
 }
@@ -166,7 +165,7 @@ type outcomes struct {
 func newOutcomes(paced string) *outcomes {
 	return &outcomes{events: map[string]bool{}, want: map[string]bool{}, recorded: map[string]bool{}, onAll: make(chan struct{}),
 		paced: paced, inFlight: map[string]bool{}, pacedLeft: map[string]bool{}, onPacedDone: make(chan struct{}),
-		deletedAt: map[string]time.Time{}, watchFor: map[string]chan time.Time{}, present: map[string]bool{}}
+		watchFor: map[string]chan time.Time{}, present: map[string]bool{}}
 }
 
 // expect resets what is awaited: the events and the NodeClaims they name.
@@ -269,9 +268,6 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 	o.present[name] = true
 	o.maxPresent = max(o.maxPresent, len(o.present))
 	if deleting || stamped {
-		if m.DeletionTimestamp != nil && o.deletedAt[name].IsZero() {
-			o.deletedAt[name] = now
-		}
 		o.inFlight[name] = true
 		o.maxInFlight = max(o.maxInFlight, len(o.inFlight))
 	}

@@ -89,15 +89,15 @@ type bench struct {
 	failures []string
 	// bareWrites is the bare loop's writes per instance, beside the router's.
 	bareWrites float64
-	// quiet: a round after the first adds no rows (its times are tabled together at the end).
-	quiet bool
-	round int // the round running, from 1
+	// round is the round running, from 1 (0 outside the rounds); a round after the first adds
+	// no rows (its ratio is tabled with the others at the end).
+	round int
 }
 
 // add adds a row to the table, and shows it at once on stderr (a long run shows its figures
 // as they come).
 func (b *bench) add(measure, result, target string) {
-	if b.quiet {
+	if b.round > 1 {
 		progress("  (round) %s: %s", measure, result)
 		return
 	}
@@ -118,7 +118,7 @@ func main() {
 	flag.IntVar(&f.parallel, "instance-parallelism", 16, "instances carried out at once, by the router and by the bare loop")
 	flag.StringVar(&f.pacedLimit, "paced-limit", "2%", "healthrouter.io/max-concurrent-drains of the paced pool")
 	flag.DurationVar(&f.karpenterDelay, "karpenter-delay", 2*time.Second, "how long Karpenter (played by the bench) takes to drain a NodeClaim of the paced pool")
-	flag.IntVar(&f.rounds, "rounds", 3, "rounds of the bare loop then the router (the API server's speed moves up to 20% from run to run): the first on the setup's objects, tabled in detail; each later one on fresh Nodes and NodeClaims of its own, removed after; every round's ratio and their median are tabled")
+	flag.IntVar(&f.rounds, "rounds", 3, "rounds of the bare loop then the router (the API server's CPU for the same requests moves by up to 25% from run to run): the first on the setup's objects, tabled in detail; each later one on fresh Nodes and NodeClaims of its own, removed after; every round's ratio and their median are tabled")
 	flag.IntVar(&f.spotNodes, "spot-nodes", 4, "nodes of a Spot pool outside the bulk event; one gets a Spot interruption during the bulk work")
 	flag.IntVar(&f.memoryNodes, "memory-nodes", 100000, "realistic Nodes and NodeClaims stored through the cache transforms to weigh the cache in process (0 skips)")
 	flag.IntVar(&f.untrimmedNodes, "untrimmed-nodes", 10000, "nodes stored untrimmed for comparison (at most --memory-nodes)")
@@ -280,7 +280,7 @@ func (b *bench) run() error {
 		if err := createNodes(ctx, kube, from, from+n+1, 8, func(i int) (string, types.UID) { return poolOf(i - from) }, true, now); err != nil {
 			return err
 		}
-		b.quiet, b.round = true, r+1
+		b.round = r + 1
 		bare, err := b.bareLoop(ctx, kube, restCfg, setupCfg, uids[poolBare], now)
 		if err != nil {
 			return err
@@ -289,7 +289,6 @@ func (b *bench) run() error {
 		if err != nil {
 			return err
 		}
-		b.quiet = false
 		ratios = append(ratios, bare.Seconds()/res.took.Seconds())
 		progress("round %d: removing its objects", r+1)
 		if err := b.removeClaims(ctx, kube, from, from+n+1, func(i int) string { p, _ := b.poolName(i - from); return p }, true); err != nil {
@@ -297,6 +296,7 @@ func (b *bench) run() error {
 		}
 		repl = [2]int{res.replFrom, res.replTo}
 	}
+	b.round = 0 // the rounds are over: what follows is tabled
 	if len(ratios) > 1 {
 		var each []string
 		for _, r := range ratios {
@@ -304,8 +304,9 @@ func (b *bench) run() error {
 		}
 		sorted := slices.Clone(ratios)
 		slices.Sort(sorted)
+		median := (sorted[(len(sorted)-1)/2] + sorted[len(sorted)/2]) / 2
 		b.add(fmt.Sprintf("**router speed / bare-loop speed, %d rounds** (each a bare loop, then the router, on fresh objects; the first is the one above)", len(ratios)),
-			fmt.Sprintf("**median %.2f×** (rounds in order: %s)", sorted[len(sorted)/2], strings.Join(each, ", ")), "≥ 1.0×")
+			fmt.Sprintf("**median %.2f×** (rounds in order: %s)", median, strings.Join(each, ", ")), "≥ 1.0×")
 	}
 	if m := b.f.memoryNodes; m > 0 {
 		progress("weighing the cache in process: %d realistic Nodes + NodeClaims through the router's transforms", m)
@@ -455,8 +456,8 @@ func limited(cfg *rest.Config, qps float64, burst int) (client.Client, error) {
 // background on the API server.
 func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setupCfg *rest.Config, uid types.UID, now time.Time) (time.Duration, error) {
 	n := b.f.nodes
-	// The paced share's limit is the router's: the paced pool's size as the round starts (a
-	// round before the last adds its own NodeClaims to the pool's).
+	// The paced share's limit is the router's: that of the paced pool's size as the round
+	// starts.
 	var pool metav1.PartialObjectMetadataList
 	pool.SetGroupVersionKind(schema.GroupVersionKind{Group: "karpenter.sh", Version: "v1", Kind: "NodeClaimList"})
 	if err := kube.List(ctx, &pool, client.MatchingLabels{karpv1.NodePoolLabelKey: poolPaced}); err != nil {
@@ -633,21 +634,16 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 
 func unfinalize(ctx context.Context, kube client.Client, from, to int, pool string) error {
 	return inParallel(from, to, 8, func(i int) error {
-		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(pool, i)}}
-		if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil && !apierrors.IsNotFound(err) {
-			return err
-		}
-		return nil
+		return unfinalizeOne(ctx, kube, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(pool, i)}})
 	})
 }
 
-// routerRun runs the router in process and sends the bulk event, the Spot interruption in
-// the middle of it, and plays Karpenter for the paced pool.
-func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
-	intakeURL, dlqURL, motoURL string, from, n, tag int, bare time.Duration, now time.Time) (roundResult, error) {
-	var res roundResult
-	err := b.routerRound(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, from, n, tag, bare, now, &res)
-	return res, err
+// unfinalizeOne takes the finalizers off nc; one already gone is no error.
+func unfinalizeOne(ctx context.Context, kube client.Client, nc *karpv1.NodeClaim) error {
+	if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
 }
 
 // roundResult is what a round of the router leaves: its time, and the index range of the
@@ -662,7 +658,7 @@ type roundResult struct {
 func (b *bench) removeClaims(ctx context.Context, kube client.Client, from, to int, pool func(i int) string, node bool) error {
 	return inParallel(from, to, 8, func(i int) error {
 		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: realistic.ClaimName(pool(i), i)}}
-		if err := kube.Patch(ctx, nc, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil && !apierrors.IsNotFound(err) {
+		if err := unfinalizeOne(ctx, kube, nc); err != nil {
 			return err
 		}
 		if err := kube.Delete(ctx, nc); err != nil && !apierrors.IsNotFound(err) {
@@ -706,8 +702,10 @@ func inParallel(from, to, workers int, fn func(i int) error) error {
 	return nil
 }
 
-func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
-	intakeURL, dlqURL, motoURL string, from, n, tag int, bare time.Duration, now time.Time, res *roundResult) error {
+// routerRun runs the router in process and sends the bulk event naming instances [from,
+// from+n), the Spot interruption in the middle of it, and plays Karpenter for the paced pool.
+func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
+	intakeURL, dlqURL, motoURL string, from, n, tag int, bare time.Duration, now time.Time) (res roundResult, err error) {
 	reqs := newRequests()
 	cfg := reqs.config(restCfg)
 	gates := checks.NewFeatureGates()
@@ -729,17 +727,17 @@ func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[st
 	tStart := time.Now()
 	go func() { done <- app.Run(routerCtx, o, cfg, reg, log) }()
 	if err := waitReady(ctx, probe, done); err != nil {
-		return err
+		return res, err
 	}
 	b.add("router: start until ready (cache synced)", time.Since(tStart).Round(10*time.Millisecond).String(), "")
 
 	// Karpenter, as the bench plays it for the paced pool (as in the bare loop's run).
 	karp, err := newKarpenter(setupCfg, b.f.karpenterDelay, 3<<20+from)
 	if err != nil {
-		return err
+		return res, err
 	}
 	if err := karp.watch(routerCtx, poolPaced, func(name string) { karp.drain(ctx, name, poolPaced, uids[poolPaced], now, nil) }); err != nil {
-		return err
+		return res, err
 	}
 	// As in a cluster where the router has been running: its start-up work (the first
 	// reconcile of every NodeClaim by the deferral controller, more in a larger cluster) is
@@ -763,7 +761,7 @@ func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[st
 	progress("sending %d Health event(s) naming %d instances", len(bodies), n)
 	stopProfile, err := startProfile(b.profilePath(b.f.cpuProfile, ""))
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer stopProfile()
 	profiled := apiserverProfile(ctx, setupCfg, b.profilePath(b.f.apiserverProfile, ".router"), 20)
@@ -771,7 +769,7 @@ func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[st
 	tSend := time.Now()
 	for _, body := range bodies {
 		if _, err := sqsc.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(intakeURL), MessageBody: aws.String(body)}); err != nil {
-			return fmt.Errorf("sending the Health event: %w", err)
+			return res, fmt.Errorf("sending the Health event: %w", err)
 		}
 	}
 
@@ -800,9 +798,9 @@ func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[st
 	select {
 	case <-obs.onAll:
 	case <-ctx.Done():
-		return fmt.Errorf("the bulk event was not carried out before the bench's timeout (%d of %d recorded)", obs.recordedCount(), n)
+		return res, fmt.Errorf("the bulk event was not carried out before the bench's timeout (%d of %d recorded)", obs.recordedCount(), n)
 	case err := <-done:
-		return fmt.Errorf("the router stopped: %v", err)
+		return res, fmt.Errorf("the router stopped: %v", err)
 	}
 	took := obs.allAt.Sub(tSend)
 	res.took = took
@@ -812,7 +810,7 @@ func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[st
 	karpReqs := karp.requests()
 	deletedAt := waitQueueEmpty(ctx, sqsc, intakeURL)
 	if err := profiled(); err != nil {
-		return err
+		return res, err
 	}
 	b.add(fmt.Sprintf("router: %d instances, send until every outcome is recorded", n),
 		fmt.Sprintf("%s (%.0f/s)", took.Round(10*time.Millisecond), float64(n)/took.Seconds()), "")
@@ -837,7 +835,7 @@ func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[st
 			}
 		}
 	case <-ctx.Done():
-		return ctx.Err()
+		return res, ctx.Err()
 	}
 
 	progress("waiting for the paced pool (%d NodeClaims, max-concurrent-drains %s) to drain", len(paced), b.f.pacedLimit)
@@ -875,11 +873,11 @@ func (b *bench) routerRound(ctx context.Context, kube client.Client, uids map[st
 	}
 	stopRouter()
 	if err := <-done; err != nil {
-		return fmt.Errorf("router: %w", err)
+		return res, fmt.Errorf("router: %w", err)
 	}
 	karp.wg.Wait()
 	res.replFrom, res.replTo = karp.replacements()
-	return nil
+	return res, nil
 }
 
 func (b *bench) poolName(i int) (string, bool) {
