@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -111,15 +112,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	var kubeClient client.Client // the manager's client, for the calendar handler made before it
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme: scheme,
-		Cache: cache.Options{
-			// The router caches what it reads, not what Kubernetes stores (see router/cluster).
-			DefaultTransform: cluster.DropManagedFields,
-			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Node{}:                  {Transform: trim.Node},
-				&karpv1.NodeClaim{}:             {Transform: trim.NodeClaim},
-				&policyv1.PodDisruptionBudget{}: {Transform: gates.TrimPDB},
-			},
-		},
+		Cache:  CacheOptions(scheme, trim),
 		// Pods are read per node when a gate or the watchdog needs them (a field selector on
 		// spec.nodeName), never cached: a cache of every Pod grows with the cluster's workload.
 		Client:                        client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Pod{}}}},
@@ -378,4 +371,19 @@ func (r calendarReader) Get(ctx context.Context, key client.ObjectKey, obj clien
 
 func (r calendarReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	return (*r.c).List(ctx, list, opts...)
+}
+
+// CacheOptions are the options of the router's cache: it caches what it reads, not what
+// Kubernetes stores (see router/cluster). The live bench (test/bench/live) builds the same
+// cache for its reference of the router's watches alone.
+func CacheOptions(scheme *runtime.Scheme, trim *cluster.Trimmer) cache.Options {
+	return cache.Options{
+		Scheme:           scheme,
+		DefaultTransform: cluster.DropManagedFields,
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Node{}:                  {Transform: trim.Node},
+			&karpv1.NodeClaim{}:             {Transform: trim.NodeClaim},
+			&policyv1.PodDisruptionBudget{}: {Transform: gates.TrimPDB},
+		},
+	}
 }

@@ -45,6 +45,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -74,7 +75,7 @@ const maxEventBytes = 256 * 1024
 
 type flags struct {
 	nodes, perEvent, parallel, burst, spotNodes, memoryNodes, untrimmedNodes, liveNodes, rounds, profileRound int
-	binary                                                                                                    bool
+	binary, watchReference                                                                                    bool
 	qps                                                                                                       float64
 	pacedLimit, cpuProfile, apiserverProfile                                                                  string
 	karpenterDelay, timeout                                                                                   time.Duration
@@ -118,13 +119,14 @@ func main() {
 	flag.IntVar(&f.parallel, "instance-parallelism", 16, "instances carried out at once, by the router and by the bare loop")
 	flag.StringVar(&f.pacedLimit, "paced-limit", "2%", "healthrouter.io/max-concurrent-drains of the paced pool")
 	flag.DurationVar(&f.karpenterDelay, "karpenter-delay", 2*time.Second, "how long Karpenter (played by the bench) takes to drain a NodeClaim of the paced pool")
-	flag.IntVar(&f.rounds, "rounds", 3, "rounds of the bare loop then the router (the API server's CPU for the same requests moves by up to 25% from run to run): the first on the setup's objects, tabled in detail; each later one on fresh Nodes and NodeClaims of its own, removed after; every round's ratio and their median are tabled")
+	flag.IntVar(&f.rounds, "rounds", 4, "rounds of the bare loop and the router (the API server's CPU for the same requests moves by up to 25% from run to run, and drifts through a round): the bare loop first in odd rounds and last in even ones; the first round on the setup's objects, tabled in detail; each later one on fresh Nodes and NodeClaims of its own, removed after; every round's ratio and their median are tabled")
 	flag.IntVar(&f.spotNodes, "spot-nodes", 4, "nodes of a Spot pool outside the bulk event; one gets a Spot interruption during the bulk work")
 	flag.IntVar(&f.memoryNodes, "memory-nodes", 100000, "realistic Nodes and NodeClaims stored through the cache transforms to weigh the cache in process (0 skips)")
 	flag.IntVar(&f.untrimmedNodes, "untrimmed-nodes", 10000, "nodes stored untrimmed for comparison (at most --memory-nodes)")
+	flag.BoolVar(&f.watchReference, "watch-reference", true, "each round also runs the bare loop with the router's watches beside it (its cache of Nodes and NodeClaims, with its options and indexes, in the same process), a reference for what watching alone costs")
 	flag.BoolVar(&f.binary, "binary", true, "also run the router binary: its RSS and heap, five events together, an interrupted event")
 	flag.IntVar(&f.liveNodes, "live-nodes", 20000, "nodes the cluster grows to (defer pool) for the binary's second weighing and the five-event run (0 skips both and the interrupted event)")
-	flag.DurationVar(&f.timeout, "timeout", 40*time.Minute, "the whole bench")
+	flag.DurationVar(&f.timeout, "timeout", 75*time.Minute, "the whole bench")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench's process (the router in process, the bench's watch and played Karpenter) from the bulk event's send until every outcome is recorded")
 	flag.StringVar(&f.apiserverProfile, "apiserver-cpuprofile", "", "write a CPU profile of kube-apiserver (its /debug/pprof) for the first 20 s of each side, to this path suffixed .bare and .router")
 	flag.IntVar(&f.profileRound, "profile-round", 1, "the round -cpuprofile and -apiserver-cpuprofile profile")
@@ -257,16 +259,43 @@ func (b *bench) run() error {
 		}
 	}
 
-	b.round = 1
-	bare, err := b.bareLoop(ctx, kube, restCfg, setupCfg, uids[poolBare], now)
+	var ratios, watchRatios, routerWatchRatios []float64 // bare / router; bare / bare with watches; bare with watches / router
+	// round runs one round on the objects of indices [from, from+n]: the bare loop (and the
+	// reference with the router's watches) and the router, the bare loop first in odd rounds
+	// and last in even ones, so that what drifts through a round (the API server's heap, etcd's
+	// revisions) weighs on both sides alike.
+	round := func(r, from, tag int) (roundResult, error) {
+		b.round = r
+		var bare, watched time.Duration
+		var res roundResult
+		var err error
+		bareFirst := r%2 == 1
+		if bareFirst {
+			if bare, watched, err = b.bareLoops(ctx, kube, restCfg, setupCfg, uids[poolBare], now, false); err != nil {
+				return res, err
+			}
+		}
+		if res, err = b.routerRun(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, from, n, tag, now); err != nil {
+			return res, err
+		}
+		if !bareFirst {
+			if bare, watched, err = b.bareLoops(ctx, kube, restCfg, setupCfg, uids[poolBare], now, true); err != nil {
+				return res, err
+			}
+		}
+		ratio := bare.Seconds() / res.took.Seconds()
+		b.add("**router speed / bare-loop speed** (same client limit and parallelism)", fmt.Sprintf("**%.2f×**", ratio), "≥ 1.0×")
+		b.add("router: writes per instance (patch + delete nodeclaims, create events)", fmt.Sprintf("%.2f", res.writes), fmt.Sprintf("bare loop: %.2f", b.bareWrites))
+		ratios = append(ratios, ratio)
+		if watched > 0 {
+			watchRatios, routerWatchRatios = append(watchRatios, bare.Seconds()/watched.Seconds()), append(routerWatchRatios, watched.Seconds()/res.took.Seconds())
+		}
+		return res, nil
+	}
+	res, err := round(1, 0, 0)
 	if err != nil {
 		return err
 	}
-	res, err := b.routerRun(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, 0, n, 0, bare, now)
-	if err != nil {
-		return err
-	}
-	ratios := []float64{bare.Seconds() / res.took.Seconds()}
 	// More rounds, the same work on fresh objects of their own (indices from r<<18), removed
 	// after. Each starts with the paced pool as the first did: the replacements the played
 	// Karpenter made in the round before are removed first.
@@ -280,16 +309,10 @@ func (b *bench) run() error {
 		if err := createNodes(ctx, kube, from, from+n+1, 8, func(i int) (string, types.UID) { return poolOf(i - from) }, true, now); err != nil {
 			return err
 		}
-		b.round = r + 1
-		bare, err := b.bareLoop(ctx, kube, restCfg, setupCfg, uids[poolBare], now)
+		res, err := round(r+1, from, 100+r)
 		if err != nil {
 			return err
 		}
-		res, err := b.routerRun(ctx, kube, uids, restCfg, setupCfg, sqsc, obs, intakeURL, dlqURL, motoURL, from, n, 100+r, bare, now)
-		if err != nil {
-			return err
-		}
-		ratios = append(ratios, bare.Seconds()/res.took.Seconds())
 		progress("round %d: removing its objects", r+1)
 		if err := b.removeClaims(ctx, kube, from, from+n+1, func(i int) string { p, _ := b.poolName(i - from); return p }, true); err != nil {
 			return err
@@ -298,15 +321,14 @@ func (b *bench) run() error {
 	}
 	b.round = 0 // the rounds are over: what follows is tabled
 	if len(ratios) > 1 {
-		var each []string
-		for _, r := range ratios {
-			each = append(each, fmt.Sprintf("%.2f×", r))
-		}
-		sorted := slices.Clone(ratios)
-		slices.Sort(sorted)
-		median := (sorted[(len(sorted)-1)/2] + sorted[len(sorted)/2]) / 2
-		b.add(fmt.Sprintf("**router speed / bare-loop speed, %d rounds** (each a bare loop, then the router, on fresh objects; the first is the one above)", len(ratios)),
-			fmt.Sprintf("**median %.2f×** (rounds in order: %s)", median, strings.Join(each, ", ")), "≥ 1.0×")
+		b.add(fmt.Sprintf("**router speed / bare-loop speed, %d rounds** (the bare loop first in odd rounds and last in even ones; each round after the first on fresh objects; the first is the one above)", len(ratios)),
+			"**"+medianOf(ratios)+"**", "≥ 1.0×")
+	}
+	if len(watchRatios) > 0 {
+		b.add(fmt.Sprintf("reference: speed of the bare loop with the router's watches beside it / bare-loop speed, %d round(s): what watching Nodes and NodeClaims alone costs", len(watchRatios)),
+			medianOf(watchRatios), "")
+		b.add(fmt.Sprintf("reference: router speed / speed of the bare loop with the router's watches, %d round(s): what the router costs beyond its watches", len(routerWatchRatios)),
+			medianOf(routerWatchRatios), "")
 	}
 	if m := b.f.memoryNodes; m > 0 {
 		progress("weighing the cache in process: %d realistic Nodes + NodeClaims through the router's transforms", m)
@@ -454,8 +476,15 @@ func limited(cfg *rest.Config, qps float64, burst int) (client.Client, error) {
 // limit and parallelism and takes, as the router's run, the time until every instance's
 // outcome is written: the least any design recording these outcomes can take, with the same
 // background on the API server.
-func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setupCfg *rest.Config, uid types.UID, now time.Time) (time.Duration, error) {
+// bareLoop carries out the router's outcomes for n fresh instances with one write each. With
+// watches, the router's cache of Nodes and NodeClaims (app.CacheOptions, the router's indexes)
+// runs beside it in the same process, following every change as the router's would.
+func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setupCfg *rest.Config, uid types.UID, now time.Time, watches bool) (time.Duration, error) {
 	n := b.f.nodes
+	name := "bare loop"
+	if watches {
+		name = "bare loop with the router's watches"
+	}
 	// The paced share's limit is the router's: that of the paced pool's size as the round
 	// starts.
 	var pool metav1.PartialObjectMetadataList
@@ -463,7 +492,7 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 	if err := kube.List(ctx, &pool, client.MatchingLabels{karpv1.NodePoolLabelKey: poolPaced}); err != nil {
 		return 0, err
 	}
-	progress("bare loop: creating %d fresh NodeClaims", n)
+	progress("%s: creating %d fresh NodeClaims", name, n)
 	offset := 1 << 20
 	if err := createNodes(ctx, kube, offset, offset+n, 8, func(int) (string, types.UID) { return poolBare, uid }, false, now); err != nil {
 		return 0, err
@@ -476,6 +505,13 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 	karp, err := newKarpenter(setupCfg, b.f.karpenterDelay, 5<<20)
 	if err != nil {
 		return 0, err
+	}
+	if watches {
+		stop, err := routerWatches(ctx, restCfg, b.f.qps, b.f.burst)
+		if err != nil {
+			return 0, err
+		}
+		defer stop()
 	}
 	// The value the router records for a deferred instance: a record holding the event
 	// restricted to that instance (built before the clock starts: the loop only writes).
@@ -554,11 +590,15 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 		return true
 	}
 
-	progress("bare loop: the router's outcomes, one write each, %d at once, client limit %g/%d; the paced share at most %d at once", b.f.parallel, b.f.qps, b.f.burst, limit)
+	progress("%s: the router's outcomes, one write each, %d at once, client limit %g/%d; the paced share at most %d at once", name, b.f.parallel, b.f.qps, b.f.burst, limit)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	settle(ctx, 30*time.Second) // from a quiet API server, as the router's run
-	profiled := apiserverProfile(ctx, setupCfg, b.profilePath(b.f.apiserverProfile, ".bare"), 20)
+	suffix := ".bare"
+	if watches {
+		suffix = ".watches"
+	}
+	profiled := apiserverProfile(ctx, setupCfg, b.profilePath(b.f.apiserverProfile, suffix), 20)
 	cpuBefore := cpuTimes()
 	t0 := time.Now()
 	for w := 0; w < b.f.parallel; w++ {
@@ -603,20 +643,22 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 	stopped = true
 	mu.Unlock()
 	if failed.Load() > 0 {
-		return 0, fmt.Errorf("bare loop: %d writes failed", failed.Load())
+		return 0, fmt.Errorf("%s: %d writes failed", name, failed.Load())
 	}
-	b.add(fmt.Sprintf("bare loop: the router's outcomes for %d instances with one write each (%d merge patches, %d DELETEs, %d of them paced drains released as Karpenter finished), %d at once, limit %g/%d",
-		n, patches.Load(), deletes.Load(), released.Load(), b.f.parallel, b.f.qps, b.f.burst),
+	b.add(fmt.Sprintf("%s: the router's outcomes for %d instances with one write each (%d merge patches, %d DELETEs, %d of them paced drains released as Karpenter finished), %d at once, limit %g/%d",
+		name, n, patches.Load(), deletes.Load(), released.Load(), b.f.parallel, b.f.qps, b.f.burst),
 		fmt.Sprintf("%s (%.0f/s)", d.Round(10*time.Millisecond), float64(n)/d.Seconds()), "")
-	b.add("bare loop: API requests while it ran: its own / Karpenter's (played)", fmt.Sprintf("%d (%.2f per instance) / %d", total, float64(total)/float64(n), karpReqs), "")
-	b.add("bare loop: CPU while it ran", cpu, "")
-	b.bareWrites = float64(patches.Load()+deletes.Load()) / float64(n)
+	b.add(name+": API requests while it ran: its own / Karpenter's (played)", fmt.Sprintf("%d (%.2f per instance) / %d", total, float64(total)/float64(n), karpReqs), "")
+	b.add(name+": CPU while it ran", cpu, "")
+	if !watches {
+		b.bareWrites = float64(patches.Load()+deletes.Load()) / float64(n)
+	}
 	if err := profiled(); err != nil {
 		return 0, err
 	}
 	// Out of the way of the router's run: the played drains finish, finalizers off, then one
 	// collection delete.
-	progress("bare loop: removing its NodeClaims")
+	progress("%s: removing its NodeClaims", name)
 	karp.wg.Wait()
 	if err := unfinalize(ctx, kube, offset, offset+n, poolBare); err != nil {
 		return 0, err
@@ -630,6 +672,69 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 		return 0, err
 	}
 	return d, nil
+}
+
+// bareLoops runs the bare loop and (-watch-reference) the bare loop with the router's
+// watches, in that order or (reverse) the other; watched is 0 without the reference.
+func (b *bench) bareLoops(ctx context.Context, kube client.Client, restCfg, setupCfg *rest.Config, uid types.UID, now time.Time, reverse bool) (bare, watched time.Duration, err error) {
+	if !b.f.watchReference {
+		bare, err = b.bareLoop(ctx, kube, restCfg, setupCfg, uid, now, false)
+		return bare, 0, err
+	}
+	first, second := &bare, &watched
+	if reverse {
+		first, second = second, first
+	}
+	if *first, err = b.bareLoop(ctx, kube, restCfg, setupCfg, uid, now, reverse); err != nil {
+		return 0, 0, err
+	}
+	*second, err = b.bareLoop(ctx, kube, restCfg, setupCfg, uid, now, !reverse)
+	return bare, watched, err
+}
+
+// medianOf tables ratios: their median (of an even number, the mean of the middle two) and
+// each in order.
+func medianOf(ratios []float64) string {
+	var each []string
+	for _, r := range ratios {
+		each = append(each, fmt.Sprintf("%.2f×", r))
+	}
+	sorted := slices.Clone(ratios)
+	slices.Sort(sorted)
+	median := (sorted[(len(sorted)-1)/2] + sorted[len(sorted)/2]) / 2
+	return fmt.Sprintf("median %.2f× (rounds in order: %s)", median, strings.Join(each, ", "))
+}
+
+// routerWatches starts the router's cache of Nodes and NodeClaims as the router builds it
+// (app.CacheOptions, cluster's indexes, its client limit) and waits for it to sync; stop ends
+// it.
+func routerWatches(ctx context.Context, cfg *rest.Config, qps float64, burst int) (stop func(), err error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = float32(qps), burst
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	c, err := crcache.New(cfg, app.CacheOptions(scheme, cluster.NewTrimmer()))
+	if err != nil {
+		return nil, err
+	}
+	if err := cluster.SetupIndexes(ctx, c); err != nil {
+		return nil, err
+	}
+	for _, obj := range []client.Object{&corev1.Node{}, &karpv1.NodeClaim{}} {
+		if _, err := c.GetInformer(ctx, obj); err != nil {
+			return nil, err
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Start(cctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		cancel()
+		return nil, fmt.Errorf("the router's watches did not sync: %v", <-done)
+	}
+	return func() { cancel(); <-done }, nil
 }
 
 func unfinalize(ctx context.Context, kube client.Client, from, to int, pool string) error {
@@ -650,6 +755,7 @@ func unfinalizeOne(ctx context.Context, kube client.Client, nc *karpv1.NodeClaim
 // played Karpenter's replacements.
 type roundResult struct {
 	took             time.Duration
+	writes           float64 // NodeClaim patches and deletes and Event creates per instance
 	replFrom, replTo int
 }
 
@@ -705,7 +811,7 @@ func inParallel(from, to, workers int, fn func(i int) error) error {
 // routerRun runs the router in process and sends the bulk event naming instances [from,
 // from+n), the Spot interruption in the middle of it, and plays Karpenter for the paced pool.
 func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[string]types.UID, restCfg, setupCfg *rest.Config, sqsc *sqs.Client, obs *outcomes,
-	intakeURL, dlqURL, motoURL string, from, n, tag int, bare time.Duration, now time.Time) (res roundResult, err error) {
+	intakeURL, dlqURL, motoURL string, from, n, tag int, now time.Time) (res roundResult, err error) {
 	reqs := newRequests()
 	cfg := reqs.config(restCfg)
 	gates := checks.NewFeatureGates()
@@ -816,12 +922,9 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 		fmt.Sprintf("%s (%.0f/s)", took.Round(10*time.Millisecond), float64(n)/took.Seconds()), "")
 	b.add("router: send until the message(s) are deleted from SQS", deletedAt.Sub(tSend).Round(10*time.Millisecond).String(), "")
 	b.add("router: CPU until every outcome is recorded (Karpenter played by the bench included)", cpu, "")
-	ratio := bare.Seconds() / took.Seconds()
-	b.add("**router speed / bare-loop speed** (same client limit and parallelism)", fmt.Sprintf("**%.2f×**", ratio), "≥ 1.0×")
 	b.add(fmt.Sprintf("router: API requests until recorded (%d, %.2f per instance)", total, float64(total)/float64(n)), strings.Join(lines, ", "), "")
 	b.add("router: Karpenter's (played) API requests until recorded", fmt.Sprint(karpReqs), "")
-	writes := by["patch nodeclaims"] + by["delete nodeclaims"] + by["create events"]
-	b.add("router: writes per instance (patch + delete nodeclaims, create events)", fmt.Sprintf("%.2f", float64(writes)/float64(n)), fmt.Sprintf("bare loop: %.2f", b.bareWrites))
+	res.writes = float64(by["patch nodeclaims"]+by["delete nodeclaims"]+by["create events"]) / float64(n)
 
 	select {
 	case l := <-spotLatency:
