@@ -58,7 +58,9 @@ type instance struct {
 	changes       []stateChange
 	drained       time.Time // when the router first signalled its drain (or began a reboot in place)
 	drainReason   string
-	inPlace       bool // a reboot in place runs: the node is out of service, and comes back
+	forwarded     time.Time // when the drain was last forwarded to Karpenter's queue (forward mode)
+	forwardLife   int       // the leadership (model.life) that forwarded it last
+	inPlace       bool      // a reboot in place runs: the node is out of service, and comes back
 	gone          bool
 }
 
@@ -66,6 +68,9 @@ type model struct {
 	insts  map[string]*instance
 	maints []*maintenance
 	errs   []string
+	// life counts the leaderships: a crash or a failover starts a new one, with a memory of
+	// its own.
+	life int
 }
 
 func newModel() *model { return &model{insts: map[string]*instance{}} }
@@ -189,6 +194,20 @@ func (m *model) drained(in *instance, now time.Time) {
 	}
 }
 
+// forwardedTo checks one drain the router forwarded to Karpenter's queue: a forward is a
+// drain, and one leadership forwards a drain once, whatever redeliveries, duplicates and
+// other events of the instance come. A new leadership may forward it again: delivery to
+// Karpenter is at least once (a crash between the send and the stamp, or after both, leaves
+// the send unknown, and a redelivered event is sent again; Karpenter ignores an interruption
+// of a NodeClaim it is deleting).
+func (m *model) forwardedTo(in *instance, now time.Time) {
+	if !in.forwarded.IsZero() && in.forwardLife == m.life {
+		m.fail("%s: %s forwarded to Karpenter twice by one leader (first at %s, drained at %s): one drain, two messages", now.Format(time.RFC3339), in.id, in.forwarded.Format(time.RFC3339), in.drained.Format(time.RFC3339))
+	}
+	in.forwarded, in.forwardLife = now, m.life
+	m.drained(in, now)
+}
+
 // inPlaceBegun checks a reboot in place the router began for a maintenance of in: as a drain,
 // never early and paced; the node is out of service until the run ends, and the maintenance
 // is taken care of (its pods are off the node before AWS acts).
@@ -208,7 +227,7 @@ func (m *model) inPlaceBegun(in *instance, typ event.ScheduledType, start, now t
 
 // inPlaceOver: the run ended with the node kept; it serves again.
 func (m *model) inPlaceOver(in *instance) {
-	in.inPlace, in.drained, in.drainReason = false, time.Time{}, ""
+	in.inPlace, in.drained, in.drainReason, in.forwarded = false, time.Time{}, "", time.Time{}
 }
 
 // forced reports whether a maintenance of in has reached deadline minus drain-lead: pacing

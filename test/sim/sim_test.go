@@ -91,7 +91,11 @@ func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
 			m.m.drained(in, w.clock.Now())
 		}
 	}
-	w.queues.onForward = w.onDrain
+	w.queues.onForward = func(id string) {
+		if in := m.m.insts[id]; in != nil {
+			m.m.forwardedTo(in, w.clock.Now())
+		}
+	}
 	w.onInPlace = func(inst string, ev event.Event) {
 		inPlaces.Add(1)
 		if in := m.m.insts[inst]; in != nil && ev.Health != nil {
@@ -516,10 +520,10 @@ func (m *machine) inPlaceOver() {
 }
 
 // Crash restarts the leader with empty memory.
-func (m *machine) Crash(*rapid.T) { m.w.crash() }
+func (m *machine) Crash(*rapid.T) { m.w.crash(); m.m.life++ }
 
 // Failover hands the lease to the standby that has been running all along.
-func (m *machine) Failover(*rapid.T) { m.w.failover() }
+func (m *machine) Failover(*rapid.T) { m.w.failover(); m.m.life++ }
 
 // Check runs after every action: the model's verdicts, and what the cluster shows.
 func (m *machine) Check(t *rapid.T) {
