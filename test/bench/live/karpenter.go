@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,11 +79,8 @@ func (k *karpenter) watch(ctx context.Context, pool string, onDeleting func(name
 	}); err != nil {
 		return err
 	}
-	go func() { _ = c.Start(ctx) }()
-	if !c.WaitForCacheSync(ctx) {
-		return fmt.Errorf("karpenter (played): the NodeClaim informer did not sync")
-	}
-	return nil
+	_, err = startCache(ctx, c, "karpenter's (played) NodeClaim informer") // ends with ctx
+	return err
 }
 
 // drain plays the drain of the NodeClaim name of pool; done, when set, is called once it is

@@ -119,7 +119,7 @@ func main() {
 	flag.IntVar(&f.parallel, "instance-parallelism", 16, "instances carried out at once, by the router and by the bare loop")
 	flag.StringVar(&f.pacedLimit, "paced-limit", "2%", "healthrouter.io/max-concurrent-drains of the paced pool")
 	flag.DurationVar(&f.karpenterDelay, "karpenter-delay", 2*time.Second, "how long Karpenter (played by the bench) takes to drain a NodeClaim of the paced pool")
-	flag.IntVar(&f.rounds, "rounds", 4, "rounds of the bare loop and the router (the API server's CPU for the same requests moves by up to 25% from run to run, and drifts through a round): the bare loop first in odd rounds and last in even ones; the first round on the setup's objects, tabled in detail; each later one on fresh Nodes and NodeClaims of its own, removed after; every round's ratio and their median are tabled")
+	flag.IntVar(&f.rounds, "rounds", 4, "rounds of the bare loop and the router (the API server's CPU for the same requests moves by up to 35% from one side to the next, and drifts through a round): the bare loop first in odd rounds and last in even ones; the first round on the setup's objects, tabled in detail; each later one on fresh Nodes and NodeClaims of its own, removed after; every round's ratio and their median are tabled")
 	flag.IntVar(&f.spotNodes, "spot-nodes", 4, "nodes of a Spot pool outside the bulk event; one gets a Spot interruption during the bulk work")
 	flag.IntVar(&f.memoryNodes, "memory-nodes", 100000, "realistic Nodes and NodeClaims stored through the cache transforms to weigh the cache in process (0 skips)")
 	flag.IntVar(&f.untrimmedNodes, "untrimmed-nodes", 10000, "nodes stored untrimmed for comparison (at most --memory-nodes)")
@@ -128,7 +128,7 @@ func main() {
 	flag.IntVar(&f.liveNodes, "live-nodes", 20000, "nodes the cluster grows to (defer pool) for the binary's second weighing and the five-event run (0 skips both and the interrupted event)")
 	flag.DurationVar(&f.timeout, "timeout", 75*time.Minute, "the whole bench")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench's process (the router in process, the bench's watch and played Karpenter) from the bulk event's send until every outcome is recorded")
-	flag.StringVar(&f.apiserverProfile, "apiserver-cpuprofile", "", "write a CPU profile of kube-apiserver (its /debug/pprof) for the first 20 s of each side, to this path suffixed .bare and .router")
+	flag.StringVar(&f.apiserverProfile, "apiserver-cpuprofile", "", "write a CPU profile of kube-apiserver (its /debug/pprof) for the first 20 s of each side, to this path suffixed .bare, .watches (the bare loop with the router's watches) and .router")
 	flag.IntVar(&f.profileRound, "profile-round", 1, "the round -cpuprofile and -apiserver-cpuprofile profile")
 	var burst bool
 	var bf burstFlags
@@ -475,10 +475,9 @@ func limited(cfg *rest.Config, qps float64, burst int) (client.Client, error) {
 // run) finishes a paced drain, the next held instance is deleted. It uses the router's client
 // limit and parallelism and takes, as the router's run, the time until every instance's
 // outcome is written: the least any design recording these outcomes can take, with the same
-// background on the API server.
-// bareLoop carries out the router's outcomes for n fresh instances with one write each. With
-// watches, the router's cache of Nodes and NodeClaims (app.CacheOptions, the router's indexes)
-// runs beside it in the same process, following every change as the router's would.
+// background on the API server. With watches, the router's cache of Nodes and NodeClaims
+// (app.CacheOptions, the router's indexes) runs beside it in the same process, following every
+// change as the router's would.
 func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setupCfg *rest.Config, uid types.UID, now time.Time, watches bool) (time.Duration, error) {
 	n := b.f.nodes
 	name := "bare loop"
@@ -727,12 +726,18 @@ func routerWatches(ctx context.Context, cfg *rest.Config, qps float64, burst int
 			return nil, err
 		}
 	}
+	return startCache(ctx, c, "the router's watches")
+}
+
+// startCache starts c and waits for its informers to sync; stop ends it and waits until it
+// has stopped.
+func startCache(ctx context.Context, c crcache.Cache, what string) (stop func(), err error) {
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Start(cctx) }()
 	if !c.WaitForCacheSync(ctx) {
 		cancel()
-		return nil, fmt.Errorf("the router's watches did not sync: %v", <-done)
+		return nil, fmt.Errorf("%s did not sync: %v", what, <-done)
 	}
 	return func() { cancel(); <-done }, nil
 }
