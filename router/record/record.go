@@ -250,8 +250,9 @@ func Closed(ev event.Event) bool {
 }
 
 // Recorded returns the record of ev, if any: an event recorded already needs no new decision.
-// That is the same event (its ID: a redelivery), or the same scheduled maintenance reported
-// by another source under another key. An update under the same key (a new status, a closed
+// That is the same event (its ID: a redelivery), the same scheduled maintenance reported by
+// another source under another key, or an update of an event that was closed by a report at
+// least as new (lateAfterClose). Any other update under the same key (a new status, a closed
 // event) is never "recorded": it is decided, and supersedes or cancels the record.
 func (s Set) Recorded(ev event.Event) (Record, bool) {
 	match, key := Match(ev), Key(ev)
@@ -260,8 +261,29 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && SameMaintenance(r.Match, match)) {
 			return r, true
 		}
+		if !closed && r.State == StateClosed && lateAfterClose(r, ev, key) {
+			return r, true
+		}
 	}
 	return Record{}, false
+}
+
+// lateAfterClose reports whether ev is an update of the event (or the maintenance) that the
+// closing report c ended, sent before it: SQS and the router's own retry backoff reorder
+// messages, and the older word must not reopen what the newer closed. Under the same key an
+// update from the close's own second is taken as older too (AWS Health closes an event last);
+// from another source only a strictly older one, since its clock is not the close's.
+func lateAfterClose(c Record, ev event.Event, key string) bool {
+	if c.EventTime.IsZero() || ev.Time.IsZero() {
+		return false
+	}
+	switch {
+	case c.Key == key:
+		return !ev.Time.After(c.EventTime)
+	case SameMaintenance(c.Match, Match(ev)):
+		return ev.Time.Before(c.EventTime)
+	}
+	return false
 }
 
 // StaleStop reports whether ev is a stop of the instance (stopping or stopped) that happened

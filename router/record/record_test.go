@@ -266,3 +266,36 @@ func TestEndedKeptUntilTheMaintenance(t *testing.T) {
 		t.Errorf("not pruned at its maintenance: %+v", s.Records)
 	}
 }
+
+// TestLateUpdateAfterClose: issue 25, defect 3. An older update of a maintenance handled after
+// its close (SQS reorders, and so does the router's own retry backoff) must not reopen it: the
+// closing report's record is the newer word. A report newer than the close is decided.
+func TestLateUpdateAfterClose(t *testing.T) {
+	week := t0.Add(7 * 24 * time.Hour)
+	at := func(ev event.Event, when time.Time) event.Event { ev.Time = when; return ev }
+	upcoming := at(health("h1", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthUpcoming), t0)
+	closed := at(health("h1-closed", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthClosed), t0.Add(2*time.Minute))
+	for _, tt := range []struct {
+		name  string
+		late  event.Event
+		known bool
+	}{
+		{"an older update of the same event", at(health("h1-update", "arn:health/1", event.ScheduledSystemReboot, week.Add(24*time.Hour), event.HealthUpcoming), t0.Add(time.Minute)), true},
+		{"an update from the same second as the close", at(health("h1-same", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthUpcoming), t0.Add(2*time.Minute)), true},
+		{"the other source's older report of the same maintenance", at(health("poll-1", "instance-event-1", event.ScheduledSystemReboot, week, event.HealthUpcoming), t0.Add(time.Minute)), true},
+		{"an update newer than the close", at(health("h1-reopened", "arn:health/1", event.ScheduledSystemReboot, week.Add(24*time.Hour), event.HealthUpcoming), t0.Add(3*time.Minute)), false},
+		{"another event of the instance", at(health("h2", "arn:health/2", event.ScheduledInstanceRetirement, week, event.HealthUpcoming), t0.Add(time.Minute)), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var s Set
+			s.Put(Record{EventID: upcoming.ID, Key: Key(upcoming), Kind: upcoming.Kind, State: StateDeferred, Match: Match(upcoming), Until: week, EventTime: upcoming.Time})
+			s.Cancel(closed, true)
+			if len(s.Active()) != 0 {
+				t.Fatalf("the close left %+v active", s.Active())
+			}
+			if _, known := s.Recorded(tt.late); known != tt.known {
+				t.Errorf("recorded %v, want %v", known, tt.known)
+			}
+		})
+	}
+}
