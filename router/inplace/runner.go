@@ -48,7 +48,17 @@ const (
 	// ReasonFallback (Warning): the run gave up keeping the node: why, and that the node is
 	// replaced through the pool's ordinary drain.
 	ReasonFallback = "HealthEventRebootInPlaceFallback"
+	// ReasonCancelled: the maintenance was cancelled before the reboot: the Node goes back
+	// into service.
+	ReasonCancelled = "HealthEventRebootInPlaceCancelled"
+	// ReasonRefused (Warning): the run's record names another instance or Node than its
+	// NodeClaim's own: written by someone else, it is left alone.
+	ReasonRefused = "HealthEventRebootInPlaceRefused"
 )
+
+// ErrBusy: the NodeClaim has a run of another maintenance in progress. One run at a time: the
+// caller holds the event until that run ends (it is not handled by the run in progress).
+var ErrBusy = errors.New("a reboot in place of another maintenance is in progress")
 
 // eventAction is the action of every Event this package posts.
 const eventAction = "RebootInPlace"
@@ -93,6 +103,7 @@ type Runner struct {
 
 	runs       *prometheus.CounterVec
 	inProgress prometheus.Gauge
+	refused    prometheus.Counter
 	mu         sync.Mutex
 	active     map[string]bool // NodeClaims whose run this process saw in progress
 }
@@ -107,13 +118,15 @@ func New(kube client.Client, api client.Reader, evict Evictor, ec2 RebootAPI, cl
 			[]string{metrics.LabelOutcome}),
 		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{Name: metrics.InPlaceInProgress,
 			Help: "Reboots in place in progress, as this router (the leader) carries them out."}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: metrics.InPlaceRefused,
+			Help: "Reboot-in-place records left alone because they name another instance or Node than their NodeClaim's own."}),
 		active: map[string]bool{},
 	}
 	for _, o := range []string{OutcomeDone, OutcomeFallback} {
 		r.runs.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(r.runs, r.inProgress)
+		reg.MustRegister(r.runs, r.inProgress, r.refused)
 	}
 	return r
 }
@@ -121,10 +134,12 @@ func New(kube client.Client, api client.Reader, evict Evictor, ec2 RebootAPI, cl
 // Begin records a run of a reboot in place on the NodeClaim for the scheduled event ev, and
 // puts karpenter.sh/do-not-disrupt on it (noting whether it was there), in one write under
 // the NodeClaim's resource version; the controller takes it from there. It is idempotent:
-// already=true, and nothing written, when the NodeClaim has a run of the same event (same
-// event ID or ARN, or the same maintenance: type and start), or any run in progress (one at
-// a time). For a run in progress of the same event that was rescheduled, the new start (and
-// end) is recorded. A run that ended is replaced by a run of another event.
+// already=true, and nothing written, when the NodeClaim has a run in progress of the same
+// event (same event ID or ARN, or the same maintenance: type and start) or a run that ended
+// for it at the same start. For a run in progress of the same event that was rescheduled, the
+// new start (and end) is recorded (Options.Postponed). A run in progress of another
+// maintenance fails Begin with ErrBusy (one run at a time); a run that ended is replaced by a
+// run of another event, or of the same one at another start (AWS postponed it).
 func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (already bool, err error) {
 	typ, start, end, arn, err := scheduledOf(ev)
 	if err != nil {
@@ -133,8 +148,9 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 	now := r.clock.Now()
 	var begun State
 	var node *corev1.Node
+	busy := ""
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		already, begun, node = false, State{}, nil
+		already, begun, node, busy = false, State{}, nil, ""
 		cur := &karpv1.NodeClaim{}
 		if err := r.api.Get(ctx, client.ObjectKey{Name: nc.Name}, cur); err != nil {
 			return err
@@ -152,10 +168,16 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 			case same && !st.Over() && (!st.Start.Equal(start) || !st.End.Equal(end)):
 				already = true
 				r.log.Info("reboot in place rescheduled", "nodeclaim", cur.Name, "event_id", ev.ID, "start", start, "former_start", st.Start)
-				st.Start, st.End = start, end
-				return r.patchClaim(ctx, cur, func(a map[string]string) { a[Annotation] = encode(st) })
-			case same || !st.Over():
+				next := r.opts.Postponed(st, start, end, now)
+				return r.patchClaim(ctx, cur, func(a map[string]string) { a[Annotation] = encode(next) })
+			case same && !st.Over():
 				already = true
+				return nil
+			case !st.Over():
+				busy = st.EventID
+				return nil
+			case same && st.Start.Equal(start):
+				already = true // the run of this maintenance at this start is over
 				return nil
 			}
 		}
@@ -174,7 +196,8 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 			return fmt.Errorf("reading node %s: %w", cur.Status.NodeName, err)
 		}
 		st = State{Version: Version, EventID: ev.ID, EventARN: arn, Type: typ, Instance: instance, Node: cur.Status.NodeName,
-			Start: start, End: end, Step: StepCordon, Began: now, StepSince: now}
+			Start: start, End: end, Began: now, StepSince: now}
+		st.Step = r.opts.FirstStep(st, now)
 		if cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
 			st.Protected = true
 		}
@@ -187,6 +210,9 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 	if err != nil {
 		return false, fmt.Errorf("beginning a reboot in place of nodeclaim %s: %w", nc.Name, err)
 	}
+	if busy != "" {
+		return false, fmt.Errorf("beginning a reboot in place of nodeclaim %s for %s: %w (%s)", nc.Name, ev.ID, ErrBusy, busy)
+	}
 	if already {
 		return true, nil
 	}
@@ -196,10 +222,60 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 	if typ == event.ScheduledInstanceReboot {
 		then = "reboot the instance (EC2 RebootInstances)"
 	}
+	from := "now"
+	if begun.Step == StepWait {
+		from = "from " + stamp(r.opts.PrepareAt(begun))
+	}
 	r.post([]runtime.Object{nc, node}, corev1.EventTypeNormal, ReasonBegun,
-		"%s (%s): the router keeps this node through the reboot: cordon, evict its pods (budgets respected) by %s, %s, uncordon once Ready; AWS acts at %s",
-		typ, ev.ID, stamp(r.opts.EvictBy(begun)), then, stamp(start))
+		"%s (%s): the router keeps this node through the reboot: cordon %s, evict its pods (budgets respected) by %s, %s, uncordon once Ready; AWS acts at %s",
+		typ, ev.ID, from, stamp(r.opts.EvictBy(begun)), then, stamp(start))
 	return false, nil
+}
+
+// Cancel ends the NodeClaim's run of the maintenance that ev closes (a closed AWS Health
+// event, a [Canceled] or [Completed] EC2 event: the same event ID or ARN, or the same type and
+// start), if the reboot has not begun (Cancelled): the run gives the Node back and ends. It
+// reports whether it did; a run of another maintenance, or one whose reboot is under way, is
+// left as it is. It reads the NodeClaim fresh and writes under its resource version.
+func (r *Runner) Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error) {
+	var arn string
+	var typ event.ScheduledType
+	if ev.Health != nil {
+		arn, typ = ev.Health.EventARN, ev.Health.Scheduled
+	}
+	now := r.clock.Now()
+	cancelled := false
+	var ended State
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cancelled = false
+		cur := &karpv1.NodeClaim{}
+		if err := r.api.Get(ctx, client.ObjectKey{Name: nc.Name}, cur); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		st, ok, err := Read(cur)
+		if err != nil || !ok {
+			return nil // none, or not this router's to change
+		}
+		same := st.EventID == ev.ID || (arn != "" && st.EventARN == arn) ||
+			(!ev.Deadline.IsZero() && st.Start.Equal(ev.Deadline) && (typ == "" || typ == st.Type))
+		if !same {
+			return nil
+		}
+		next, reached := Cancelled(st, fmt.Sprintf("%s (%s) closed the maintenance", ev.Kind, ev.ID), now)
+		if !reached {
+			return nil
+		}
+		cancelled, ended = true, next
+		return r.patchClaim(ctx, cur, func(a map[string]string) { a[Annotation] = encode(next) })
+	})
+	if err != nil {
+		return false, fmt.Errorf("cancelling the reboot in place of nodeclaim %s: %w", nc.Name, err)
+	}
+	if cancelled {
+		r.log.Info("reboot in place cancelled", "nodeclaim", nc.Name, "event_id", ev.ID, "run", ended.EventID, "step", ended.Step)
+		r.post([]runtime.Object{nc}, corev1.EventTypeNormal, ReasonCancelled, "%s (%s): %s; the node goes back into service", ended.Type, ended.EventID, ended.Why)
+	}
+	return cancelled, nil
 }
 
 // scheduledOf returns what a run needs of a scheduled event: a reboot-type event, open,
@@ -278,8 +354,21 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		r.track(nc.Name, false)
 		return reconcile.Result{}, nil
 	}
-	r.track(nc.Name, true)
 	log := r.log.With("nodeclaim", nc.Name, "node", st.Node, "instance", st.Instance, "event_id", st.EventID, "kind", st.Type)
+	if id := cluster.InstanceID(nc.Status.ProviderID); st.Instance != id || st.Node != nc.Status.NodeName {
+		// Trust what the NodeClaim is, not what an annotation says it is: a run names only its
+		// own NodeClaim's instance and Node (Begin writes them from there). Anyone who may
+		// patch NodeClaims could otherwise reboot any instance of the account, or cordon and
+		// empty any Node.
+		r.track(nc.Name, false)
+		r.refused.Inc()
+		log.Warn("reboot in place left alone: its record names another instance or node than its nodeclaim", "claim_instance", id, "claim_node", nc.Status.NodeName)
+		r.post([]runtime.Object{nc}, corev1.EventTypeWarning, ReasonRefused,
+			"the record in %s names instance %q and node %q, but this NodeClaim is instance %q on node %q: left alone, nothing rebooted, cordoned or evicted",
+			Annotation, st.Instance, st.Node, id, nc.Status.NodeName)
+		return reconcile.Result{}, nil
+	}
+	r.track(nc.Name, true)
 
 	node := &corev1.Node{}
 	if err := r.api.Get(ctx, client.ObjectKey{Name: st.Node}, node); apierrors.IsNotFound(err) {
@@ -289,7 +378,21 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	}
 	obs := Observation{Node: NodeStatusOf(node)}
 	now := r.clock.Now()
-	r.act(ctx, nc, node, st, now, &obs, log)
+	askedBefore := st.Step == StepReboot && !st.RebootAsked.IsZero()
+	if st.Step == StepReboot && !askedBefore && node != nil {
+		// Write-ahead: the call is recorded as asked before it goes out, so that a pass
+		// whose record of the outcome fails never reboots the instance a second time.
+		asked := st
+		asked.RebootAsked = now
+		switch err := r.record(ctx, nc, st, asked); {
+		case errors.Is(err, errRunChanged):
+			return reconcile.Result{RequeueAfter: again}, nil
+		case err != nil:
+			return reconcile.Result{}, client.IgnoreNotFound(fmt.Errorf("recording the reboot of nodeclaim %s before it: %w", nc.Name, err))
+		}
+		st = asked
+	}
+	r.act(ctx, nc, node, st, now, &obs, log, askedBefore)
 	d := Next(st, obs, now, r.opts)
 	if encode(d.State) != encode(st) {
 		switch err := r.record(ctx, nc, st, d.State); {
@@ -315,11 +418,15 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 
 // act carries out the action of the run's step and notes its outcome in obs. There is none
 // for a Node that is gone, but Fallback is called all the same.
-func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Node, st State, now time.Time, obs *Observation, log *slog.Logger) {
+func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Node, st State, now time.Time, obs *Observation, log *slog.Logger, askedBefore bool) {
 	if node == nil && st.Step != StepFallback {
 		return
 	}
 	switch st.Step {
+	case StepWait:
+		// The Node serves until the run prepares it.
+	case StepRelease:
+		obs.Err = r.restore(ctx, node, true)
 	case StepCordon:
 		m, err := r.cordon(ctx, node, st)
 		obs.Cordoned, obs.NodeProtected, obs.Err = m.Cordoned, m.Protected, err
@@ -330,7 +437,9 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 		}
 		obs.Left, obs.Refused, obs.Err = r.evictor.Evict(ctx, st.Node, end)
 	case StepReboot:
-		obs.Err = r.reboot(ctx, st)
+		if !askedBefore {
+			obs.Err = r.reboot(ctx, st)
+		} // else an earlier pass asked, and its outcome went unrecorded: not asked again
 	case StepUncordon:
 		obs.Err = r.restore(ctx, node, true)
 	case StepFallback:

@@ -50,6 +50,12 @@ type Step string
 
 // The steps of a run, in order. A run ends in StepDone or StepFallback with an Outcome.
 const (
+	// StepWait: the run is recorded and the NodeClaim protected; the Node stays in service
+	// until AWS's start comes near (Options.PrepareAt), for the events AWS reboots itself.
+	StepWait Step = "wait"
+	// StepRelease: the maintenance was postponed far enough that the Node, emptied for the
+	// old start, goes back into service: undo what the run changed on it, then StepWait.
+	StepRelease Step = "release"
 	// StepCordon: cordon the Node and put do-not-disrupt on it.
 	StepCordon Step = "cordon"
 	// StepEvict: evict the Node's pods, one bounded round per pass, until none is left.
@@ -71,7 +77,7 @@ const (
 )
 
 // steps lists every Step, for validation.
-var steps = []Step{StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone, StepFallback}
+var steps = []Step{StepWait, StepRelease, StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone, StepFallback}
 
 // Types are the scheduled-event types a run handles: the ones where AWS keeps the instance.
 var Types = []event.ScheduledType{event.ScheduledInstanceReboot, event.ScheduledSystemReboot, event.ScheduledSystemMaintenance}
@@ -112,6 +118,10 @@ type State struct {
 	// Rebooted is when the router's RebootInstances succeeded; zero when AWS reboots the
 	// instance at Start (system events, or a RebootInstances that kept failing).
 	Rebooted time.Time `json:"rebooted,omitzero"`
+	// RebootAsked is written before the router calls RebootInstances (write-ahead): a pass
+	// that finds it set and Rebooted zero does not call again, since the earlier call may have
+	// gone out before its outcome could be recorded. A failed call clears it.
+	RebootAsked time.Time `json:"reboot_asked,omitzero"`
 	// NotReadySince is when the run first saw the Node not Ready after the reboot.
 	NotReadySince time.Time `json:"not_ready_since,omitzero"`
 	// Why is why the run falls back (StepFallback), or a note on how it finished.
@@ -174,7 +184,7 @@ func decode(v string) (State, error) {
 
 func encode(st State) string {
 	st.Version = Version
-	for _, t := range []*time.Time{&st.Start, &st.End, &st.Began, &st.StepSince, &st.Rebooted, &st.NotReadySince} {
+	for _, t := range []*time.Time{&st.Start, &st.End, &st.Began, &st.StepSince, &st.Rebooted, &st.RebootAsked, &st.NotReadySince} {
 		*t = t.UTC()
 	}
 	b, _ := json.Marshal(st) // strings, times, numbers and booleans always marshal

@@ -21,6 +21,7 @@ const (
 	DefaultRebootAttempts = 5
 	DefaultRetryMin       = 5 * time.Second
 	DefaultRetryMax       = 5 * time.Minute
+	DefaultPrepare        = 2 * time.Hour
 )
 
 // Options bound the steps of a run; zero values take the defaults.
@@ -51,6 +52,12 @@ type Options struct {
 	// RetryMin and RetryMax bound the backoff after a failed action (a cordon, an eviction
 	// round that failed, a reboot call, an uncordon, a fallback).
 	RetryMin, RetryMax time.Duration
+	// Prepare is how long before AWS's start a run of an event AWS reboots itself
+	// (system-reboot, system-maintenance) cordons and empties the Node: long enough for its
+	// pods' budgets to let them go one at a time, short enough that the node is not idle for
+	// days when the run began in a window long before the start. The window decides when the
+	// disruption may happen; it does not make the node idle earlier.
+	Prepare time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -67,6 +74,7 @@ func (o Options) withDefaults() Options {
 	set(&o.Poll, DefaultPoll)
 	set(&o.RetryMin, DefaultRetryMin)
 	set(&o.RetryMax, DefaultRetryMax)
+	set(&o.Prepare, DefaultPrepare)
 	if o.RebootAttempts <= 0 {
 		o.RebootAttempts = DefaultRebootAttempts
 	}
@@ -77,6 +85,55 @@ func (o Options) withDefaults() Options {
 // router): Start - EvictMargin.
 func (o Options) EvictBy(st State) time.Time {
 	return st.Start.Add(-o.withDefaults().EvictMargin)
+}
+
+// PrepareAt is when the run cordons and empties the Node: at once for an instance-reboot (the
+// router reboots it itself, in the window that began the run), Start - Prepare - EvictMargin
+// for the events AWS reboots at its start.
+func (o Options) PrepareAt(st State) time.Time {
+	o = o.withDefaults()
+	if st.Type == event.ScheduledInstanceReboot {
+		return time.Time{}
+	}
+	return st.Start.Add(-o.Prepare - o.EvictMargin)
+}
+
+// FirstStep is the step a run begins with at now: StepWait while the Node may stay in
+// service, else StepCordon.
+func (o Options) FirstStep(st State, now time.Time) Step {
+	if now.Before(o.PrepareAt(st)) {
+		return StepWait
+	}
+	return StepCordon
+}
+
+// Postponed returns the run as its maintenance moved to start (and end): a run that emptied the
+// Node for the old start and has not rebooted gives the Node back (StepRelease) when the new
+// start leaves it time to serve; a run still waiting waits for the new start.
+func (o Options) Postponed(st State, start, end, now time.Time) State {
+	st.Start, st.End = start, end
+	emptied := st.Step == StepCordon || st.Step == StepEvict || (st.Step == StepAwait && st.Rebooted.IsZero() && st.RebootAsked.IsZero())
+	if emptied && now.Before(o.PrepareAt(st)) {
+		st = advance(st, StepRelease, now)
+		st.Why = "the maintenance moved to " + stamp(start) + ": the Node serves until then"
+	}
+	return st
+}
+
+// Cancelled returns the run as its maintenance was cancelled, and whether the cancel reaches
+// it: a run that has not rebooted (and, for the events AWS reboots, whose start has not come)
+// gives the Node back at once; once the reboot is under way the run sees it through.
+func Cancelled(st State, why string, now time.Time) (State, bool) {
+	if st.Over() || st.Step == StepUncordon || st.Step == StepFallback {
+		return st, false
+	}
+	if !st.Rebooted.IsZero() || !st.RebootAsked.IsZero() || st.Step == StepReady ||
+		(st.Type != event.ScheduledInstanceReboot && !now.Before(st.Start)) {
+		return st, false
+	}
+	st = advance(st, StepUncordon, now)
+	st.Why = truncate("cancelled: "+why, lastErrorMax)
+	return st, true
 }
 
 // NodeStatus is the Node as a pass reads it from the API server.
@@ -134,10 +191,23 @@ func Next(st State, obs Observation, now time.Time, o Options) Decision {
 	if st.Over() {
 		return Decision{State: st}
 	}
-	if !obs.Node.Found && st.Step != StepUncordon && st.Step != StepFallback {
+	if !obs.Node.Found && st.Step != StepUncordon && st.Step != StepFallback && st.Step != StepWait && st.Step != StepRelease {
 		return fallback(st, fmt.Sprintf("the Node %s is gone", st.Node), now)
 	}
 	switch st.Step {
+	case StepWait:
+		if at := o.PrepareAt(st); now.Before(at) {
+			return Decision{State: st, Wait: at.Sub(now)}
+		}
+		return Decision{State: advance(st, StepCordon, now)}
+	case StepRelease:
+		if obs.Err != nil {
+			return backoff(st, obs.Err.Error(), now, o)
+		}
+		why := st.Why
+		st = advance(st, StepWait, now)
+		st.Cordoned, st.NodeProtected, st.BootID, st.NotReadySince, st.Why = false, false, "", time.Time{}, why
+		return Decision{State: st, Wait: max(0, o.PrepareAt(st).Sub(now))}
 	case StepCordon:
 		return cordonNext(st, obs, now, o)
 	case StepEvict:
@@ -214,10 +284,15 @@ func evictNext(st State, obs Observation, now time.Time, o Options) Decision {
 
 func rebootNext(st State, obs Observation, now time.Time, o Options) Decision {
 	if obs.Err == nil {
+		asked := st.RebootAsked
+		if asked.IsZero() {
+			asked = now
+		}
 		st = advance(st, StepAwait, now)
-		st.Rebooted, st.BootID = now, obs.Node.BootID
+		st.Rebooted, st.BootID = asked, obs.Node.BootID
 		return Decision{State: st, Wait: o.Poll}
 	}
+	st.RebootAsked = time.Time{} // the call failed: the next may go out
 	if st.Attempts+1 < o.RebootAttempts && now.Before(o.EvictBy(st)) {
 		return backoff(st, obs.Err.Error(), now, o)
 	}
@@ -247,7 +322,10 @@ func awaitNext(st State, obs Observation, now time.Time, o Options) Decision {
 	// Ready. A reboot shows as a new boot ID, or as a Ready transition after the reboot
 	// began (the Node went NotReady and back between two reads). A heartbeat alone proves
 	// nothing: a kubelet still shutting down posts one too.
-	if newBoot || n.ReadySince.After(ref) {
+	// While AWS's window is open and boot IDs are known, only a new boot proves AWS's reboot: a
+	// Ready transition alone may be a blip before it.
+	transition := n.ReadySince.After(ref) && (st.BootID == "" || n.BootID == "" || !st.Rebooted.IsZero() || !now.Before(st.End))
+	if newBoot || transition {
 		return Decision{State: advance(st, StepUncordon, now)}
 	}
 	if !st.Rebooted.IsZero() {
@@ -270,6 +348,14 @@ func awaitNext(st State, obs Observation, now time.Time, o Options) Decision {
 
 func readyNext(st State, obs Observation, now time.Time, o Options) Decision {
 	if obs.Node.Ready == corev1.ConditionTrue {
+		newBoot := st.BootID != "" && obs.Node.BootID != "" && obs.Node.BootID != st.BootID
+		if !newBoot && st.Rebooted.IsZero() && now.Before(st.End) {
+			// Ready again with the same boot ID while AWS's window is still open: a blip (a
+			// kubelet restart, a network hiccup), not AWS's reboot, which is still to come.
+			st = advance(st, StepAwait, now)
+			st.NotReadySince = time.Time{}
+			return Decision{State: st, Wait: o.Poll}
+		}
 		return Decision{State: advance(st, StepUncordon, now)}
 	}
 	by := st.NotReadySince.Add(o.ReadyTimeout)

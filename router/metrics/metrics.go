@@ -43,6 +43,7 @@ const (
 	// Reboots in place (router/inplace).
 	InPlaceRuns       = "health_router_inplace_runs_total"       // labels: outcome (done, fallback); runs ended
 	InPlaceInProgress = "health_router_inplace_runs_in_progress" // gauge: runs this router (the leader) carries out
+	InPlaceRefused    = "health_router_inplace_refused_total"    // runs left alone: their record names another instance or node than their NodeClaim's
 )
 
 // Prometheus label names.

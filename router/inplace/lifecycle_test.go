@@ -1,0 +1,213 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/event"
+)
+
+// The regression tests of issue 25 for the reboot in place: each failed on 625c04b.
+
+// TestPostponedAfterRunEnded: defect 2. AWS postpones a system reboot; the run for the old
+// start ends ("no visible effect") and the same event at its new start must begin a new run,
+// not be answered "already" (AWS would then reboot the node with its pods on it).
+func TestPostponedAfterRunEnded(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	ev := scheduled("ev-1", event.ScheduledSystemReboot, start)
+	r.begin(ev)
+	r.passTo(StepAwait)
+	r.clock.SetTime(start.Add(DefaultQuiet))
+	r.passTo(StepDone)
+	later := start.Add(48 * time.Hour)
+	postponed := scheduled("ev-1-update", event.ScheduledSystemReboot, later)
+	postponed.Health.EventARN = ev.Health.EventARN
+	r.clock.SetTime(later.Add(-3 * time.Hour))
+	if r.begin(postponed) {
+		t.Fatal("the postponed maintenance was answered 'already' by the run of its old start")
+	}
+	if st := r.state(); !st.Start.Equal(later) || st.Over() {
+		t.Errorf("the new run: %s", encode(st))
+	}
+}
+
+// TestSystemRebootNotEmptiedEarly: defect 7. A run begun days before AWS's start (at the
+// pool's window) must not cordon and empty the node until shortly before the start.
+func TestSystemRebootNotEmptiedEarly(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	far := t0.Add(3 * 24 * time.Hour)
+	r.begin(scheduled("ev-1", event.ScheduledSystemMaintenance, far))
+	for range 3 {
+		r.pass()
+	}
+	if r.node().Spec.Unschedulable || r.evictor.calls > 0 {
+		t.Fatalf("the node was cordoned (%v) or emptied (%d rounds) three days before AWS acts", r.node().Spec.Unschedulable, r.evictor.calls)
+	}
+	r.clock.SetTime(far.Add(-2 * time.Hour))
+	r.passTo(StepAwait)
+	if !r.node().Spec.Unschedulable || r.evictor.calls == 0 {
+		t.Errorf("not emptied before the start: cordoned %v, %d rounds", r.node().Spec.Unschedulable, r.evictor.calls)
+	}
+}
+
+// TestBlipBeforeAWSReboot: defect 10. With the event's end ahead, a NotReady->Ready blip with
+// the same boot ID is not AWS's reboot: the run keeps the node out of service until a new boot.
+func TestBlipBeforeAWSReboot(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	ev := scheduled("ev-1", event.ScheduledSystemReboot, start)
+	ev.Health.End = start.Add(2 * time.Hour)
+	r.begin(ev)
+	r.passTo(StepAwait)
+	r.clock.SetTime(start.Add(time.Minute))
+	r.kubelet(corev1.ConditionFalse, start.Add(30*time.Second), "boot-1")
+	r.pass()
+	r.clock.Step(2 * time.Minute)
+	r.kubelet(corev1.ConditionTrue, r.clock.Now().Add(-time.Second), "boot-1")
+	r.pass()
+	r.pass()
+	if st := r.state(); st.Over() || !r.node().Spec.Unschedulable {
+		t.Fatalf("a blip ended the run before AWS's reboot: %s, cordoned %v", encode(st), r.node().Spec.Unschedulable)
+	}
+	r.clock.Step(10 * time.Minute)
+	r.kubelet(corev1.ConditionTrue, r.clock.Now(), "boot-2")
+	r.passTo(StepDone)
+	if r.node().Spec.Unschedulable {
+		t.Error("still cordoned after the reboot")
+	}
+}
+
+// TestRebootCalledOnce: defect 10. RebootInstances succeeds, the write recording it fails:
+// the next pass must not reboot the instance a second time.
+func TestRebootCalledOnce(t *testing.T) {
+	failAfterReboot := false
+	var r *rig
+	r = newRig(t, rigOpts{funcs: interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, ok := obj.(*karpv1.NodeClaim); ok && failAfterReboot && len(r.ec2.calls) > 0 {
+				failAfterReboot = false
+				return errors.New("http2: client connection lost")
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}})
+	r.begin(scheduled("ev-1", event.ScheduledInstanceReboot, start))
+	r.passTo(StepReboot)
+	failAfterReboot = true
+	_, _ = r.runner.Reconcile(r.ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: claimName}})
+	r.runner = r.newRunner()
+	for range 3 {
+		r.pass()
+	}
+	if len(r.ec2.calls) != 1 {
+		t.Errorf("RebootInstances called %d times", len(r.ec2.calls))
+	}
+}
+
+// TestPostponedMidRun: AWS postpones the maintenance by days while the run has emptied the
+// Node: the Node goes back into service (uncordoned, do-not-disrupt removed from it) and the
+// run waits for the new start, protected; it empties the Node again before it.
+func TestPostponedMidRun(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.begin(scheduled("ev-1", event.ScheduledSystemReboot, start))
+	r.passTo(StepAwait)
+	later := start.Add(72 * time.Hour)
+	if !r.begin(scheduled("ev-1", event.ScheduledSystemReboot, later)) {
+		t.Fatal("the postponed run: not already")
+	}
+	r.passTo(StepWait)
+	if claim, node, cordoned := r.protection(); !claim || node || cordoned {
+		t.Errorf("released: nodeclaim protected %v (want true), node protected %v, cordoned %v (want neither)", claim, node, cordoned)
+	}
+	if wait := r.pass(); wait != later.Add(-DefaultPrepare-DefaultEvictMargin).Sub(r.clock.Now()) {
+		t.Errorf("waits %s", wait)
+	}
+	r.clock.SetTime(later.Add(-DefaultPrepare))
+	r.passTo(StepAwait)
+	if !r.node().Spec.Unschedulable {
+		t.Error("not emptied again before the new start")
+	}
+	r.clock.SetTime(later.Add(DefaultQuiet))
+	r.passTo(StepDone)
+	if claim, node, cordoned := r.protection(); claim || node || cordoned {
+		t.Errorf("after the run: %v %v %v", claim, node, cordoned)
+	}
+}
+
+// TestCancelled: defect 4. A cancel before the reboot gives the Node back at once; after
+// AWS's start (or the router's reboot) the run sees the reboot through.
+func TestCancelled(t *testing.T) {
+	closed := func(ev event.Event) event.Event {
+		c := ev
+		h := *ev.Health
+		h.Status = event.HealthClosed
+		c.ID, c.Health = ev.ID+"-closed", &h
+		return c
+	}
+	t.Run("before the reboot", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		ev := scheduled("ev-1", event.ScheduledInstanceReboot, start)
+		r.begin(ev)
+		r.passTo(StepReboot)
+		r.events()
+		if ok, err := r.runner.Cancel(r.ctx, r.claim(), closed(ev)); err != nil || !ok {
+			t.Fatalf("Cancel: %v %v", ok, err)
+		}
+		r.passTo(StepDone)
+		if len(r.ec2.calls) != 0 {
+			t.Error("rebooted a cancelled maintenance")
+		}
+		if claim, node, cordoned := r.protection(); claim || node || cordoned {
+			t.Errorf("after the cancel: nodeclaim protected %v, node protected %v, cordoned %v", claim, node, cordoned)
+		}
+		r.expectEvents("cancel", ReasonCancelled, ReasonDone, ReasonDone)
+	})
+	t.Run("another maintenance's close", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		r.begin(scheduled("ev-1", event.ScheduledSystemReboot, start))
+		other := closed(scheduled("ev-2", event.ScheduledSystemReboot, start.Add(24*time.Hour)))
+		if ok, _ := r.runner.Cancel(r.ctx, r.claim(), other); ok {
+			t.Error("cancelled by another maintenance's close")
+		}
+	})
+	t.Run("the reboot under way", func(t *testing.T) {
+		r := newRig(t, rigOpts{})
+		ev := scheduled("ev-1", event.ScheduledSystemReboot, start)
+		r.begin(ev)
+		r.passTo(StepAwait)
+		r.clock.SetTime(start.Add(time.Minute))
+		if ok, _ := r.runner.Cancel(r.ctx, r.claim(), closed(ev)); ok {
+			t.Error("a run past AWS's start was cancelled")
+		}
+	})
+}
+
+// TestForgedRunLeftAlone: issue 26. A run whose record names another instance or Node than
+// its NodeClaim's own (a forged annotation) reboots, cordons and evicts nothing.
+func TestForgedRunLeftAlone(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	forged := State{Version: Version, EventID: "forged", Type: event.ScheduledInstanceReboot, Instance: "i-0ffffffffffffffff",
+		Node: "ng-system-1", Start: start, Step: StepReboot, Began: t0, StepSince: t0}
+	nc := r.claim()
+	nc.Annotations = map[string]string{Annotation: encode(forged)}
+	if err := r.kube.Update(r.ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		r.pass()
+	}
+	if len(r.ec2.calls) != 0 || r.evictor.calls != 0 || r.node().Spec.Unschedulable {
+		t.Errorf("a forged run acted: %d reboots (%v), %d eviction rounds", len(r.ec2.calls), r.ec2.calls, r.evictor.calls)
+	}
+	if got := r.refusedCount(); got == 0 {
+		t.Error("not counted")
+	}
+	r.expectEvents("forged", ReasonRefused, ReasonRefused, ReasonRefused)
+}
