@@ -195,7 +195,8 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	}
 	// Scheduled events of pools annotated healthrouter.io/reschedule=true move into their window
 	// (refused without ec2:ModifyInstanceEventStartTime: the ordinary policy applies).
-	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism).WithRescheduler(reschedule.NewEvents(ec2Client))
+	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism).WithRescheduler(reschedule.NewEvents(ec2Client)).
+		WithFreshReads(mgr.GetAPIReader())
 	var cs kubernetes.Interface // evictions (kubectl's drain helper): cordon-drain, reboot in place
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain || o.RebootInPlace {
 		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {

@@ -35,7 +35,20 @@ const (
 	// ReasonNodeDrainBlocked (Warning): a PodDisruptionBudget still refuses an eviction past
 	// the drain's deadline. The router keeps trying; it never overrides the budget.
 	ReasonNodeDrainBlocked = "HealthEventNodeDrainBlocked"
+	// ReasonNodeDrainEnded: the drain ended without the instance going away (its
+	// maintenance was cancelled, or AWS completed a reboot): the router uncordoned the Node
+	// if it had cordoned it.
+	ReasonNodeDrainEnded = "HealthEventNodeDrainEnded"
 )
+
+// Drain is what Begin records: the event a Node is drained for.
+type Drain struct {
+	EventID, Key, Match, Kind string
+	// Deadline bounds the drain (the event's deadline minus drain-lead), or zero.
+	Deadline time.Time
+	// Release: see Record.Release.
+	Release time.Time
+}
 
 // eventAction is the action of every Event this package posts.
 const eventAction = "Drain"
@@ -123,23 +136,34 @@ func (d *Drainer) Start(ctx context.Context) error {
 }
 
 // Begin records the drain on the Node and cordons it in one patch (optimistic lock, retried
-// on conflict, idempotent): already=true when the Node carries a record already (nothing
-// written). deadline is the drain's bound (the event's deadline minus drain-lead), or zero.
-func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, eventID, kind string, deadline time.Time) (already bool, err error) {
-	if eventID == "" {
+// on conflict, idempotent): already=true, and nothing written, when the Node carries an
+// unfinished drain, or a finished one of the same event. A finished drain of another event is
+// replaced: the instance was drained before and is now drained again (an operator may have
+// uncordoned it meanwhile). The Node is read fresh, not from the router's cache, which trims
+// spec.unschedulable: whether the router cordons it (and so may uncordon it) is decided on
+// what the Node is.
+func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (already bool, err error) {
+	if dr.EventID == "" {
 		return false, fmt.Errorf("beginning a drain of node %s: no event ID", node.Name)
 	}
-	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
-		_, found, err := Records(n)
+	fresh, err := d.cs.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("beginning a drain of node %s: reading it: %w", node.Name, err)
+	}
+	err = d.update(ctx, fresh, func(n *corev1.Node) (bool, error) {
+		prev, found, err := Records(n)
 		if err != nil {
 			// Someone else's broken record: overwriting it would lose what they meant.
 			return false, err
 		}
-		already = found
-		if found {
+		already = found && (!prev.Finished() || prev.EventID == dr.EventID || (dr.Key != "" && prev.Key == dr.Key))
+		if already {
 			return false, nil
 		}
-		rec := Record{EventID: eventID, Kind: kind, Started: d.clock.Now(), Deadline: deadline, Cordoned: !n.Spec.Unschedulable}
+		// A finished drain's cordon is still the router's if the Node is still cordoned.
+		cordoned := !n.Spec.Unschedulable || (found && prev.Cordoned)
+		rec := Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, Started: d.clock.Now(), Deadline: dr.Deadline,
+			Release: dr.Release, Cordoned: cordoned}
 		n.Annotations[AnnotationNodeDrain] = encode(rec)
 		n.Spec.Unschedulable = true
 		return true, nil
@@ -148,16 +172,67 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, eventID, kind st
 		return false, fmt.Errorf("beginning a drain of node %s: %w", node.Name, err)
 	}
 	if !already {
-		d.log.Info("node cordoned for a drain", "node", node.Name, "event_id", eventID, "kind", kind, "deadline", deadline)
+		d.log.Info("node cordoned for a drain", "node", node.Name, "event_id", dr.EventID, "kind", dr.Kind, "deadline", dr.Deadline)
 	}
 	return already, nil
 }
 
-// Forget removes the record and uncordons the Node, if the router cordoned it (used when an
-// event is cancelled before any pod was evicted, and by tests); no-op without a record.
+// Cancel ends the Node's drain if it is for the maintenance that closes (a closed event:
+// the same event ID or key, or the same maintenance, Record.Match): the record goes and the
+// Node is uncordoned if the router cordoned it. It reports whether it ended one.
+func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, error) {
+	node, err := d.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading node %s: %w", name, err)
+	}
+	rec, ok, err := Records(node)
+	if err != nil || !ok {
+		return false, nil // none, or not one this router can trace
+	}
+	same := rec.EventID == dr.EventID || (dr.Key != "" && rec.Key == dr.Key) || (dr.Match != "" && sameMaintenance(rec.Match, dr.Match))
+	if !same {
+		return false, nil
+	}
+	if err := d.end(ctx, node, rec, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")"); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// sameMaintenance is router/record's SameMaintenance ("<type>@<not-before>", the type
+// empty where unknown), restated: this package is below record in the pipeline.
+func sameMaintenance(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	ta, at, _ := strings.Cut(a, "@")
+	tb, bt, _ := strings.Cut(b, "@")
+	return at == bt && (ta == tb || ta == "" || tb == "")
+}
+
+// end forgets the drain rec of node (its record gone, the Node uncordoned if the router
+// cordoned it) and says why on the Node.
+func (d *Drainer) end(ctx context.Context, node *corev1.Node, rec Record, why string) error {
+	if err := d.forget(ctx, node, rec.EventID); err != nil {
+		return err
+	}
+	how := "left cordoned: it was cordoned before the drain"
+	if rec.Cordoned {
+		how = "uncordoned"
+	}
+	d.recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeDrainEnded, eventAction, "%s (%s): the drain ended: %s; %s", rec.Kind, rec.EventID, why, how)
+	d.log.Info("node drain ended", "node", node.Name, "event_id", rec.EventID, "why", why, "uncordoned", rec.Cordoned)
+	return nil
+}
+
+// Forget removes the record and uncordons the Node, if the router cordoned it; no-op without
+// a record. It reads the Node fresh, not from the cache: a cancellation can follow Begin
+// closely, before the cache shows the record, and "no record" would then leave the Node
+// cordoned.
 func (d *Drainer) Forget(ctx context.Context, name string) error {
-	// Read fresh, not from the cache: a cancellation can follow Begin closely, before the
-	// cache shows the record, and "no record" would then leave the Node cordoned.
 	node, err := d.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -165,13 +240,23 @@ func (d *Drainer) Forget(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("reading node %s: %w", name, err)
 	}
-	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+	return d.forget(ctx, node, "")
+}
+
+// forget removes node's record (only eventID's, unless empty) and uncordons the Node if the
+// record says the router cordoned it.
+func (d *Drainer) forget(ctx context.Context, node *corev1.Node, eventID string) error {
+	name := node.Name
+	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
 		if _, ok := n.Annotations[AnnotationNodeDrain]; !ok {
 			return false, nil
 		}
 		// A record that does not parse is removed, but the Node stays cordoned: who cordoned
 		// it is not known.
 		rec, _, err := Records(n)
+		if eventID != "" && (err != nil || rec.EventID != eventID) {
+			return false, nil // replaced meanwhile: not the drain to end
+		}
 		delete(n.Annotations, AnnotationNodeDrain)
 		if err == nil && rec.Cordoned {
 			n.Spec.Unschedulable = false
@@ -202,11 +287,19 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 	}
 	var todo []pending
 	byName := map[string]*corev1.Node{}
+	now := d.clock.Now()
+	var errs []error
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		rec, ok, err := Records(n)
 		if err != nil {
 			d.log.Warn("node drain record ignored", "node", n.Name, "error", err)
+			continue
+		}
+		if ok && rec.Finished() && !rec.Release.IsZero() && !now.Before(rec.Release) {
+			if err := d.release(ctx, n.Name, rec); err != nil {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		if !ok || rec.Finished() {
@@ -222,7 +315,6 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 		}
 	}
 	order(todo, d.lastTried)
-	now := d.clock.Now()
 	work := todo[:min(len(todo), d.opts.PerPass)]
 	for _, p := range work {
 		d.lastTried[p.node] = now
@@ -234,13 +326,14 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 	// warning's two minutes.
 	var wg sync.WaitGroup
 	finished := make([]bool, len(work))
-	errs := make([]error, len(work))
+	roundErrs := make([]error, len(work))
 	for i, p := range work {
 		wg.Go(func() {
-			finished[i], errs[i] = d.drainNode(ctx, byName[p.node].DeepCopy(), p.rec)
+			finished[i], roundErrs[i] = d.drainNode(ctx, byName[p.node].DeepCopy(), p.rec)
 		})
 	}
 	wg.Wait()
+	errs = append(errs, roundErrs...)
 	left := len(todo)
 	for _, f := range finished {
 		if f {
@@ -249,6 +342,24 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 	}
 	d.draining.Store(int64(left))
 	return left, errors.Join(errs...)
+}
+
+// release ends a finished drain whose maintenance AWS kept the instance through, once the
+// Node is Ready (read fresh: the cache trims Node status): AWS's reboot is over.
+func (d *Drainer) release(ctx context.Context, name string, rec Record) error {
+	node, err := d.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading node %s: %w", name, err)
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+			return d.end(ctx, node, rec, "AWS's maintenance is over ("+rec.Release.UTC().Format(time.RFC3339)+") and the Node is Ready")
+		}
+	}
+	return nil // not Ready yet: the next pass looks again
 }
 
 // drainNode runs one eviction round on a Node and records its outcome.

@@ -24,8 +24,17 @@ const AnnotationNodeDrain = "healthrouter.io/node-drain"
 // left. The Node is the record's only home: a restarted or newly elected router resumes
 // every unfinished drain from it.
 type Record struct {
-	EventID  string    `json:"event_id"`
-	Kind     string    `json:"kind"`
+	EventID string `json:"event_id"`
+	// Key is the event across its updates (an AWS Health ARN), Match the scheduled
+	// maintenance across its sources (router/record's Key and Match): a close of either
+	// reaches the drain (Drainer.Cancel).
+	Key   string `json:"key,omitempty"`
+	Match string `json:"match,omitempty"`
+	Kind  string `json:"kind"`
+	// Release is when a drain for a maintenance AWS keeps the instance through (a reboot)
+	// ends: past it, once the drain is done and the Node Ready, the router uncordons the Node
+	// it cordoned. Zero for the events that end the instance.
+	Release  time.Time `json:"release,omitzero"`
 	Started  time.Time `json:"started"`
 	Deadline time.Time `json:"deadline,omitzero"`
 	// Done is when the router found no evictable pod left on the Node.
@@ -76,6 +85,7 @@ func decode(v string) (Record, error) {
 func encode(r Record) string {
 	r.Started = r.Started.UTC()
 	r.Deadline = r.Deadline.UTC()
+	r.Release = r.Release.UTC()
 	if r.Done != nil {
 		done := r.Done.UTC()
 		r.Done = &done

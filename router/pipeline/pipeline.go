@@ -12,10 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/utils/clock"
@@ -24,7 +27,9 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/notify"
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
@@ -49,9 +54,22 @@ type Publisher interface {
 }
 
 // NodeDrainer drains a node Karpenter does not manage (--unmanaged-nodes=cordon-drain):
-// Begin records the drain on the Node and cordons it; the drainer evicts its pods from there.
+// Begin records the drain on the Node and cordons it; the drainer evicts its pods from there;
+// Cancel ends it when its maintenance closes (router/nodedrain's Drainer).
 type NodeDrainer interface {
-	Begin(ctx context.Context, node *corev1.Node, eventID, kind string, deadline time.Time) (already bool, err error)
+	Begin(ctx context.Context, node *corev1.Node, dr nodedrain.Drain) (already bool, err error)
+	Cancel(ctx context.Context, node string, dr nodedrain.Drain) (bool, error)
+}
+
+// Holder is an action that holds state for a maintenance after the pipeline carried it out:
+// a reboot in place (on the NodeClaim and its Node), a drain of an unmanaged Node. Each is
+// begun by its outcome; a close of the maintenance (a decision with Cancel) reaches every
+// one through this one contract, whichever began it, and each ends only what is its own
+// (it matches the event by its own keys). The deferral records are the signaller's, ended by
+// the same decision (signal.Ignore).
+type Holder interface {
+	// Cancel ends what is held for the maintenance ev closes, and reports whether it did.
+	Cancel(ctx context.Context, res cluster.Resolved, ev event.Event) (bool, error)
 }
 
 // Pipeline decides and carries out events.
@@ -68,19 +86,69 @@ type Pipeline struct {
 	pods      PodNotifier // nil: the pods are not told
 	resched   Rescheduler // nil: no event is moved
 	inPlace   InPlacer    // nil: a reboot in place is replaced instead
+	holders   []Holder    // every action that holds state: a close reaches each
+	fresh     client.Reader
 	cluster   string
 }
 
-// InPlacer begins a reboot in place (router/inplace's Runner).
+// InPlacer begins and cancels reboots in place (router/inplace's Runner). Begin fails with
+// inplace.ErrBusy while a run of another maintenance is in progress on the NodeClaim.
 type InPlacer interface {
 	Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (already bool, err error)
+	Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error)
 }
 
 // WithInPlace has the pipeline keep nodes through reboots for the pools that ask
 // (reboot-in-place), through r.
 func (p *Pipeline) WithInPlace(r InPlacer) *Pipeline {
 	p.inPlace = r
+	p.holders = append(p.holders, inPlaceHolder{r})
 	return p
+}
+
+// WithFreshReads has the pipeline read a NodeClaim fresh (r: an API reader, not the cache)
+// before a destructive action that rests on its records: a drain, a reboot in place. The
+// informer cache lags the router's own writes: a close, a `running` or another worker's
+// outcome written a moment before is not in it yet, and the decision is made again on what
+// the API server holds.
+func (p *Pipeline) WithFreshReads(r client.Reader) *Pipeline {
+	p.fresh = r
+	return p
+}
+
+// inPlaceHolder carries a close to the NodeClaim's reboot in place.
+type inPlaceHolder struct{ r InPlacer }
+
+func (h inPlaceHolder) Cancel(ctx context.Context, res cluster.Resolved, ev event.Event) (bool, error) {
+	if res.NodeClaim == nil {
+		return false, nil
+	}
+	return h.r.Cancel(ctx, res.NodeClaim, ev)
+}
+
+// nodeDrainHolder carries a close to an unmanaged Node's drain.
+type nodeDrainHolder struct{ d NodeDrainer }
+
+func (h nodeDrainHolder) Cancel(ctx context.Context, res cluster.Resolved, ev event.Event) (bool, error) {
+	if res.Node == nil || res.NodeClaim != nil {
+		return false, nil
+	}
+	return h.d.Cancel(ctx, res.Node.Name, drainOf(ev, time.Time{}))
+}
+
+// drainOf is what a drain of an unmanaged Node records of ev: its keys, so that a close
+// reaches it, and, for a maintenance AWS keeps the instance through (a reboot), when it ends.
+func drainOf(ev event.Event, deadline time.Time) nodedrain.Drain {
+	dr := nodedrain.Drain{EventID: ev.ID, Key: record.Key(ev), Match: record.Match(ev), Kind: string(ev.Kind), Deadline: deadline}
+	if h := ev.Health; h != nil && ev.Kind == event.KindScheduledChange && slices.Contains(inplace.Types, h.Scheduled) {
+		switch {
+		case h.End.After(ev.Deadline):
+			dr.Release = h.End
+		case !ev.Deadline.IsZero():
+			dr.Release = ev.Deadline.Add(inplace.DefaultQuiet)
+		}
+	}
+	return dr
 }
 
 // Rescheduler finds an instance's scheduled event in EC2 and moves it (reschedule.Events).
@@ -121,6 +189,7 @@ func (p *Pipeline) WithNotifier(n Notifier, cluster string) *Pipeline {
 // WithNodeDrainer gives the pipeline what drains nodes Karpenter does not manage.
 func (p *Pipeline) WithNodeDrainer(d NodeDrainer) *Pipeline {
 	p.nodes = d
+	p.holders = append(p.holders, nodeDrainHolder{d})
 	return p
 }
 
@@ -168,7 +237,7 @@ func (p *Pipeline) Process(ctx context.Context, ev event.Event) (Result, error) 
 	g.SetLimit(p.parallel)
 	for _, id := range ev.Instances {
 		g.Go(func() error {
-			action, recorded, err := p.instance(ctx, ev, id, bulk, false, nil)
+			action, recorded, err := p.instance(ctx, ev, id, bulk, "", nil)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -205,46 +274,102 @@ func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec recor
 	ev.Instances = []string{id}
 	p.metrics.Redecisions.WithLabelValues(string(rec.Hold)).Inc()
 	var d policy.Decision
-	_, _, err = p.instance(ctx, ev, id, newSummary(false), true, &d)
+	_, _, err = p.instance(ctx, ev, id, newSummary(false), rec.EventID, &d)
 	return d, err
 }
 
-// instance decides ev for one instance and carries the outcome out; recorded is true
-// when the instance's outcome was recorded before (nothing was decided).
-func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk *summary, redecide bool, out *policy.Decision) (policy.Action, bool, error) {
+// instance decides ev for one instance and carries the outcome out, in one pass: decide
+// (engine, with a reschedule where the pool asks), read fresh before a destructive outcome
+// (refresh), carry a close to every action that holds state (Holder), carry the outcome out
+// (carryOut), and tell of it. recorded is true when the instance's outcome was recorded
+// before (nothing was decided). redecide is the event ID of the due deferral being decided
+// again ("" for an event received).
+func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk *summary, redecide string, out *policy.Decision) (policy.Action, bool, error) {
 	resolved, err := p.engine.Resolve(ctx, id)
 	if err != nil {
 		return "", false, err
 	}
 	log := p.log.With("event_id", ev.ID, "kind", ev.Kind, "instance", id)
-	if nc := resolved.NodeClaim; nc != nil && !redecide {
-		set, _ := record.Read(nc) // unreadable: nothing is recorded as far as this router can tell
-		if rec, ok := set.Recorded(ev); ok {
-			log.Debug("outcome recorded already", "nodeclaim", nc.Name, "state", rec.State, "recorded_event", rec.EventID)
-			p.metrics.AlreadyRecorded.Inc()
-			return "", true, nil
-		}
-		stamped, _, via, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
-		resend := ok && stamped == ev.ID && signal.Mode(via) == signal.ModeForward && nc.DeletionTimestamp.IsZero()
-		if ok && stamped == ev.ID && !resend {
-			p.metrics.AlreadyRecorded.Inc()
-			return "", true, nil
-		}
-		// A forward stamped by an earlier try of this event that Karpenter has not acted on yet
-		// is decided again: the signaller sends it again (the earlier try may have died before
-		// its send).
-		if cluster.Draining(nc) && !ev.Urgent() && !resend {
-			// Being drained (by this event before a retry, or another): nothing to decide,
-			// nothing to write. An urgent event still goes through and is recorded as a drain
-			// (the signaller finds it draining already and signals nothing).
-			log.Debug("outcome recorded already: being drained", "nodeclaim", nc.Name)
-			p.metrics.AlreadyRecorded.Inc()
-			return "", true, nil
+	if redecide == "" && p.skip(ev, resolved.NodeClaim, log) {
+		return "", true, nil
+	}
+	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", log)
+	if err != nil || skipped {
+		return "", skipped, err
+	}
+	if destructive(o.Decision.Action) && o.Resolved.NodeClaim != nil && p.fresh != nil {
+		var gone bool
+		if o, gone, err = p.refresh(ctx, ev, o, redecide, log); err != nil || gone {
+			return "", gone, err
 		}
 	}
-	o, err := p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }, id, p.clock.Now())
+	d := o.Decision
+	if out != nil {
+		*out = d
+	}
+	ilog := log.With("node", d.Node, "nodepool", d.NodePool, "action", d.Action)
+	p.count(ev, o)
+	p.signal.PolicyProblems(o.Resolved, o.Problems)
+	if d.Cancel {
+		if err := p.cancelHeld(ctx, ev, o.Resolved, ilog); err != nil {
+			p.metrics.SignalErrors.WithLabelValues(string(p.signal.Via(ev))).Inc()
+			return "", false, err
+		}
+	}
+	d, err = p.carryOut(ctx, ev, id, d, o.Resolved, bulk.quiet, ilog)
+	if out != nil {
+		*out = d
+	}
 	if err != nil {
-		return "", false, err
+		p.metrics.SignalErrors.WithLabelValues(string(p.signal.Via(ev))).Inc()
+		return "", false, fmt.Errorf("carrying out %s: %w", d.Action, err)
+	}
+	bulk.add(o.Resolved.NodePool, d)
+	p.tell(ev, d)
+	return d.Action, false, nil
+}
+
+// skip reports whether ev's outcome for the NodeClaim was recorded before (a redelivery, the
+// other source's report of a recorded maintenance, an update older than its close) or the
+// NodeClaim is being drained already: nothing to decide, nothing to write.
+func (p *Pipeline) skip(ev event.Event, nc *karpv1.NodeClaim, log *slog.Logger) bool {
+	if nc == nil {
+		return false
+	}
+	set, _ := record.Read(nc) // unreadable: nothing is recorded as far as this router can tell
+	if rec, ok := set.Recorded(ev); ok {
+		log.Debug("outcome recorded already", "nodeclaim", nc.Name, "state", rec.State, "recorded_event", rec.EventID)
+		p.metrics.AlreadyRecorded.Inc()
+		return true
+	}
+	stamped, _, via, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
+	resend := ok && stamped == ev.ID && signal.Mode(via) == signal.ModeForward && nc.DeletionTimestamp.IsZero()
+	if ok && stamped == ev.ID && !resend {
+		p.metrics.AlreadyRecorded.Inc()
+		return true
+	}
+	// A forward stamped by an earlier try of this event that Karpenter has not acted on yet
+	// is decided again: the signaller sends it again (the earlier try may have died before
+	// its send).
+	if cluster.Draining(nc) && !ev.Urgent() && !resend {
+		// Being drained (by this event before a retry, or another): nothing to decide,
+		// nothing to write. An urgent event still goes through and is recorded as a drain
+		// (the signaller finds it draining already and signals nothing).
+		log.Debug("outcome recorded already: being drained", "nodeclaim", nc.Name)
+		p.metrics.AlreadyRecorded.Inc()
+		return true
+	}
+	return false
+}
+
+// decide decides ev for the instance, moving its scheduled event into the pool's window
+// first where the pool asks (and deciding the event as EC2 then holds it). It returns the
+// event decided; skipped when the moved maintenance was recorded already.
+func (p *Pipeline) decide(ctx context.Context, ev event.Event, id string, resolved cluster.Resolved, redecide bool, log *slog.Logger) (engine.Outcome, event.Event, bool, error) {
+	fixed := func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }
+	o, err := p.engine.DecideInstance(ctx, ev, fixed, id, p.clock.Now())
+	if err != nil {
+		return engine.Outcome{}, ev, false, err
 	}
 	d := o.Decision
 	if p.resched != nil && !redecide && o.Resolved.NodePool != nil &&
@@ -257,25 +382,75 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 			if _, recorded := set.Recorded(moved); recorded {
 				log.Debug("outcome recorded already: the moved maintenance", "nodeclaim", o.Resolved.NodeClaim.Name, "start", moved.Deadline)
 				p.metrics.AlreadyRecorded.Inc()
-				return "", true, nil
+				return engine.Outcome{}, ev, true, nil
 			}
 			ev = moved
-			if o, err = p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }, id, p.clock.Now()); err != nil {
-				return "", false, err
+			if o, err = p.engine.DecideInstance(ctx, ev, fixed, id, p.clock.Now()); err != nil {
+				return engine.Outcome{}, ev, false, err
 			}
-			d = o.Decision
 		}
-		d.Reason = how + "; " + d.Reason
+		o.Decision.Reason = how + "; " + o.Decision.Reason
 	}
-	if d.Action == policy.ActionDefer && o.Resolved.NodeClaim == nil {
+	if o.Decision.Action == policy.ActionDefer && o.Resolved.NodeClaim == nil {
 		// A deferral lives on the NodeClaim; an instance without one is not Karpenter's.
-		d.Action, d.Hold = policy.ActionSkip, ""
-		d.Reason = "would defer (" + d.Reason + "), but the instance has no NodeClaim: Karpenter does not manage it"
+		o.Decision.Action, o.Decision.Hold = policy.ActionSkip, ""
+		o.Decision.Reason = "would defer (" + o.Decision.Reason + "), but the instance has no NodeClaim: Karpenter does not manage it"
 	}
-	if out != nil {
-		*out = d
+	return o, ev, false, nil
+}
+
+// destructive reports whether an action cannot be taken back: the node is drained or
+// emptied and rebooted.
+func destructive(a policy.Action) bool {
+	return a == policy.ActionDrain || a == policy.ActionRebootInPlace
+}
+
+// refresh reads the NodeClaim of a destructive outcome fresh from the API server (read fresh
+// before you destroy: the decision rests on its records, and the cache may not show a write
+// of a moment ago, such as a close, a `running`, or another worker's outcome). Unchanged, the
+// outcome stands. Changed, the event is skipped if its outcome is recorded now (or, for a due
+// deferral, that deferral is no longer active), and else decided again on the fresh NodeClaim.
+// gone is true when nothing is left to do.
+func (p *Pipeline) refresh(ctx context.Context, ev event.Event, o engine.Outcome, redecide string, log *slog.Logger) (engine.Outcome, bool, error) {
+	cached := o.Resolved.NodeClaim
+	fresh := &karpv1.NodeClaim{}
+	if err := p.fresh.Get(ctx, client.ObjectKeyFromObject(cached), fresh); err != nil {
+		p.engine.Unreserve(o.Decision.NodePool, o.Decision.NodeClaim)
+		if apierrors.IsNotFound(err) {
+			p.metrics.AlreadyRecorded.Inc()
+			return o, true, nil // gone: drained already
+		}
+		return o, false, fmt.Errorf("reading nodeclaim %s before a %s: %w", cached.Name, o.Decision.Action, err)
 	}
-	ilog := log.With("node", d.Node, "nodepool", d.NodePool, "action", d.Action)
+	if fresh.ResourceVersion == cached.ResourceVersion {
+		return o, false, nil
+	}
+	p.engine.Unreserve(o.Decision.NodePool, o.Decision.NodeClaim)
+	if redecide != "" {
+		set, _ := record.Read(fresh)
+		if !slices.ContainsFunc(set.Records, func(r record.Record) bool { return r.EventID == redecide && r.Active() }) {
+			log.Info("deferral ended meanwhile: not decided again", "nodeclaim", fresh.Name)
+			p.metrics.AlreadyRecorded.Inc()
+			return o, true, nil
+		}
+	} else if p.skip(ev, fresh, log) {
+		return o, true, nil
+	}
+	res := o.Resolved
+	res.NodeClaim = fresh
+	again, err := p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return res, nil }, res.InstanceID, p.clock.Now())
+	if err != nil {
+		return o, false, err
+	}
+	if again.Decision.Action != o.Decision.Action {
+		log.Info("decided again on the nodeclaim as the API server holds it", "nodeclaim", fresh.Name, "was", o.Decision.Action, "now", again.Decision.Action)
+	}
+	return again, false, nil
+}
+
+// count counts the decision (and its checks, holds, unmanaged nodes).
+func (p *Pipeline) count(ev event.Event, o engine.Outcome) {
+	d := o.Decision
 	p.metrics.Decisions.WithLabelValues(string(ev.Kind), string(d.Action), d.NodePool).Inc()
 	if p.publisher != nil {
 		p.publisher.Decision(string(ev.Kind), string(d.Action))
@@ -283,75 +458,113 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	for _, c := range d.Checks {
 		p.metrics.CheckResults.WithLabelValues(c.Name, checkResult(c)).Inc()
 	}
-	unmanaged := o.Resolved.Node != nil && o.Resolved.NodeClaim == nil
-	if unmanaged {
+	if o.Resolved.Node != nil && o.Resolved.NodeClaim == nil {
 		p.metrics.Unmanaged.WithLabelValues(string(ev.Kind), string(d.Action)).Inc()
 	}
 	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts || d.Hold == policy.HoldRepairCutoff) {
 		p.metrics.GateHolds.WithLabelValues(string(d.Hold)).Inc()
 	}
-	p.signal.PolicyProblems(o.Resolved, o.Problems)
-	quiet := bulk.quiet
+}
+
+// cancelHeld carries a close to every action that holds state for the instance (Holder).
+func (p *Pipeline) cancelHeld(ctx context.Context, ev event.Event, res cluster.Resolved, log *slog.Logger) error {
+	var errs []error
+	for _, h := range p.holders {
+		ended, err := h.Cancel(ctx, res, ev)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if ended {
+			log.Info("a held action ended by the close", "holder", fmt.Sprintf("%T", h))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// carryOut carries the decision out, one way per action, and returns it as carried out (a
+// reboot in place that waits for another run becomes a deferral; one the router cannot do
+// becomes a drain).
+func (p *Pipeline) carryOut(ctx context.Context, ev event.Event, id string, d policy.Decision, res cluster.Resolved, quiet bool, log *slog.Logger) (policy.Decision, error) {
+	unmanaged := res.Node != nil && res.NodeClaim == nil
+	var err error
 	switch {
 	case unmanaged && d.Action == policy.ActionDrain:
-		err = p.drainUnmanaged(ctx, ev, d, o.Resolved, quiet)
+		err = p.drainUnmanaged(ctx, ev, d, res, quiet)
 	case unmanaged && d.Action == policy.ActionSkip:
 		// Nothing to do, and nothing to retry: told once per event on the Node.
 		if !quiet {
-			p.signal.NotManaged(o.Resolved, ev, d)
+			p.signal.NotManaged(res, ev, d)
 		}
-		ilog.Info("skipped", "reason", d.Reason)
+		log.Info("skipped", "reason", d.Reason)
 	case d.Action == policy.ActionRebootInPlace && p.inPlace == nil:
 		// The router was started without the reboot in place (--reboot-in-place=false):
 		// the node is replaced, as a drain, and the decision says so.
 		d.Action = policy.ActionDrain
 		d.Warnings = append(d.Warnings, "reboot-in-place is off in this router (--reboot-in-place=false): the node is replaced instead")
-		var already bool
-		already, err = p.signal.Drain(ctx, ev, d, o.Resolved, quiet)
-		if err == nil {
-			ilog.Info("drain signalled", "reason", d.Reason, "already_draining", already, "via", p.signal.Via(ev))
-		} else {
-			p.engine.Unreserve(d.NodePool, d.NodeClaim)
-		}
+		err = p.drain(ctx, ev, d, res, quiet, log)
 	case d.Action == policy.ActionRebootInPlace:
-		one, rerr := p.restrict(ev, id)
-		if rerr != nil {
-			err = rerr
-			break
-		}
-		var already bool
-		already, err = p.signal.InPlace(ctx, ev, d, o.Resolved, func(ctx context.Context, nc *karpv1.NodeClaim) (bool, error) { return p.inPlace.Begin(ctx, nc, one) })
-		if err == nil {
-			ilog.Info("reboot in place begun", "reason", d.Reason, "already", already)
-		} else {
-			p.engine.Unreserve(d.NodePool, d.NodeClaim)
-		}
+		d, err = p.rebootInPlace(ctx, ev, id, d, res, quiet, log)
 	case d.Action == policy.ActionDrain:
-		var already bool
-		already, err = p.signal.Drain(ctx, ev, d, o.Resolved, quiet)
-		if err == nil {
-			ilog.Info("drain signalled", "reason", d.Reason, "already_draining", already, "via", p.signal.Via(ev))
-		} else {
-			p.engine.Unreserve(d.NodePool, d.NodeClaim) // nothing was signalled (a stamp comes first)
-		}
+		err = p.drain(ctx, ev, d, res, quiet, log)
 	case d.Action == policy.ActionDefer:
-		_, err = p.signal.Defer(ctx, ev, d, o.Resolved, quiet)
-		if err == nil {
-			ilog.Info("deferred", "until", d.Until, "hold", d.Hold, "reason", d.Reason)
+		if _, err = p.signal.Defer(ctx, ev, d, res, quiet); err == nil {
+			log.Info("deferred", "until", d.Until, "hold", d.Hold, "reason", d.Reason)
 		}
 	case d.Action == policy.ActionIgnore:
-		err = p.signal.Ignore(ctx, ev, d, o.Resolved, quiet)
-		if err == nil {
-			ilog.Info("ignored", "reason", d.Reason)
+		if err = p.signal.Ignore(ctx, ev, d, res, quiet); err == nil {
+			log.Info("ignored", "reason", d.Reason)
 		}
 	case d.Action == policy.ActionSkip:
-		ilog.Info("skipped", "reason", d.Reason)
+		log.Info("skipped", "reason", d.Reason)
 	}
+	return d, err
+}
+
+// drain signals Karpenter to drain the node; a failure gives the pacing slot back (nothing
+// was signalled: a stamp comes first).
+func (p *Pipeline) drain(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool, log *slog.Logger) error {
+	already, err := p.signal.Drain(ctx, ev, d, res, quiet)
 	if err != nil {
-		p.metrics.SignalErrors.WithLabelValues(string(p.signal.Via(ev))).Inc()
-		return "", false, fmt.Errorf("carrying out %s: %w", d.Action, err)
+		p.engine.Unreserve(d.NodePool, d.NodeClaim)
+		return err
 	}
-	bulk.add(o.Resolved.NodePool, d)
+	log.Info("drain signalled", "reason", d.Reason, "already_draining", already, "via", p.signal.Via(ev))
+	return nil
+}
+
+// rebootInPlace begins the node's reboot in place. While a run of another maintenance is in
+// progress on it, the event is held (a deferral, HoldInPlace) and decided again later: it is
+// not handled by the run in progress.
+func (p *Pipeline) rebootInPlace(ctx context.Context, ev event.Event, id string, d policy.Decision, res cluster.Resolved, quiet bool, log *slog.Logger) (policy.Decision, error) {
+	one, err := p.restrict(ev, id)
+	if err != nil {
+		p.engine.Unreserve(d.NodePool, d.NodeClaim)
+		return d, err
+	}
+	already, err := p.signal.InPlace(ctx, ev, d, res, func(ctx context.Context, nc *karpv1.NodeClaim) (bool, error) { return p.inPlace.Begin(ctx, nc, one) })
+	if err == nil {
+		log.Info("reboot in place begun", "reason", d.Reason, "already", already)
+		return d, nil
+	}
+	p.engine.Unreserve(d.NodePool, d.NodeClaim)
+	if !errors.Is(err, inplace.ErrBusy) {
+		return d, err
+	}
+	d.Action, d.Hold, d.Until = policy.ActionDefer, policy.HoldInPlace, p.clock.Now().Add(policy.InPlaceRecheck)
+	if !d.Deadline.IsZero() && d.Deadline.Before(d.Until) {
+		d.Until = d.Deadline
+	}
+	d.Reason = "held: another reboot in place runs on this node (" + err.Error() + "); " + d.Reason
+	if _, err := p.signal.Defer(ctx, ev, d, res, quiet); err != nil {
+		return d, err
+	}
+	log.Info("deferred", "until", d.Until, "hold", d.Hold, "reason", d.Reason)
+	return d, nil
+}
+
+// tell notifies the webhook and the node's pods of the outcome.
+func (p *Pipeline) tell(ev event.Event, d policy.Decision) {
 	if p.notify != nil && d.Action != policy.ActionSkip {
 		p.notify.Notify(notify.FromDecision(ev, d, p.cluster))
 	}
@@ -359,7 +572,6 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		p.pods.Notify(podnotice.Notice{EventID: ev.ID, Kind: ev.Kind, Action: d.Action, Hold: d.Hold, Until: d.Until, Deadline: d.Deadline,
 			Node: d.Node, NodePool: d.NodePool, Reason: d.Reason})
 	}
-	return d.Action, false, nil
 }
 
 // reschedule moves the instance's scheduled event into its pool's window (reschedule.Attempt)
@@ -401,7 +613,7 @@ func (p *Pipeline) drainUnmanaged(ctx context.Context, ev event.Event, d policy.
 	if p.nodes == nil {
 		return fmt.Errorf("instance %s: %w, and no drainer for such nodes is configured", d.InstanceID, signal.ErrNotManaged)
 	}
-	already, err := p.nodes.Begin(ctx, res.Node, ev.ID, string(ev.Kind), d.Deadline)
+	already, err := p.nodes.Begin(ctx, res.Node, drainOf(ev, d.Deadline))
 	if err != nil {
 		return fmt.Errorf("cordoning node %s: %w", res.Node.Name, err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
@@ -309,12 +310,23 @@ func TestSeamUnmanagedNode(t *testing.T) {
 	}
 }
 
-// nodeDrainer records Begin calls (the real one is router/nodedrain, tested on envtest).
-type nodeDrainer struct{ begun []string }
+// nodeDrainer records Begin and Cancel calls (the real one is router/nodedrain, tested on
+// envtest).
+type nodeDrainer struct {
+	begun     []string
+	drains    []nodedrain.Drain
+	cancelled []string
+}
 
-func (d *nodeDrainer) Begin(_ context.Context, node *corev1.Node, eventID, _ string, _ time.Time) (bool, error) {
-	d.begun = append(d.begun, node.Name+"/"+eventID)
+func (d *nodeDrainer) Begin(_ context.Context, node *corev1.Node, dr nodedrain.Drain) (bool, error) {
+	d.begun = append(d.begun, node.Name+"/"+dr.EventID)
+	d.drains = append(d.drains, dr)
 	return false, nil
+}
+
+func (d *nodeDrainer) Cancel(_ context.Context, node string, dr nodedrain.Drain) (bool, error) {
+	d.cancelled = append(d.cancelled, node+"/"+dr.EventID)
+	return true, nil
 }
 
 // TestSeamUnmanagedCordonDrain: with --unmanaged-nodes=cordon-drain the node is handed to the

@@ -32,7 +32,14 @@ const (
 	// HoldRepairCutoff: more of the pool is impaired than its repair cut-off; released when
 	// the storm passes (impaired instances recover or are replaced).
 	HoldRepairCutoff Hold = "repair-cutoff"
+	// HoldInPlace: a reboot in place of another maintenance runs on the node (one run at a
+	// time); decided again when it may have ended.
+	HoldInPlace Hold = "in-place"
 )
+
+// InPlaceRecheck is how soon a reboot in place held by another run on its node is decided
+// again: a run's steps are minutes apart.
+const InPlaceRecheck = 15 * time.Minute
 
 // RepairRecheck is how soon an impaired instance held by the repair cut-off is decided again.
 const RepairRecheck = time.Minute

@@ -88,7 +88,7 @@ func (s *setup) pass() int {
 // begin begins a drain of node, and waits until the cache (which Pass reads) shows it.
 func (s *setup) begin(node, eventID string, deadline time.Time) {
 	s.t.Helper()
-	already, err := s.drainer.Begin(s.ctx, getNode(s.t, node), eventID, "spot-interruption", deadline)
+	already, err := s.drainer.Begin(s.ctx, getNode(s.t, node), nodedrain.Drain{EventID: eventID, Kind: "spot-interruption", Deadline: deadline})
 	if err != nil || already {
 		s.t.Fatalf("Begin(%s): already=%v err=%v", node, already, err)
 	}
@@ -318,4 +318,12 @@ func podState(t *testing.T, ns, name string) string {
 		return "terminating"
 	}
 	return "running"
+}
+
+// cached reads a Node through the cache, as Pass does.
+func cached(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n := &corev1.Node{}
+	must(t, kube.Get(context.Background(), client.ObjectKey{Name: name}, n))
+	return n
 }

@@ -23,7 +23,7 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 
 	stale := getNode(t, "begin-a")
 	deadline := t0.Add(90 * time.Second)
-	already, err := s.drainer.Begin(s.ctx, stale, "ev-1", "spot-interruption", deadline)
+	already, err := s.drainer.Begin(s.ctx, stale, nodedrain.Drain{EventID: "ev-1", Kind: "spot-interruption", Deadline: deadline})
 	if err != nil || already {
 		t.Fatalf("Begin: already=%v err=%v", already, err)
 	}
@@ -41,7 +41,7 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 	// The stale copy's resourceVersion conflicts: Begin reads the Node afresh and finds the
 	// record. A fresh copy finds it at once. Neither writes.
 	for _, from := range []*corev1.Node{stale, getNode(t, "begin-a")} {
-		already, err := s.drainer.Begin(s.ctx, from, "ev-2", "scheduled-change", time.Time{})
+		already, err := s.drainer.Begin(s.ctx, from, nodedrain.Drain{EventID: "ev-2", Kind: "scheduled-change", Deadline: time.Time{}})
 		if err != nil || !already {
 			t.Errorf("second Begin (from resourceVersion %s): already=%v err=%v", from.ResourceVersion, already, err)
 		}
@@ -51,7 +51,7 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 	}
 
 	// Someone else's cordon stays after Forget.
-	if _, err := s.drainer.Begin(s.ctx, getNode(t, "begin-cordoned"), "ev-3", "spot-interruption", time.Time{}); err != nil {
+	if _, err := s.drainer.Begin(s.ctx, getNode(t, "begin-cordoned"), nodedrain.Drain{EventID: "ev-3", Kind: "spot-interruption", Deadline: time.Time{}}); err != nil {
 		t.Fatal(err)
 	}
 	if rec, _ := record(t, "begin-cordoned"); rec.Cordoned {
@@ -62,7 +62,7 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 	broken := getNode(t, "begin-broken")
 	broken.Annotations = map[string]string{nodedrain.AnnotationNodeDrain: "draining"}
 	must(t, direct.Update(s.ctx, broken))
-	if _, err := s.drainer.Begin(s.ctx, broken, "ev-4", "spot-interruption", time.Time{}); err == nil || !strings.Contains(err.Error(), nodedrain.AnnotationNodeDrain) {
+	if _, err := s.drainer.Begin(s.ctx, broken, nodedrain.Drain{EventID: "ev-4", Kind: "spot-interruption", Deadline: time.Time{}}); err == nil || !strings.Contains(err.Error(), nodedrain.AnnotationNodeDrain) {
 		t.Errorf("Begin over a broken record: %v, want an error naming the annotation", err)
 	}
 	if getNode(t, "begin-broken").Annotations[nodedrain.AnnotationNodeDrain] != "draining" {
@@ -87,7 +87,7 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 		t.Error("Forget without a record wrote")
 	}
 	// Forgotten, the Node can be drained again.
-	if already, err := s.drainer.Begin(s.ctx, getNode(t, "begin-a"), "ev-5", "spot-interruption", time.Time{}); err != nil || already {
+	if already, err := s.drainer.Begin(s.ctx, getNode(t, "begin-a"), nodedrain.Drain{EventID: "ev-5", Kind: "spot-interruption", Deadline: time.Time{}}); err != nil || already {
 		t.Errorf("Begin after Forget: already=%v err=%v", already, err)
 	}
 	if !s.drainer.NeedLeaderElection() {

@@ -608,6 +608,10 @@ type beginHook struct {
 	w *world
 }
 
+func (b beginHook) Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error) {
+	return b.r.Cancel(ctx, nc, ev)
+}
+
 func (b beginHook) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error) {
 	already, err := b.r.Begin(ctx, nc, ev)
 	if err == nil && !already && b.w.onInPlace != nil {

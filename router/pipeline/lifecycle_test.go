@@ -1,0 +1,191 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/signal"
+)
+
+// The lifecycle of the actions that hold state, carried by the pipeline (issue 25): a close
+// reaches every one of them, a second maintenance waits for a run in progress, and a
+// destructive outcome is decided on the NodeClaim as the API server holds it.
+
+const (
+	rebootCode = "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED"
+	rebootARN  = "arn:aws:health:eu-west-1::event/EC2/AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED/1"
+)
+
+// noEvictions empties nodes at once; noReboots is EC2 for a run that never reboots itself.
+type noEvictions struct{}
+
+func (noEvictions) Evict(context.Context, string, time.Time) (int, map[string]string, error) {
+	return 0, nil, nil
+}
+
+type noReboots struct{}
+
+func (noReboots) RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
+	return nil, errors.New("not in this test")
+}
+
+// inPlaceRig is a pipeline whose kafka pool keeps its nodes through system reboots, with the
+// real reboot-in-place runner over the rig's API server.
+func inPlaceRig(t *testing.T) (*rig, *inplace.Runner, *clocktesting.FakeClock) {
+	t.Helper()
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace),
+		policy.ScheduledActionKey(event.ScheduledSystemMaintenance): string(policy.ActionRebootInPlace)}}, map[string]int{"kafka": 1})
+	nc := &karpv1.NodeClaim{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-0"}, nc); err != nil {
+		t.Fatal(err)
+	}
+	nc.Status.NodeName = "node-0"
+	if err := r.kube.Update(context.Background(), nc); err != nil { // the rig serves no status subresource
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(now)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sig := signal.New(r.kube, r.kube, signal.ModeDeleteNodeClaim, nil, "", r.recorder, clk)
+	runner := inplace.New(r.kube, r.kube, noEvictions{}, noReboots{}, clk, r.recorder, log, nil, func(context.Context, *karpv1.NodeClaim, inplace.State, string) error { return nil }, inplace.Options{})
+	r.p = New(engine.New(cluster.New(r.kube), nil), sig, r.m, nil, clk, log, 1).WithInPlace(runner).WithFreshReads(r.kube)
+	return r, runner, clk
+}
+
+func (r *rig) run(t *testing.T, runner *inplace.Runner, passes int) inplace.State {
+	t.Helper()
+	for range passes {
+		if _, err := runner.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Name: "kafka-0"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc := &karpv1.NodeClaim{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-0"}, nc); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := inplace.Read(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestCloseReachesTheRebootInPlace: defect 4. A closed Health event reaches the run of its
+// maintenance: the node goes back into service, nothing is rebooted.
+func TestCloseReachesTheRebootInPlace(t *testing.T) {
+	r, runner, _ := inPlaceRig(t)
+	start := now.Add(30 * time.Minute) // within its deadline minus drain-lead: carried out now
+	if res, err := r.p.Process(context.Background(), scheduled("up", rebootARN, rebootCode, start, event.HealthUpcoming, instanceID(0))); err != nil || res.Actions[policy.ActionRebootInPlace] != 1 {
+		t.Fatalf("upcoming: %+v %v", res, err)
+	}
+	if st := r.run(t, runner, 3); st.Step != inplace.StepAwait {
+		t.Fatalf("the run: %+v", st)
+	}
+	if _, err := r.p.Process(context.Background(), scheduled("closed", rebootARN, rebootCode, start, event.HealthClosed, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	st := r.run(t, runner, 2)
+	n := &corev1.Node{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "node-0"}, n); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Over() || n.Spec.Unschedulable {
+		t.Errorf("after the close: run %+v, node cordoned %v", st, n.Spec.Unschedulable)
+	}
+}
+
+// TestSecondMaintenanceWaitsForTheRun: defect 5. Another reboot-type maintenance while a run
+// is in progress is held (a deferral), not marked as handled by the run in progress.
+func TestSecondMaintenanceWaitsForTheRun(t *testing.T) {
+	r, runner, _ := inPlaceRig(t)
+	start := now.Add(30 * time.Minute) // within its deadline minus drain-lead: carried out now
+	if _, err := r.p.Process(context.Background(), scheduled("a", rebootARN, rebootCode, start, event.HealthUpcoming, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	r.run(t, runner, 2)
+	second := scheduled("b", rebootARN+"-b", "AWS_EC2_MAINTENANCE_SCHEDULED", start.Add(15*time.Minute), event.HealthUpcoming, instanceID(0))
+	res, err := r.p.Process(context.Background(), second)
+	if err != nil || res.Actions[policy.ActionDefer] != 1 {
+		t.Fatalf("the second maintenance: %+v %v", res, err)
+	}
+	claim := r.claims(t)[0]
+	set, _ := record.Read(&claim)
+	active := set.Active()
+	if len(active) != 1 || active[0].EventID != "b" || active[0].Hold != policy.HoldInPlace {
+		t.Errorf("records %+v", set.Records)
+	}
+}
+
+// TestCloseReachesTheUnmanagedDrain: defect 1. With --unmanaged-nodes=cordon-drain, a close of
+// the maintenance reaches the drain of the Node; a reboot-type drain carries when it ends.
+func TestCloseReachesTheUnmanagedDrain(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": nil}, map[string]int{"web": 1}, 0)
+	nd := &nodeDrainer{}
+	clk := clocktesting.NewFakeClock(now)
+	r.p = New(engine.New(cluster.New(r.kube), nil, engine.WithUnmanaged(policy.UnmanagedCordonDrain)), signal.New(r.kube, r.kube, signal.ModeDeleteNodeClaim, nil, "", r.recorder, clk),
+		r.m, nil, clk, slog.New(slog.NewTextHandler(io.Discard, nil)), 1).WithNodeDrainer(nd)
+	start := now.Add(30 * time.Minute)
+	if _, err := r.p.Process(context.Background(), scheduled("up", rebootARN, rebootCode, start, event.HealthUpcoming, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	if len(nd.drains) != 1 || !nd.drains[0].Release.Equal(start.Add(inplace.DefaultQuiet)) || nd.drains[0].Key != rebootARN {
+		t.Fatalf("begun %+v", nd.drains)
+	}
+	if _, err := r.p.Process(context.Background(), scheduled("closed", rebootARN, rebootCode, start, event.HealthClosed, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	if len(nd.cancelled) != 1 || nd.cancelled[0] != "node-0/closed" {
+		t.Errorf("cancelled %v", nd.cancelled)
+	}
+}
+
+// TestDrainDecidedOnTheFreshNodeClaim: defect 6. The cache has not caught up with the
+// `running` the router recorded a moment ago: a stop from before it, in a drain-on-stop pool,
+// is decided again on the NodeClaim as the API server holds it, and nothing is drained.
+func TestDrainDecidedOnTheFreshNodeClaim(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": nil}, map[string]int{"web": 1})
+	stale := r.claims(t)[0]
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The API server's copy: a later `running` recorded.
+	fresh := stale.DeepCopy()
+	fresh.ResourceVersion = ""
+	v, _ := record.Encode(record.Set{Running: now.Add(-time.Minute)})
+	fresh.Annotations = map[string]string{record.Annotation: v}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(stale.DeepCopy()).Build()
+	fresh.ResourceVersion = stale.ResourceVersion
+	if err := api.Update(context.Background(), fresh); err != nil {
+		t.Fatal(err)
+	}
+	if got := &(karpv1.NodeClaim{}); api.Get(context.Background(), client.ObjectKeyFromObject(fresh), got) != nil || got.ResourceVersion == stale.ResourceVersion {
+		t.Fatalf("the API server's copy must differ from the cache's (%s)", stale.ResourceVersion)
+	}
+	r.p.WithFreshReads(api)
+	res, err := r.p.Process(context.Background(), stateChange("stop", instanceID(0), event.StateStopped, now.Add(-3*time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Actions[policy.ActionDrain] != 0 || len(r.claims(t)) != 1 || !r.claims(t)[0].DeletionTimestamp.IsZero() {
+		t.Errorf("a stop older than the recorded `running` drained the node: %+v", res)
+	}
+}

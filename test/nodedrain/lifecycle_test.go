@@ -1,0 +1,112 @@
+package nodedrain
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/health-router/health-router/router/nodedrain"
+)
+
+// The drain of an unmanaged node as one lifecycle (issue 25, defects 1 and 8): begun, ended
+// by a close of its maintenance or by the end of a reboot AWS kept the instance through, and
+// begun again for a later event. Each case failed on 625c04b.
+
+// TestCancelEndsTheDrain: a close of the maintenance uncordons the Node the router cordoned;
+// a close of another event leaves the drain alone.
+func TestCancelEndsTheDrain(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "cancel-a", false)
+	dr := nodedrain.Drain{EventID: "ev-1", Key: "arn:health/1", Match: "system-reboot@2026-03-08T02:00:00Z", Kind: "scheduled-change"}
+	if _, err := s.drainer.Begin(s.ctx, getNode(t, "cancel-a"), dr); err != nil {
+		t.Fatal(err)
+	}
+	if ended, err := s.drainer.Cancel(s.ctx, "cancel-a", nodedrain.Drain{EventID: "ev-9", Key: "arn:health/9", Kind: "scheduled-change"}); err != nil || ended {
+		t.Fatalf("another event's close: ended=%v err=%v", ended, err)
+	}
+	// The other source's close of the same maintenance (another key, the same type and start).
+	closing := nodedrain.Drain{EventID: "poll-closed", Key: "instance-event-1", Match: "system-reboot@2026-03-08T02:00:00Z", Kind: "scheduled-change"}
+	if ended, err := s.drainer.Cancel(s.ctx, "cancel-a", closing); err != nil || !ended {
+		t.Fatalf("the maintenance's close: ended=%v err=%v", ended, err)
+	}
+	n := getNode(t, "cancel-a")
+	if n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
+		t.Errorf("after the cancel: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	}
+}
+
+// TestFinishedDrainDoesNotSwallowTheNext: defect 1. A finished drain's record stays on the
+// Node; an operator uncordons it; a later event of the instance (a Spot warning) must cordon
+// and drain it again, not be counted as begun already.
+func TestFinishedDrainDoesNotSwallowTheNext(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "again-a", false)
+	s.begin("again-a", "ev-1", time.Time{})
+	s.pass() // no pods: done
+	if rec, _ := record(t, "again-a"); !rec.Finished() {
+		t.Fatalf("not finished: %+v", rec)
+	}
+	n := getNode(t, "again-a")
+	n.Spec.Unschedulable = false // the operator's uncordon
+	must(t, direct.Update(s.ctx, n))
+	already, err := s.drainer.Begin(s.ctx, getNode(t, "again-a"), nodedrain.Drain{EventID: "spot-1", Kind: "spot-interruption"})
+	if err != nil || already {
+		t.Fatalf("Begin of a later event: already=%v err=%v", already, err)
+	}
+	rec, _ := record(t, "again-a")
+	if n := getNode(t, "again-a"); !n.Spec.Unschedulable || rec.EventID != "spot-1" || rec.Finished() || !rec.Cordoned {
+		t.Errorf("the later drain: unschedulable %v, record %+v", n.Spec.Unschedulable, rec)
+	}
+}
+
+// TestBeginReadsTheNodeFresh: defect 8. The router's cache trims spec.unschedulable; a Node
+// an operator cordoned, handed to Begin as the cache has it, must not be recorded as cordoned
+// by the router (an end of the drain would then uncordon the operator's cordon).
+func TestBeginReadsTheNodeFresh(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "fresh-a", true)
+	trimmed := getNode(t, "fresh-a")
+	trimmed.Spec.Unschedulable = false // as the trimmed cache shows it
+	if _, err := s.drainer.Begin(s.ctx, trimmed, nodedrain.Drain{EventID: "ev-1", Key: "arn:1", Kind: "scheduled-change"}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := record(t, "fresh-a"); rec.Cordoned {
+		t.Fatalf("the record claims the operator's cordon: %+v", rec)
+	}
+	if _, err := s.drainer.Cancel(s.ctx, "fresh-a", nodedrain.Drain{EventID: "ev-1-closed", Key: "arn:1", Kind: "scheduled-change"}); err != nil {
+		t.Fatal(err)
+	}
+	if !getNode(t, "fresh-a").Spec.Unschedulable {
+		t.Error("the end of the drain uncordoned a Node the operator had cordoned")
+	}
+}
+
+// TestReleasedAfterTheReboot: a drain for a reboot AWS keeps the instance through ends past
+// its release time, once the drain is done and the Node Ready: the Node serves again.
+func TestReleasedAfterTheReboot(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "release-a", false)
+	release := t0.Add(3 * time.Hour)
+	if _, err := s.drainer.Begin(s.ctx, getNode(t, "release-a"), nodedrain.Drain{EventID: "ev-1", Kind: "scheduled-change", Release: release}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cache shows the drain", func() bool { return cached(t, "release-a").Annotations[nodedrain.AnnotationNodeDrain] != "" })
+	s.pass()
+	eventually(t, "the cache shows it done", func() bool {
+		rec, ok, _ := nodedrain.Records(cached(t, "release-a"))
+		return ok && rec.Finished()
+	})
+	s.pass()
+	if !getNode(t, "release-a").Spec.Unschedulable {
+		t.Fatal("released before AWS's maintenance is over")
+	}
+	s.clock.SetTime(release)
+	n := getNode(t, "release-a")
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	must(t, direct.Status().Update(s.ctx, n))
+	s.pass()
+	if n := getNode(t, "release-a"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
+		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	}
+}
