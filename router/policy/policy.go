@@ -141,7 +141,7 @@ type Policy struct {
 	// TaintUpcoming is healthrouter.io/taint-upcoming.
 	TaintUpcoming bool
 	// Reschedule is healthrouter.io/reschedule: move scheduled events into Window. It is
-	// true only with a Window.
+	// true only with a Window the owner set in full, not one on FallbackWindowDuration.
 	Reschedule bool
 	// Problems lists the annotations that were ignored, why, and what applies instead.
 	Problems []string
