@@ -17,6 +17,10 @@ const (
 	PacingRecheck = 10 * time.Minute
 	// CheckRecheck is how soon a drain held by a failed pre-signal check is checked again.
 	CheckRecheck = 5 * time.Minute
+	// WindowRecheck is how soon an event with no deadline, deferred to a pool whose window
+	// annotations are invalid, is decided again: the annotations are read afresh each time, so
+	// a fix takes effect within it.
+	WindowRecheck = 10 * time.Minute
 )
 
 // Hold says what a deferred decision waits for; the live router releases a deferral early
@@ -152,8 +156,11 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 
 	action, key := tg.Policy.ActionFor(ev)
 	chose := fmt.Sprintf("%s=%s", key, action)
-	if key == "" {
+	switch {
+	case key == "":
 		chose = fmt.Sprintf("%s (no annotation: Karpenter's behaviour)", action)
+	case tg.Policy.Invalid(key):
+		chose = fmt.Sprintf("%s invalid, so %s (the safe side)", key, action)
 	}
 
 	if ev.Urgent() {
@@ -318,6 +325,11 @@ func deferToWindow(d Decision, ev event.Event, p Policy, now time.Time, chose st
 	if hasDeadline {
 		d.Until, d.Hold = latest, HoldDeadline
 		return d.with(ActionDefer, "%s: no maintenance window; draining at deadline %s minus drain-lead %s", chose, stamp(ev.Deadline), p.DrainLead)
+	}
+	if p.windowInvalid {
+		// The owner asked for a window the router cannot read: draining now would go around it.
+		d.Until, d.Hold = now.Add(WindowRecheck), HoldWindow
+		return d.with(ActionDefer, "%s: the pool's maintenance window annotations are invalid (see the warnings) and the event has no deadline: held until they are fixed, decided again at %s", chose, stamp(d.Until))
 	}
 	return d.with(ActionDrain, "%s: nothing to wait for (no maintenance window, no deadline)", chose)
 }

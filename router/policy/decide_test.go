@@ -83,8 +83,8 @@ func TestDecide(t *testing.T) {
 				tg.DrainsInFlight = 1
 				return tg
 			}(), action: ActionDrain, warning: "draining over max-concurrent-drains"},
-		{name: "reboot in place on retirement is refused: drains", ev: scheduled(event.ScheduledInstanceRetirement, week),
-			tg: target(map[string]string{ScheduledActionKey(event.ScheduledInstanceRetirement): "reboot-in-place"}), action: ActionDrain, warning: "reboot-in-place applies to"},
+		{name: "reboot in place on retirement is refused: defers", ev: scheduled(event.ScheduledInstanceRetirement, week),
+			tg: target(map[string]string{ScheduledActionKey(event.ScheduledInstanceRetirement): "reboot-in-place"}), action: ActionDefer, until: week.Add(-DefaultDrainLead), warning: "reboot-in-place applies to"},
 
 		// Defer.
 		{name: "defer urgent spot drains", ev: instanceEvent(event.KindSpotInterruption, ""), tg: target(map[string]string{AnnotationAction: "defer"}), action: ActionDrain, warning: "cannot be deferred"},
@@ -167,8 +167,8 @@ func TestDecide(t *testing.T) {
 			return t
 		}(), action: ActionDefer, reason: "is open; held by max-concurrent-drains"},
 
-		// Invalid annotations fall back and say so.
-		{name: "invalid action falls back", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "later"}), action: ActionDrain, warning: "want drain, defer or ignore"},
+		// Invalid annotations fall to the safe side and say so.
+		{name: "invalid action defers", ev: scheduled(event.ScheduledInstanceRetirement, week), tg: target(map[string]string{AnnotationAction: "later"}), action: ActionDefer, until: week.Add(-DefaultDrainLead), reason: "invalid", warning: "want drain, defer or ignore"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -476,10 +476,11 @@ func TestRebootInPlaceMarked(t *testing.T) {
 	if d := Decide(soon, target(map[string]string{ScheduledActionKey(event.ScheduledSystemReboot): "drain"}), now); d.InPlace {
 		t.Errorf("a drain pool marked in place: %+v", d)
 	}
+	stop := scheduled(event.ScheduledInstanceStop, now.Add(7*24*time.Hour))
 	for _, key := range []string{AnnotationAction, ActionKey(event.KindScheduledChange), ScheduledActionKey(event.ScheduledInstanceStop)} {
 		p := FromAnnotations(map[string]string{key: "reboot-in-place"})
-		if len(p.Problems) != 1 || len(p.Scheduled) != 0 || p.Default == ActionRebootInPlace {
-			t.Errorf("%s=reboot-in-place: problems %v, scheduled %v", key, p.Problems, p.Scheduled)
+		if a, _ := p.ActionFor(stop); len(p.Problems) != 1 || a != ActionDefer {
+			t.Errorf("%s=reboot-in-place: problems %v, action %s, want one problem and a deferral", key, p.Problems, a)
 		}
 	}
 	p := FromAnnotations(map[string]string{ScheduledActionKey(event.ScheduledInstanceReboot): "reboot-in-place"})

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -198,22 +199,28 @@ func parseLabelMatchers(s string) ([]LabelMatcher, error) {
 	return out, nil
 }
 
+// parseSettle parses drain-settle. With an error, the Settle returned is what applies: the
+// default, or MaxDrainSettle for a duration past it.
 func parseSettle(v string) (Settle, error) {
 	if v == "ready" {
 		return Settle{Ready: true}, nil
 	}
-	d, err := parseNonNegative(v)
-	if err != nil {
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil || d < 0:
 		return Settle{}, fmt.Errorf("want a duration such as 10m, or ready")
+	case d > MaxDrainSettle:
+		// Past the bound, the bound: for pacing the longer settle is the conservative side.
+		return Settle{Duration: MaxDrainSettle}, fmt.Errorf("at most %s", short(MaxDrainSettle))
 	}
 	return Settle{Duration: d}, nil
 }
 
 // Gated reports whether a gate can hold a decision of ev under p: a planned maintenance (an
 // AWS Health scheduled change, or a rebalance recommendation the pool drains) in a pool with
-// a gate on. Only then does the caller need to run the gates.
+// a gate on (an invalid hold-while-alerts is on). Only then does the caller need to run the gates.
 func Gated(ev event.Event, p Policy) bool {
-	return !gateExempt(ev) && (p.RespectPDB || p.HoldWhileAlerts != nil)
+	return !gateExempt(ev) && (p.RespectPDB || p.HoldWhileAlerts != nil || p.alertsInvalid)
 }
 
 // gateExempt reports the kinds no gate holds: urgent ones (AWS acts within minutes), and an
@@ -241,8 +248,13 @@ func exemptWhat(ev event.Event) string {
 // with a warning naming the gate; an urgent drain, or one of an instance not serving, never
 // waits (a warning only). The caller
 // runs only the gates the pool has on, and turns a gate that cannot answer into Held or
-// not per the pool's setting (hold-while-alerts-unreachable), saying so in the reason.
+// not per the pool's setting (hold-while-alerts-unreachable), saying so in the reason. An
+// invalid hold-while-alerts cannot answer either: ApplyGates adds its answer itself, the same way.
 func ApplyGates(d Decision, ev event.Event, p Policy, gates []Gate, now time.Time) Decision {
+	if p.alertsInvalid {
+		gates = append(slices.Clip(gates), Gate{Name: GateAlerts, Held: p.AlertsUnreachable != UnreachableDrain,
+			Reason: fmt.Sprintf("%s is invalid, so whether an alert fires is unknown (%s=%s)", AnnotationHoldWhileAlerts, AnnotationHoldWhileAlertsUnreachable, p.AlertsUnreachable)})
+	}
 	d.Gates = append(d.Gates, gates...)
 	if d.Action != ActionDrain {
 		return d

@@ -4,11 +4,11 @@ package policy
 
 import (
 	"fmt"
-	"math"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -56,6 +56,45 @@ const (
 	DefaultRestartGrace = 15 * time.Minute
 )
 
+// Bounds of the duration annotations. A value past its bound is a problem and the default
+// applies: an unbounded duration is as unsafe as an unparsable one.
+const (
+	// MaxDrainLead bounds drain-lead. The lead is what a drain needs before AWS acts: hours, a
+	// day for the slowest (Karpenter's terminationGracePeriod); three days cover that with room.
+	// AWS announces a scheduled event days to two weeks ahead: with a longer lead, deadline minus
+	// drain-lead would already be past for most events, and every deferral a drain now, over the
+	// pool's pacing (876000h did exactly that).
+	MaxDrainLead = 72 * time.Hour
+	// MaxRestartGrace bounds restart-grace. A stop/start takes minutes, and a day covers a stop
+	// over a working day; past it the pods of a stopped instance would stay bound to it, not
+	// running, for days.
+	MaxRestartGrace = 24 * time.Hour
+	// MaxWindowDuration bounds window-duration: a weekly window must stay closed a day at least
+	// (six days is Monday to Saturday). A window that never closes is no window: every deferral
+	// to it would be a drain now.
+	MaxWindowDuration = 6 * 24 * time.Hour
+	// MaxDrainSettle bounds drain-settle. Replacement pods are Ready within minutes (`ready` is
+	// bounded at SettleReadyBound); past an hour a finished drain would keep its pacing slot long
+	// after it is over, and the pool's drains would wait on nothing. A longer value settles at
+	// the bound rather than at the default: for pacing, the longer settle is the safe side.
+	MaxDrainSettle = time.Hour
+)
+
+// FallbackWindowDuration is the window's length when window-duration is missing, invalid or
+// out of range and window-schedule is valid: the schedule is kept, so that deferrals still wait
+// for its openings (without a window an event with no deadline would drain now), with the
+// shortest window pools commonly set.
+const FallbackWindowDuration = time.Hour
+
+// windowProbe is how many openings of a schedule the check that a window closes between two
+// of them looks at: enough for a year of a daily schedule, and a bound on the work for a
+// schedule that fires every minute.
+const windowProbe = 400
+
+// quoteLimit is how much of an invalid value a problem quotes: enough to recognise it, short
+// enough that several problems fit one Event note (1,024 bytes).
+const quoteLimit = 64
+
 // Action is what the router does with an event for one instance.
 type Action string
 
@@ -102,10 +141,20 @@ type Policy struct {
 	// TaintUpcoming is healthrouter.io/taint-upcoming.
 	TaintUpcoming bool
 	// Reschedule is healthrouter.io/reschedule: move scheduled events into Window. It is
-	// true only with a Window.
+	// true only with a Window the owner set in full, not one on FallbackWindowDuration.
 	Reschedule bool
-	// Problems lists the annotations that were ignored, and why.
+	// Problems lists the annotations that were ignored, why, and what applies instead.
 	Problems []string
+
+	// invalidActions are the action keys whose value is not a known action: their events
+	// decide on the safe side (ActionFor).
+	invalidActions map[string]bool
+	// windowInvalid: window annotations are set but make no window; a deferral with nothing
+	// else to wait for waits for them to be fixed rather than drain now (Decide).
+	windowInvalid bool
+	// alertsInvalid: hold-while-alerts is set but does not parse; the alert gate holds as when
+	// Alertmanager cannot be reached (ApplyGates).
+	alertsInvalid bool
 }
 
 // Window is a recurring maintenance window: a cron schedule of start times and a duration.
@@ -123,8 +172,10 @@ func ScheduledActionKey(t event.ScheduledType) string {
 	return ActionKey(event.KindScheduledChange) + "." + string(t)
 }
 
-// FromAnnotations reads a Policy. It never fails: an invalid value is ignored, as if the
-// annotation were absent, and recorded in Problems so that decisions and Events say why.
+// FromAnnotations reads a Policy. It never fails: an invalid value is recorded in Problems,
+// with what applies instead, and the pool gets the conservative setting, never "unlimited" or
+// "drain now": the default where the default is safe, pacing at one drain for an invalid
+// max-concurrent-drains, a deferral for an action that is not one of the known ones.
 func FromAnnotations(annotations map[string]string) Policy {
 	p := Policy{DrainLead: DefaultDrainLead, RestartGrace: DefaultRestartGrace, RespectPDB: true, AlertsUnreachable: UnreachableHold,
 		RepairMaxUnhealthy: DefaultRepairMaxUnhealthy, RepairMaxUnhealthyCap: DefaultRepairMaxUnhealthyCap}
@@ -146,133 +197,140 @@ func FromAnnotations(annotations map[string]string) Policy {
 	var schedule, duration string
 	for _, key := range keys {
 		v := strings.TrimSpace(annotations[key])
-		problem := func(format string, args ...any) {
-			p.Problems = append(p.Problems, fmt.Sprintf("%s=%q ignored: %s", key, annotations[key], fmt.Sprintf(format, args...)))
+		// invalid records that the value is refused, why, and what the pool gets instead.
+		invalid := func(why, instead string) {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s=%s ignored: %s; %s", key, quote(annotations[key]), why, instead))
 		}
 		switch {
 		case key == AnnotationAction:
-			if a, ok := parseAction(v); ok {
-				p.Default = a
-			} else {
-				problem("want drain, defer or ignore")
-			}
+			p.Default = p.readAction(key, v, "", invalid)
 		case kindKeys[key] != "":
-			if a, ok := parseAction(v); ok {
-				if p.Kinds == nil {
-					p.Kinds = map[event.Kind]Action{}
-				}
-				p.Kinds[kindKeys[key]] = a
-			} else {
-				problem("want drain, defer or ignore")
+			if p.Kinds == nil {
+				p.Kinds = map[event.Kind]Action{}
 			}
+			p.Kinds[kindKeys[key]] = p.readAction(key, v, "", invalid)
 		case typeKeys[key] != "":
-			a, ok := parseAction(v)
-			inPlace := Action(v) == ActionRebootInPlace && RebootsInPlace(typeKeys[key])
-			switch {
-			case ok || inPlace:
-				if inPlace {
-					a = ActionRebootInPlace
-				}
-				if p.Scheduled == nil {
-					p.Scheduled = map[event.ScheduledType]Action{}
-				}
-				p.Scheduled[typeKeys[key]] = a
-			case Action(v) == ActionRebootInPlace:
-				problem("reboot-in-place applies to %s, %s and %s only: AWS replaces the instance for %s", event.ScheduledInstanceReboot, event.ScheduledSystemReboot, event.ScheduledSystemMaintenance, typeKeys[key])
-			case RebootsInPlace(typeKeys[key]):
-				problem("want drain, defer, ignore or reboot-in-place")
-			default:
-				problem("want drain, defer or ignore")
+			if p.Scheduled == nil {
+				p.Scheduled = map[event.ScheduledType]Action{}
 			}
+			p.Scheduled[typeKeys[key]] = p.readAction(key, v, typeKeys[key], invalid)
 		case key == AnnotationMaxConcurrentDrains:
-			if n, err := parseDrainLimit(v); err == nil {
-				p.MaxConcurrentDrains = &n
-			} else {
-				problem("%v", err)
+			n, err := parseCountOrPercent(v)
+			if err != nil {
+				invalid(err.Error(), "pacing at 1 drain at a time, the most conservative, until it is fixed")
+				n = intstr.FromInt32(1)
 			}
+			p.MaxConcurrentDrains = &n
 		case key == AnnotationWindowSchedule:
 			schedule = v
 		case key == AnnotationWindowDuration:
 			duration = v
 		case key == AnnotationDrainLead:
-			if d, err := parseNonNegative(v); err == nil {
-				p.DrainLead = d
-			} else {
-				problem("%v", err)
-			}
+			p.DrainLead = readDuration(v, MaxDrainLead, DefaultDrainLead, invalid)
 		case key == AnnotationRestartGrace:
-			if d, err := parseNonNegative(v); err == nil {
-				p.RestartGrace = d
-			} else {
-				problem("%v", err)
-			}
+			p.RestartGrace = readDuration(v, MaxRestartGrace, DefaultRestartGrace, invalid)
 		case key == AnnotationTaintUpcoming:
 			if b, err := strconv.ParseBool(v); err == nil {
 				p.TaintUpcoming = b
 			} else {
-				problem("want true or false")
+				invalid("want true or false", "no taint (the default)")
 			}
 		case key == AnnotationRespectPDB:
 			if b, err := strconv.ParseBool(v); err == nil {
 				p.RespectPDB = b
 			} else {
-				problem("want true or false")
+				invalid("want true or false", "PodDisruptionBudgets are respected (the default)")
 			}
 		case key == AnnotationHoldWhileAlerts:
 			if m, err := ParseAlertMatcher(v); err == nil {
 				p.HoldWhileAlerts = m
 			} else {
-				problem("%v", err)
+				p.alertsInvalid = true
+				invalid(err.Error(), fmt.Sprintf("the gate cannot tell whether an alert fires, so it does what %s says (hold by default), as when Alertmanager cannot be reached", AnnotationHoldWhileAlertsUnreachable))
 			}
 		case key == AnnotationHoldWhileAlertsUnreachable:
 			if v == UnreachableHold || v == UnreachableDrain {
 				p.AlertsUnreachable = v
 			} else {
-				problem("want %s or %s", UnreachableHold, UnreachableDrain)
+				invalid(fmt.Sprintf("want %s or %s", UnreachableHold, UnreachableDrain), UnreachableHold+" (the default)")
 			}
 		case key == AnnotationRepairMaxUnhealthy:
-			if n, err := parseDrainLimit(v); err == nil {
+			if n, err := parseCountOrPercent(v); err == nil {
 				p.RepairMaxUnhealthy = n
 			} else {
-				problem("%v", err)
+				invalid(err.Error(), fmt.Sprintf("the default cut-off %s applies", DefaultRepairMaxUnhealthy.String()))
 			}
 		case key == AnnotationRepairMaxUnhealthyCap:
-			if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			if n, err := parseCount(v); err == nil {
 				p.RepairMaxUnhealthyCap = n
 			} else {
-				problem("want a whole number of nodes, 0 or more")
+				invalid("want a whole number of nodes, 0 or more", fmt.Sprintf("the default cap %d applies", DefaultRepairMaxUnhealthyCap))
 			}
 		case key == AnnotationReschedule:
 			if b, err := strconv.ParseBool(v); err == nil {
 				p.Reschedule = b
 			} else {
-				problem("want true or false")
+				invalid("want true or false", "no rescheduling (the default)")
 			}
 		case key == AnnotationDrainSettle:
-			if s, err := parseSettle(v); err == nil {
-				p.DrainSettle = s
-			} else {
-				problem("%v", err)
+			s, err := parseSettle(v)
+			if err != nil {
+				instead := "the default 0 applies"
+				if s.Duration > 0 {
+					instead = "settling for " + short(s.Duration) + ", the longest (for pacing, the conservative side)"
+				}
+				invalid(err.Error(), instead)
 			}
+			p.DrainSettle = s
 		default:
-			problem("unknown annotation")
+			p.Problems = append(p.Problems, fmt.Sprintf("%s=%s ignored: unknown annotation", key, quote(annotations[key])))
 		}
 	}
+	fallback := false
 	if schedule != "" || duration != "" {
-		w, err := NewWindow(schedule, duration)
-		if err != nil {
-			p.Problems = append(p.Problems, fmt.Sprintf("maintenance window ignored: %v", err))
-		} else {
-			p.Window = w
-		}
+		var problems []string
+		p.Window, fallback, problems = readWindow(schedule, duration)
+		p.windowInvalid = p.Window == nil
+		p.Problems = append(p.Problems, problems...)
 	}
-	if p.Reschedule && p.Window == nil {
-		// Nothing to move the events into: the pool's ordinary policy applies, as if unset.
+	if p.Reschedule && (p.Window == nil || fallback) {
+		// Nothing sure to move the events into: moving an AWS event rests on a window the
+		// owner set, not on a guessed one. The pool's ordinary policy applies, as if unset.
 		p.Reschedule = false
-		p.Problems = append(p.Problems, fmt.Sprintf("%s=%q ignored: the pool has no valid maintenance window (%s and %s) to move events into",
-			AnnotationReschedule, annotations[AnnotationReschedule], AnnotationWindowSchedule, AnnotationWindowDuration))
+		p.Problems = append(p.Problems, fmt.Sprintf("%s=%s ignored: the pool has no valid maintenance window (%s and %s) to move events into",
+			AnnotationReschedule, quote(annotations[AnnotationReschedule]), AnnotationWindowSchedule, AnnotationWindowDuration))
 	}
 	return p
+}
+
+// readAction reads an action annotation (of scheduled-event type t, or "" for the pool-wide and
+// per-kind keys). A value that is not exactly a known action is a problem, and the key's
+// events are deferred: held to the window or deadline minus drain-lead and paced, never drained
+// at once for a typo (ActionFor records rebalance recommendations only).
+func (p *Policy) readAction(key, v string, t event.ScheduledType, invalid func(why, instead string)) Action {
+	if a, ok := parseAction(v); ok {
+		return a
+	}
+	if Action(v) == ActionRebootInPlace && t != "" && RebootsInPlace(t) {
+		return ActionRebootInPlace
+	}
+	why := "want drain, defer or ignore, in lower case"
+	switch {
+	case Action(v) == ActionRebootInPlace && t != "":
+		why = fmt.Sprintf("reboot-in-place applies to %s, %s and %s only: AWS replaces the instance for %s", event.ScheduledInstanceReboot, event.ScheduledSystemReboot, event.ScheduledSystemMaintenance, t)
+	case t != "" && RebootsInPlace(t):
+		why = "want drain, defer, ignore or reboot-in-place, in lower case"
+	}
+	instead := "its events are deferred, the safe side (held to the maintenance window or deadline minus drain-lead, and paced)"
+	if key == AnnotationAction || key == ActionKey(event.KindRebalance) {
+		instead += "; rebalance recommendations are recorded only, as Karpenter does"
+	}
+	invalid(why, instead)
+	if p.invalidActions == nil {
+		p.invalidActions = map[string]bool{}
+	}
+	p.invalidActions[key] = true
+	return ActionDefer
 }
 
 func parseAction(v string) (Action, bool) {
@@ -283,44 +341,112 @@ func parseAction(v string) (Action, bool) {
 	return "", false
 }
 
-func parseNonNegative(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(v)
+// readDuration reads a duration annotation bounded by max; an invalid one is a problem and
+// def applies.
+func readDuration(v string, max, def time.Duration, invalid func(why, instead string)) time.Duration {
+	d, err := parseDuration(v, max)
 	if err != nil {
-		return 0, fmt.Errorf("not a duration such as 1h or 90m")
+		invalid(err.Error(), "the default "+short(def)+" applies")
+		return def
 	}
-	if d < 0 {
+	return d
+}
+
+// parseDuration parses a Go duration from 0 to max.
+func parseDuration(v string, max time.Duration) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("not a duration such as 1h or 90m")
+	case d < 0:
 		return 0, fmt.Errorf("negative")
+	case d > max:
+		return 0, fmt.Errorf("at most %s", short(max))
 	}
 	return d, nil
 }
 
-func parseDrainLimit(v string) (intstr.IntOrString, error) {
-	n := intstr.Parse(v)
-	if n.Type == intstr.Int {
-		if n.IntVal < 0 {
-			return n, fmt.Errorf("negative")
+// parseCount parses a count of nodes: digits only, no sign, within int32 (what an IntOrString
+// holds).
+func parseCount(v string) (int, error) {
+	if v == "" || strings.Trim(v, "0123456789") != "" {
+		return 0, fmt.Errorf("not a whole number")
+	}
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("too large")
+	}
+	return int(n), nil
+}
+
+// parseCountOrPercent parses a count of nodes or a whole percentage of them, 0% to 100%: the
+// value of max-concurrent-drains and repair-max-unhealthy. Nothing else passes (12.5%, 1e1%,
+// -3): intstr would take them, and scale them to an error that meant "unlimited".
+func parseCountOrPercent(v string) (intstr.IntOrString, error) {
+	const want = "want a whole number of nodes (0 or more) or a whole percentage of them, 0% to 100%"
+	if pct, ok := strings.CutSuffix(v, "%"); ok {
+		n, err := parseCount(pct)
+		if err != nil || n > 100 {
+			return intstr.IntOrString{}, fmt.Errorf("%s", want)
 		}
-		return n, nil
+		return intstr.FromString(strconv.Itoa(n) + "%"), nil
 	}
-	pct, ok := strings.CutSuffix(v, "%")
-	var f float64
-	if _, err := fmt.Sscanf(pct, "%g", &f); !ok || err != nil || f < 0 || f > 100 || math.IsNaN(f) {
-		return n, fmt.Errorf("want a non-negative integer or a percentage such as 20%%")
+	n, err := parseCount(v)
+	if err != nil {
+		return intstr.IntOrString{}, fmt.Errorf("%s", want)
 	}
-	return n, nil
+	return intstr.FromInt32(int32(n)), nil
+}
+
+// quote quotes an annotation's value for a problem, cut at quoteLimit bytes.
+func quote(v string) string {
+	if len(v) <= quoteLimit {
+		return strconv.Quote(v)
+	}
+	cut := quoteLimit
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return strconv.Quote(v[:cut]) + "…"
+}
+
+// readWindow makes the maintenance window of window-schedule and window-duration, and says
+// what was wrong with them. A valid schedule is kept whatever the duration: with a duration
+// that is missing, invalid, out of range or that would never let the window close, the window
+// is FallbackWindowDuration long (fallback). No window comes of an invalid schedule, or of one
+// that opens too often for even the fallback window to close.
+func readWindow(schedule, duration string) (w *Window, fallback bool, problems []string) {
+	if schedule == "" {
+		return nil, false, []string{fmt.Sprintf("maintenance window ignored: %s=%s is set without %s; a deferral with no deadline waits for the window to be fixed",
+			AnnotationWindowDuration, quote(duration), AnnotationWindowSchedule)}
+	}
+	sched, err := parseSchedule(schedule)
+	if err != nil {
+		return nil, false, []string{fmt.Sprintf("maintenance window ignored: %s %s: %v; a deferral with no deadline waits for the window to be fixed", AnnotationWindowSchedule, quote(schedule), err)}
+	}
+	d, err := parseWindowDuration(duration)
+	if err == nil && neverCloses(sched, d) {
+		err = fmt.Errorf("the window never closes between two openings of %s", quote(schedule))
+	}
+	switch {
+	case err == nil:
+		return &Window{Schedule: schedule, Duration: d, sched: sched}, false, nil
+	case neverCloses(sched, FallbackWindowDuration):
+		return nil, false, []string{fmt.Sprintf("maintenance window ignored: %s=%s: %v, and %s %s opens too often for even a %s window to close; a deferral with no deadline waits for the window to be fixed",
+			AnnotationWindowDuration, quote(duration), err, AnnotationWindowSchedule, quote(schedule), short(FallbackWindowDuration))}
+	}
+	return &Window{Schedule: schedule, Duration: FallbackWindowDuration, sched: sched}, true,
+		[]string{fmt.Sprintf("%s=%s ignored: %v; the schedule is kept with a %s window", AnnotationWindowDuration, quote(duration), err, short(FallbackWindowDuration))}
 }
 
 // NewWindow parses a window. The schedule is a standard five-field cron expression in UTC,
-// unless it starts with CRON_TZ= (or TZ=) and a zone name, as in Karpenter's budgets.
+// unless it starts with CRON_TZ= (or TZ=) and a zone name, as in Karpenter's budgets. It takes
+// any positive duration: the bounds of a pool's window are FromAnnotations' (readWindow).
 func NewWindow(schedule, duration string) (*Window, error) {
 	if schedule == "" || duration == "" {
 		return nil, fmt.Errorf("%s and %s must be set together", AnnotationWindowSchedule, AnnotationWindowDuration)
 	}
-	spec := schedule
-	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") {
-		spec = "TZ=UTC " + spec
-	}
-	sched, err := cron.ParseStandard(spec)
+	sched, err := parseSchedule(schedule)
 	if err != nil {
 		return nil, fmt.Errorf("%s %q: %v", AnnotationWindowSchedule, schedule, err)
 	}
@@ -329,6 +455,47 @@ func NewWindow(schedule, duration string) (*Window, error) {
 		return nil, fmt.Errorf("%s %q: want a positive duration such as 4h", AnnotationWindowDuration, duration)
 	}
 	return &Window{Schedule: schedule, Duration: d, sched: sched}, nil
+}
+
+func parseSchedule(schedule string) (cron.Schedule, error) {
+	spec := schedule
+	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") {
+		spec = "TZ=UTC " + spec
+	}
+	return cron.ParseStandard(spec)
+}
+
+func parseWindowDuration(duration string) (time.Duration, error) {
+	if duration == "" {
+		return 0, fmt.Errorf("not set")
+	}
+	d, err := time.ParseDuration(duration)
+	switch {
+	case err != nil || d <= 0:
+		return 0, fmt.Errorf("want a positive duration such as 4h")
+	case d > MaxWindowDuration:
+		return 0, fmt.Errorf("at most %s", short(MaxWindowDuration))
+	}
+	return d, nil
+}
+
+// neverCloses reports whether a window of duration d would stay open from one opening of
+// sched to the next, over the first windowProbe openings after a fixed time (so that
+// FromAnnotations stays a pure function of the annotations): always open, it would drain
+// everything at once. A schedule that never fires closes.
+func neverCloses(sched cron.Schedule, d time.Duration) bool {
+	prev := sched.Next(time.Date(2026, time.January, 1, 0, 0, 0, 0, time.UTC))
+	if prev.IsZero() {
+		return false
+	}
+	for range windowProbe {
+		next := sched.Next(prev)
+		if next.IsZero() || next.Sub(prev) > d {
+			return false
+		}
+		prev = next
+	}
+	return true
 }
 
 // Open reports whether now falls in a window: some start s with s <= now < s+duration.
@@ -343,7 +510,20 @@ func (w *Window) Next(now time.Time) time.Time { return w.sched.Next(now).UTC() 
 
 // ActionFor returns the configured action for an event and the annotation it came from
 // ("" for none); the most specific key wins, and with none the router does what Karpenter does.
+// A key whose value is invalid defers its events (see Invalid); a rebalance recommendation,
+// which has no deadline to hold it to, is then recorded only, as without the annotation.
 func (p Policy) ActionFor(ev event.Event) (Action, string) {
+	a, key := p.configured(ev)
+	if p.invalidActions[key] && ev.Kind == event.KindRebalance {
+		return ActionIgnore, key
+	}
+	return a, key
+}
+
+// Invalid reports whether the action annotation key has a value FromAnnotations refused.
+func (p Policy) Invalid(key string) bool { return p.invalidActions[key] }
+
+func (p Policy) configured(ev event.Event) (Action, string) {
 	if ev.Health != nil && ev.Health.Scheduled != "" {
 		if a, ok := p.Scheduled[ev.Health.Scheduled]; ok {
 			return a, ScheduledActionKey(ev.Health.Scheduled)
@@ -369,7 +549,9 @@ func (p Policy) DrainLimit(poolNodes int) (int, bool) {
 	}
 	n, err := intstr.GetScaledValueFromIntOrPercent(p.MaxConcurrentDrains, poolNodes, true)
 	if err != nil {
-		return 0, false // unreachable: validated in FromAnnotations
+		// Unreachable from FromAnnotations, which takes whole counts and percentages only; a
+		// Policy built otherwise fails safe: one drain at a time.
+		return 1, true
 	}
 	return n, true
 }
@@ -380,7 +562,9 @@ func (p Policy) DrainLimit(poolNodes int) (int, bool) {
 func (p Policy) RepairCutoff(poolNodes int) int {
 	n, err := intstr.GetScaledValueFromIntOrPercent(&p.RepairMaxUnhealthy, poolNodes, true)
 	if err != nil {
-		n = 0 // unreachable: validated in FromAnnotations
+		// Unreachable from FromAnnotations; a Policy built otherwise gets the default cut-off.
+		def := DefaultRepairMaxUnhealthy
+		n, _ = intstr.GetScaledValueFromIntOrPercent(&def, poolNodes, true)
 	}
 	return min(n, p.RepairMaxUnhealthyCap)
 }

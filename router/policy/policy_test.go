@@ -56,18 +56,25 @@ func TestFromAnnotationsInvalid(t *testing.T) {
 		// check that the invalid value fell back to the default
 		check func(Policy) bool
 	}{
-		{map[string]string{AnnotationAction: "defr"}, "want drain, defer or ignore", func(p Policy) bool { return p.Default == "" }},
-		{map[string]string{ActionKey(event.KindRebalance): "DRAIN"}, "want drain", func(p Policy) bool { return p.Kinds == nil }},
-		{map[string]string{ScheduledActionKey(event.ScheduledSystemReboot): "skip"}, "want drain", func(p Policy) bool { return p.Scheduled == nil }},
-		{map[string]string{AnnotationMaxConcurrentDrains: "-1"}, "negative", func(p Policy) bool { return p.MaxConcurrentDrains == nil }},
-		{map[string]string{AnnotationMaxConcurrentDrains: "lots"}, "percentage", func(p Policy) bool { return p.MaxConcurrentDrains == nil }},
-		{map[string]string{AnnotationMaxConcurrentDrains: "150%"}, "percentage", func(p Policy) bool { return p.MaxConcurrentDrains == nil }},
+		// An invalid action defers (a rebalance recommendation is recorded only); an invalid
+		// max-concurrent-drains paces at one drain at a time.
+		{map[string]string{AnnotationAction: "defr"}, "want drain, defer or ignore", func(p Policy) bool { return p.Default == ActionDefer && p.Invalid(AnnotationAction) }},
+		{map[string]string{ActionKey(event.KindRebalance): "DRAIN"}, "want drain", func(p Policy) bool {
+			a, _ := p.ActionFor(event.Event{Kind: event.KindRebalance})
+			return a == ActionIgnore
+		}},
+		{map[string]string{ScheduledActionKey(event.ScheduledSystemReboot): "skip"}, "want drain", func(p Policy) bool { return p.Scheduled[event.ScheduledSystemReboot] == ActionDefer }},
+		{map[string]string{AnnotationMaxConcurrentDrains: "-1"}, "whole number", func(p Policy) bool { return p.MaxConcurrentDrains.String() == "1" }},
+		{map[string]string{AnnotationMaxConcurrentDrains: "lots"}, "percentage", func(p Policy) bool { return p.MaxConcurrentDrains.String() == "1" }},
+		{map[string]string{AnnotationMaxConcurrentDrains: "150%"}, "percentage", func(p Policy) bool { return p.MaxConcurrentDrains.String() == "1" }},
 		{map[string]string{AnnotationTaintUpcoming: "yes please"}, "want true or false", func(p Policy) bool { return !p.TaintUpcoming }},
 		{map[string]string{AnnotationDrainLead: "1 hour"}, "duration", func(p Policy) bool { return p.DrainLead == DefaultDrainLead }},
 		{map[string]string{AnnotationRestartGrace: "-5m"}, "negative", func(p Policy) bool { return p.RestartGrace == DefaultRestartGrace }},
-		{map[string]string{AnnotationWindowSchedule: "0 2 * * 6"}, "must be set together", func(p Policy) bool { return p.Window == nil }},
+		// A valid schedule is kept with a one-hour window; no window comes of an invalid one.
+		{map[string]string{AnnotationWindowSchedule: "0 2 * * 6"}, "window-duration=\"\" ignored: not set", func(p Policy) bool { return p.Window.Duration == FallbackWindowDuration }},
+		{map[string]string{AnnotationWindowDuration: "4h"}, "without " + AnnotationWindowSchedule, func(p Policy) bool { return p.Window == nil }},
 		{map[string]string{AnnotationWindowSchedule: "every saturday", AnnotationWindowDuration: "4h"}, "every saturday", func(p Policy) bool { return p.Window == nil }},
-		{map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "0s"}, "positive duration", func(p Policy) bool { return p.Window == nil }},
+		{map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "0s"}, "positive duration", func(p Policy) bool { return p.Window.Duration == FallbackWindowDuration }},
 		{map[string]string{AnnotationWindowSchedule: "CRON_TZ=Mars/Olympus 0 2 * * 6", AnnotationWindowDuration: "1h"}, "Mars/Olympus", func(p Policy) bool { return p.Window == nil }},
 		{map[string]string{Prefix + "acton": "ignore"}, "unknown annotation", func(p Policy) bool { return p.Default == "" }},
 		{map[string]string{ActionKey("spot"): "ignore"}, "unknown annotation", func(p Policy) bool { return p.Kinds == nil }},
@@ -114,8 +121,11 @@ func TestReschedule(t *testing.T) {
 		{"empty", with(AnnotationReschedule, ""), false, []string{"want true or false"}},
 		{"no window", map[string]string{AnnotationReschedule: "true"}, false, []string{AnnotationReschedule + `="true" ignored: the pool has no valid maintenance window`}},
 		{"no window, off", map[string]string{AnnotationReschedule: "false"}, false, nil},
-		{"invalid window", with(AnnotationReschedule, "true", AnnotationWindowDuration, "forever"), false,
+		{"invalid window", with(AnnotationReschedule, "true", AnnotationWindowSchedule, "saturdays"), false,
 			[]string{"maintenance window ignored", AnnotationReschedule + `="true" ignored`}},
+		// The fallback window is not one the owner set: no AWS event is moved into it.
+		{"invalid window duration", with(AnnotationReschedule, "true", AnnotationWindowDuration, "forever"), false,
+			[]string{AnnotationWindowDuration + `="forever" ignored`, AnnotationReschedule + `="true" ignored`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -51,8 +51,10 @@ func Render() ([]byte, error) {
 
 	p("## NodePool annotations\n\n")
 	p("Read from each Karpenter NodePool (`router/policy`). No annotation means Karpenter's\n")
-	p("behaviour; an invalid value is ignored, as if absent, with a warning on every decision for the\n")
-	p("pool and a `%s` Event on it. Unknown `%s` keys (typos) are reported the same way.\n\n", signal.ReasonInvalidAnnotation, policy.Prefix)
+	p("behaviour. An invalid or out-of-range value is a problem, with a warning on every decision for\n")
+	p("the pool and a `%s` Event on it (one Event listing all the pool's problems), and\n", signal.ReasonInvalidAnnotation)
+	p("the pool gets the safe side, never \"unlimited\" or \"drain now\": the default, or what the\n")
+	p("table says. Unknown `%s` keys (typos) are reported the same way.\n\n", policy.Prefix)
 	p("| annotation | values | default | meaning |\n| --- | --- | --- | --- |\n")
 	for _, a := range policy.NodePoolAnnotations() {
 		p("| `%s` | %s | %s | %s |\n", a.Key, cell(a.Values), cell(a.Default), cell(a.Doc))

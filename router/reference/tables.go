@@ -78,7 +78,7 @@ func Events() []Event {
 		{Reason: signal.ReasonRecordUnreadable, On: "NodeClaim", Type: "Warning", Doc: "the NodeClaim's records are a newer router's, or damaged: kept as they are, and the write refused"},
 		{Reason: signal.ReasonRescheduled, On: "Node and NodeClaim", Type: "Normal", Doc: "the router moved the instance's scheduled event into its pool's window (`healthrouter.io/reschedule`): the EC2 event, its former and new start, the window opening and drain-lead"},
 		{Reason: signal.ReasonNotManaged, On: "Node", Type: "Warning", Doc: "an event for a node Karpenter does not manage (no NodeClaim), and what `--unmanaged-nodes` did about it"},
-		{Reason: signal.ReasonInvalidAnnotation, On: "NodePool", Type: "Warning", Doc: "a `healthrouter.io/` annotation of the pool was ignored (an invalid value, or an unknown key), one Event per problem"},
+		{Reason: signal.ReasonInvalidAnnotation, On: "NodePool", Type: "Warning", Doc: "`healthrouter.io/` annotations of the pool were ignored (invalid or out-of-range values, unknown keys): one Event listing every problem and what applies instead, cut at the API server's 1,024 bytes (`health-router status` lists them all)"},
 		{Reason: signal.ReasonReplacementUnsound, On: "EC2NodeClass", Type: "Warning", Doc: "an urgent drain went ahead although a pre-signal check found the replacement unsound"},
 		{Reason: podnotice.ReasonDeferred, On: "Pod (each pod a drain would evict; at most 110 per node and `--pod-events-per-event` per event)", Type: "Normal",
 			Doc: "the pod's node will be drained for an event: when (the planned time), why (the hold), and when AWS acts; for the workload's owner (`kubectl describe pod`, `kubectl get events -n team`)"},

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	corev1 "k8s.io/api/core/v1"
@@ -539,14 +540,42 @@ func (s *Signaller) Rescheduled(res cluster.Resolved, ev event.Event, how string
 	}
 }
 
-// PolicyProblems posts a Warning Event on the NodePool for each ignored annotation.
+// noteLimit is the longest Event note the API server accepts (events.k8s.io/v1): it refuses
+// a longer one, and the Event is lost.
+const noteLimit = 1024
+
+// PolicyProblems posts one Warning Event on the NodePool that lists every ignored annotation.
+// One Event, not one per problem: the events.k8s.io recorder folds Events that differ only in
+// their note into a series that keeps the first note, so a pool with several problems showed
+// one of them.
 func (s *Signaller) PolicyProblems(res cluster.Resolved, problems []string) {
-	if res.NodePool == nil {
+	if res.NodePool == nil || len(problems) == 0 {
 		return
 	}
-	for _, p := range problems {
-		s.recorder.Eventf(res.NodePool, nil, corev1.EventTypeWarning, ReasonInvalidAnnotation, "ReadPolicy", "%s", p)
+	s.recorder.Eventf(res.NodePool, nil, corev1.EventTypeWarning, ReasonInvalidAnnotation, "ReadPolicy", "%s", problemsNote(res.NodePool.Name, problems))
+}
+
+// problemsNote writes a pool's problems as one note, numbered when there are several, cut at
+// noteLimit with a pointer to where all of them are listed.
+func problemsNote(pool string, problems []string) string {
+	note := problems[0]
+	if len(problems) > 1 {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%d problems:", len(problems))
+		for i, p := range problems {
+			fmt.Fprintf(&b, " (%d) %s", i+1, p)
+		}
+		note = b.String()
 	}
+	if len(note) <= noteLimit {
+		return note
+	}
+	tail := fmt.Sprintf(" … (cut short: health-router status --nodepool %s lists them all)", pool)
+	cut := max(noteLimit-len(tail), 0)
+	for cut > 0 && !utf8.RuneStart(note[cut]) {
+		cut--
+	}
+	return note[:cut] + tail
 }
 
 // nodeClaimGVK is the kind update's metadata-only patches name.
