@@ -133,11 +133,29 @@ func Summary(ev event.Event) string {
 }
 
 // key identifies a notice for deduplication: a redelivered event, or a re-decision that
-// changed neither the action nor its until-time, has the same key.
+// changed neither the action, nor what it waits for, nor (for a hold on a time) its
+// until-time, has the same key.
 func (n Notice) key() string {
+	until := ""
+	if !rechecks(n.Hold) {
+		until = n.Until.UTC().Format(time.RFC3339Nano)
+	}
 	return strings.Join([]string{
-		string(n.Phase), n.EventID, strings.Join(n.Instances, ","), string(n.Action), n.Until.UTC().Format(time.RFC3339Nano),
+		string(n.Phase), n.EventID, strings.Join(n.Instances, ","), string(n.Action), string(n.Hold), until,
 	}, "\x00")
+}
+
+// rechecks reports whether a hold's Until is only when the router looks again at live state
+// (a pacing slot, the repair cut-off, a failed check, a gate): it moves at each look while
+// the hold stays the same (every minute under the repair cut-off), so a new one is no news.
+// The Until of a window, a deadline or a restart-grace is a time people plan by: a new one is
+// sent. A hold not listed here keeps its Until in the key: a notice too many, not one lost.
+func rechecks(h policy.Hold) bool {
+	switch h {
+	case policy.HoldPacing, policy.HoldRepairCutoff, policy.HoldCheck, policy.HoldPDB, policy.HoldAlerts:
+		return true
+	}
+	return false
 }
 
 func orUnknown(s string) string {

@@ -6,8 +6,9 @@
 // Notify never blocks the pipeline: it puts the notice in a bounded queue (a full queue drops
 // it, counted), and one worker, on the leader only, sends the queue in order, retrying a
 // failure with exponential backoff on the injected clock. A notice is sent at most once per
-// (phase, event, instances, action, until): a redelivered event or a re-decision that changed
-// nothing is not sent again.
+// (phase, event, instances, action, hold, until): a redelivered event or a re-decision that
+// changed nothing is not sent again. The until-time of a hold that is only a recheck (pacing,
+// the repair cut-off, a check, a gate) is left out: it moves at every recheck.
 package notify
 
 import (
@@ -145,7 +146,8 @@ func New(opts Options, httpClient *http.Client, clk clock.WithTicker, log *slog.
 }
 
 // Notify queues a notice and returns at once. A notice already queued once (same phase,
-// event, instances, action and until) is not queued again; on a full queue the notice is
+// event, instances, action, hold and, unless the hold is a recheck, until) is not queued
+// again; on a full queue the notice is
 // dropped and counted. Notify on a nil Notifier does nothing, so that a router without a
 // webhook can call it.
 func (n *Notifier) Notify(nt Notice) {

@@ -369,3 +369,59 @@ func TestErrorsHideURL(t *testing.T) {
 		t.Errorf("redacted error %q", got)
 	}
 }
+
+// idle is a Notifier that is never started: what Notify queues stays in its queue.
+func idle(t *testing.T) *Notifier {
+	t.Helper()
+	n, err := New(Options{URL: "https://hooks.example.com/x"}, nil, clocktesting.NewFakeClock(time.Now()), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestRecheckNotResent: a deferral decided again at each recheck of the same hold, its Until
+// moved (pacing every 10 min, the repair cut-off every minute, a check or a gate at each look),
+// is queued once: a 20-node repair storm is not 20 posts a minute. A new Until of a window or a
+// deadline is news and is queued again, and so is a change of hold.
+func TestRecheckNotResent(t *testing.T) {
+	at := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		hold policy.Hold
+		step time.Duration
+		want int
+	}{
+		{policy.HoldPacing, policy.PacingRecheck, 1},
+		{policy.HoldRepairCutoff, policy.RepairRecheck, 1},
+		{policy.HoldCheck, policy.CheckRecheck, 1},
+		{policy.HoldPDB, time.Minute, 1},
+		{policy.HoldAlerts, time.Minute, 1},
+		{policy.HoldWindow, 7 * 24 * time.Hour, 3},
+		{policy.HoldDeadline, time.Hour, 3},
+	} {
+		n := idle(t)
+		for i := range 20 { // a storm of 20 nodes, each decided again 3 times
+			ev, d := sampleDecision(i)
+			d.Hold = tt.hold
+			for r := range 3 {
+				d.Until = at.Add(time.Duration(r) * tt.step)
+				n.Notify(FromDecision(ev, d, ""))
+			}
+		}
+		if got := len(n.queue); got != 20*tt.want {
+			t.Errorf("hold %s: 20 instances decided 3 times with a moved Until queued %d notices, want %d", tt.hold, got, 20*tt.want)
+		}
+	}
+
+	n := idle(t)
+	ev, d := sampleDecision(1)
+	d.Hold, d.Until = policy.HoldPacing, at
+	n.Notify(FromDecision(ev, d, ""))
+	d.Hold, d.Until = policy.HoldPDB, at.Add(time.Minute)
+	n.Notify(FromDecision(ev, d, ""))
+	d.Action, d.Hold, d.Until = policy.ActionDrain, "", time.Time{}
+	n.Notify(FromDecision(ev, d, ""))
+	if got := len(n.queue); got != 3 {
+		t.Errorf("pacing, then a PDB, then the drain: queued %d notices, want 3", got)
+	}
+}
