@@ -58,7 +58,7 @@ const (
 	ReasonHTTPStatus = "http-status"        // the receiver answered other than 2xx
 	ReasonNetwork    = "network"            // no answer: connection refused, DNS, timeout
 	ReasonQueueFull  = "dropped-queue-full" // Notify found the queue full
-	ReasonGaveUp     = "gave-up"            // a notice not delivered after MaxAttempts (or a permanent 4xx)
+	ReasonGaveUp     = "gave-up"            // a notice not delivered after MaxAttempts (or a 3xx, a permanent 4xx)
 	ReasonTemplate   = "template"           // the template failed to render this notice
 )
 
@@ -98,7 +98,7 @@ type Notifier struct {
 
 // New builds a Notifier. The URL, template and headers are checked here, so that a bad
 // configuration fails at start-up with a message naming the flag. A nil httpClient is
-// http.DefaultClient.
+// http.DefaultClient; either way the notifier sends through a copy that follows no redirect.
 func New(opts Options, httpClient *http.Client, clk clock.WithTicker, log *slog.Logger, reg prometheus.Registerer) (*Notifier, error) {
 	if opts.QueueSize == 0 {
 		opts.QueueSize = DefaultQueueSize
@@ -129,8 +129,12 @@ func New(opts Options, httpClient *http.Client, clk clock.WithTicker, log *slog.
 	if httpClient == nil {
 		httpClient = http.DefaultClient
 	}
+	// A copy, so that the caller's client (http.DefaultClient, shared by the process) keeps
+	// its own redirect policy.
+	client := *httpClient
+	client.CheckRedirect = noRedirects
 	n := &Notifier{
-		opts: opts, tmpl: tmpl, client: httpClient, clk: clk, log: log,
+		opts: opts, tmpl: tmpl, client: &client, clk: clk, log: log,
 		queue: make(chan Notice, opts.QueueSize), seen: newKeySet(dedupKeys),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metrics.NotifySent, Help: "Webhook notices the receiver accepted (2xx).",
@@ -193,7 +197,7 @@ func (n *Notifier) Start(ctx context.Context) error {
 }
 
 // deliver sends one notice, retrying until it is accepted, MaxAttempts are spent, the
-// receiver refuses it for good (a 4xx other than 408, 425 or 429) or ctx is done.
+// receiver refuses it for good (a 3xx, a 4xx other than 408, 425 or 429) or ctx is done.
 func (n *Notifier) deliver(ctx context.Context, nt Notice) {
 	log := n.log.With("event_id", nt.EventID, "kind", nt.Kind, "phase", nt.Phase, "action", nt.Action)
 	body, err := n.Body(nt)
@@ -272,6 +276,15 @@ func (n *Notifier) post(ctx context.Context, body []byte) error {
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		to := "with no Location"
+		if loc, err := resp.Location(); err == nil {
+			to = "to " + redactedURL(loc.String())
+		}
+		// Permanent: the same URL redirects again.
+		return &sendError{reason: ReasonHTTPStatus, permanent: true, err: fmt.Errorf(
+			"receiver answered %s, redirecting %s: redirects are not followed (they would carry the webhook's headers and body to another URL); set --webhook-url to the final URL", resp.Status, to)}
+	}
 	se := &sendError{reason: ReasonHTTPStatus, err: fmt.Errorf("receiver answered %s", resp.Status)}
 	switch c := resp.StatusCode; {
 	case c == http.StatusTooManyRequests || c == http.StatusServiceUnavailable:
@@ -312,6 +325,12 @@ func redactedURL(raw string) string {
 	}
 	return u.Scheme + "://" + u.Host + "/<redacted>"
 }
+
+// noRedirects is the notifier's redirect policy: none is followed. A redirect would carry the
+// configured headers (an X-Api-Key, a token: net/http drops only Authorization,
+// WWW-Authenticate and Cookie, and only to another domain) and the notice to a URL nobody
+// configured; the 3xx itself is returned, and post fails it.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 func validURL(v string) bool {
 	u, err := url.Parse(v)

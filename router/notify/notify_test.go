@@ -425,3 +425,53 @@ func TestRecheckNotResent(t *testing.T) {
 		t.Errorf("pacing, then a PDB, then the drain: queued %d notices, want 3", got)
 	}
 }
+
+// TestNoRedirects: a receiver that redirects does not get the notice, its headers and body
+// carried to another host: the 3xx is a failed send, given up at once, saying why; neither the
+// client passed in nor http.DefaultClient is changed for it.
+func TestNoRedirects(t *testing.T) {
+	var mu sync.Mutex
+	var leaked []string
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		mu.Lock()
+		leaked = append(leaked, fmt.Sprintf("X-Api-Key %q, body %q", req.Header.Get("X-Api-Key"), body))
+		mu.Unlock()
+	}))
+	t.Cleanup(elsewhere.Close)
+	redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		http.Redirect(w, req, elsewhere.URL+"/collect/T0KEN", http.StatusTemporaryRedirect) // 307: method and body kept
+	}))
+	t.Cleanup(redirecting.Close)
+
+	own := &http.Client{}
+	for _, client := range []*http.Client{nil, own} {
+		reg := prometheus.NewRegistry()
+		n, err := New(Options{URL: redirecting.URL + "/hook", Headers: map[string]string{"X-Api-Key": "s3cret"}},
+			client, clocktesting.NewFakeClock(time.Now()), slog.New(slog.DiscardHandler), reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, d := sampleDecision(1)
+		err = n.post(context.Background(), []byte(`{"text": "notice"}`))
+		var se *sendError
+		if !errors.As(err, &se) || !se.permanent || !strings.Contains(err.Error(), "redirect") || strings.Contains(err.Error(), "T0KEN") {
+			t.Errorf("post to a redirecting receiver: %v, want a permanent failure that says redirect (and not the token)", err)
+		}
+		n.deliver(context.Background(), FromDecision(ev, d, ""))
+		if got := testutil.ToFloat64(n.failures.WithLabelValues(ReasonGaveUp)); got != 1 {
+			t.Errorf("gave-up = %g after a redirect, want 1 (not retried)", got)
+		}
+		if got := testutil.ToFloat64(n.sent); got != 0 {
+			t.Errorf("sent = %g, want 0", got)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(leaked) != 0 {
+		t.Errorf("the redirect target got %d requests: %v", len(leaked), leaked)
+	}
+	if own.CheckRedirect != nil || http.DefaultClient.CheckRedirect != nil {
+		t.Error("New changed the client it was given")
+	}
+}
