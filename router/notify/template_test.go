@@ -59,7 +59,7 @@ var hostile = []string{
 
 // TestDefaultTemplateValidJSON renders the default template for every kind, both phases and
 // hostile reasons: the body is JSON of the form {"text": ...} and the text carries the reason,
-// the instance and the summary unchanged.
+// the instance and the summary unchanged but for Slack's escapes of &, < and >.
 func TestDefaultTemplateValidJSON(t *testing.T) {
 	tmpl, err := ParseTemplate("")
 	if err != nil {
@@ -86,13 +86,13 @@ func TestDefaultTemplateValidJSON(t *testing.T) {
 					t.Fatalf("%s %s: %s, want one key, text", ev.Kind, n.Phase, body)
 				}
 				for _, want := range []string{n.Summary, ev.Instances[0], n.Cluster, string(ev.Kind)} {
-					if !strings.Contains(text, want) {
+					if !strings.Contains(text, slackEscaped(want)) {
 						t.Errorf("%s %s: text %q lacks %q", ev.Kind, n.Phase, text, want)
 					}
 				}
 				if n.Phase == PhaseDecided {
 					for _, want := range []string{reason, "Decided defer: ", `pool "a"`, "2026-11-21T13:00:00Z"} {
-						if !strings.Contains(text, want) {
+						if !strings.Contains(text, slackEscaped(want)) {
 							t.Errorf("%s decided: text %q lacks %q", ev.Kind, text, want)
 						}
 					}
@@ -100,6 +100,24 @@ func TestDefaultTemplateValidJSON(t *testing.T) {
 			}
 		}
 	}
+}
+
+// slackEscaped is s as Slack asks text to be written, spelled out independently of the code.
+func slackEscaped(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '&':
+			b.WriteString("&amp;")
+		case '<':
+			b.WriteString("&lt;")
+		case '>':
+			b.WriteString("&gt;")
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // TestSummaryEveryKind: every kind says what happened in its own words, not its kind name.
@@ -225,5 +243,43 @@ func TestKeySetBounded(t *testing.T) {
 	s.add("d")
 	if s.contains("b") || !s.contains("a") || !s.contains("c") || !s.contains("d") || len(s.index) != 3 {
 		t.Errorf("after a, b, c, use of a, d: index %v, want a, c, d", s.index)
+	}
+}
+
+// TestDefaultTemplateEscapesSlackMarkup: event and decision fields are text in the default
+// (Slack) body, never markup: a mention (<!channel>) or a disguised link (<http://evil|click>)
+// from an event or a reason arrives escaped, as Slack asks (&amp; &lt; &gt;).
+func TestDefaultTemplateEscapesSlackMarkup(t *testing.T) {
+	tmpl, err := ParseTemplate("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := event.Event{ID: "<!channel>", Kind: event.KindScheduledChange, Instances: []string{"<@U0123>"}, Time: time.Unix(0, 0),
+		Health: &event.Health{TypeCode: "<!here>", Status: "<http://evil.example|upcoming>"}}
+	d := policy.Decision{EventID: ev.ID, Kind: ev.Kind, InstanceID: ev.Instances[0], Node: "<!subteam^S0123>", NodePool: "a&b",
+		Action: policy.ActionDefer, Until: time.Unix(3600, 0), Hold: policy.HoldWindow,
+		Reason: "see <http://evil.example|the runbook> & act", Warnings: []string{"<!everyone>"}}
+	for _, n := range []Notice{Received(ev, "<#C0123>"), FromDecision(ev, d, "<#C0123>")} {
+		body, err := render(tmpl, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got map[string]string
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatalf("%s: not JSON: %v\n%s", n.Phase, err, body)
+		}
+		text := got["text"]
+		if strings.ContainsAny(text, "<>") {
+			t.Errorf("%s: text %q has Slack markup", n.Phase, text)
+		}
+		want := []string{"&lt;!channel&gt;", "&lt;@U0123&gt;", "&lt;#C0123&gt;", "&lt;!here&gt;", "&lt;http://evil.example|upcoming&gt;"}
+		if n.Phase == PhaseDecided {
+			want = append(want, "&lt;!subteam^S0123&gt;", "a&amp;b", "see &lt;http://evil.example|the runbook&gt; &amp; act", "&lt;!everyone&gt;")
+		}
+		for _, w := range want {
+			if !strings.Contains(text, w) {
+				t.Errorf("%s: text %q lacks %q", n.Phase, text, w)
+			}
+		}
 	}
 }
