@@ -45,8 +45,8 @@ var DefaultBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2,
 
 // dedupKeys bounds the memory of notices already queued. One bulk event of 200 instances
 // takes 201 keys (its receipt and each decision), plus one per changed re-decision; 4096 keys
-// (well under a megabyte) cover the redeliveries of the last several such events, which is
-// what deduplication is for.
+// (well under a megabyte; at most about 20 MiB were every key at its notice's caps) cover the
+// redeliveries of the last several such events, which is what deduplication is for.
 const dedupKeys = 4096
 
 // maxRetryAfter caps a receiver's Retry-After: one worker sends the queue in order, so a long
@@ -161,6 +161,7 @@ func (n *Notifier) Notify(nt Notice) {
 	if nt.Cluster == "" {
 		nt.Cluster = n.opts.Cluster
 	}
+	nt = nt.capped()
 	key := nt.key()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -234,12 +235,13 @@ func (n *Notifier) deliver(ctx context.Context, nt Notice) {
 	}
 }
 
-// Body is the request body of a notice, as the template renders it.
+// Body is the request body of a notice, as the template renders it from the notice within
+// its caps; a body over maxBodyBytes is an error.
 func (n *Notifier) Body(nt Notice) ([]byte, error) {
 	if nt.Cluster == "" {
 		nt.Cluster = n.opts.Cluster
 	}
-	return render(n.tmpl, nt)
+	return render(n.tmpl, nt.capped())
 }
 
 // sendError is a failed attempt.

@@ -20,7 +20,7 @@ import (
 // text, not as a mention or a link, and any value yields valid JSON.
 const DefaultTemplate = `{"text": "{{with .Cluster}}[{{slackText .}}] {{end}}` +
 	`{{if eq .Phase "received"}}Received {{slackText .Kind}}{{else}}Decided {{slackText .Action}}: {{slackText .Kind}}{{end}}` +
-	` of {{slackText (join .Instances ", ")}}` +
+	` of {{slackText (join .Instances ", ")}}{{with .MoreInstances}} and {{.}} more{{end}}` +
 	`{{with .Node}} (node {{slackText .}}{{with $.NodePool}}, nodepool {{slackText .}}{{end}}){{end}}` +
 	`\n{{slackText .Summary}}` +
 	`{{if not .Deadline.IsZero}}\nAWS acts at {{rfc3339 .Deadline}}{{end}}` +
@@ -102,12 +102,24 @@ func sampleNotices() []Notice {
 	return []Notice{Received(ev, "sample"), FromDecision(ev, d, "sample")}
 }
 
+// render renders n, failing once the body passes maxBodyBytes: a template that would render
+// far more (a range over the instances) stops there instead of growing the body further.
 func render(t *template.Template, n Notice) ([]byte, error) {
-	var b bytes.Buffer
+	var b cappedBuffer
 	if err := t.Execute(&b, n); err != nil {
-		return nil, err
+		return nil, err // a failed Write's error as it is: text/template does not wrap it
 	}
 	return b.Bytes(), nil
+}
+
+// cappedBuffer is a bytes.Buffer that refuses to grow past maxBodyBytes.
+type cappedBuffer struct{ bytes.Buffer }
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > maxBodyBytes {
+		return 0, fmt.Errorf("the body passes %d bytes, the most a notice may have", maxBodyBytes)
+	}
+	return b.Buffer.Write(p)
 }
 
 // ParseHeaders parses `k=v,k=v` into header names and values (a value may contain `=`, as a

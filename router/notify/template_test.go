@@ -1,15 +1,22 @@
 package notify
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/health-router/health-router/router/event"
@@ -281,5 +288,77 @@ func TestDefaultTemplateEscapesSlackMarkup(t *testing.T) {
 				t.Errorf("%s: text %q lacks %q", n.Phase, text, w)
 			}
 		}
+	}
+}
+
+// TestCaps: a notice of hostile size (an ID and a reason of a megabyte each, 10,000
+// instances, 1,000 warnings) is clipped when notified: each field to maxFieldBytes on a
+// rune boundary, the instances to maxInstances (the rest counted), the warnings to
+// maxWarnings (the rest said); its default body is valid JSON within maxBodyBytes. A custom
+// template that renders more than maxBodyBytes fails the notice, counted, and sends nothing.
+func TestCaps(t *testing.T) {
+	at := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	huge := strings.Repeat("é", 1<<19) // a megabyte, two bytes a rune
+	ev := event.Event{ID: huge, Kind: event.KindScheduledChange, Time: at, Health: &event.Health{TypeCode: huge, Status: huge}}
+	for i := range 10_000 {
+		ev.Instances = append(ev.Instances, fmt.Sprintf("i-%017x", i))
+	}
+	d := policy.Decision{EventID: ev.ID, Kind: ev.Kind, InstanceID: ev.Instances[0], Node: huge, NodePool: huge,
+		Action: policy.ActionDefer, Until: at, Hold: policy.HoldWindow, Reason: huge}
+	for range 1000 {
+		d.Warnings = append(d.Warnings, huge[:2<<10])
+	}
+
+	n := idle(t)
+	n.Notify(Received(ev, huge))
+	n.Notify(FromDecision(ev, d, huge))
+	if len(n.queue) != 2 {
+		t.Fatalf("queued %d notices, want 2", len(n.queue))
+	}
+	for range 2 {
+		nt := <-n.queue
+		fields := append([]string{nt.Cluster, nt.EventID, nt.Summary, nt.Node, nt.NodePool, nt.Reason}, nt.Instances...)
+		for _, f := range append(fields, nt.Warnings...) {
+			if len(f) > maxFieldBytes || !utf8.ValidString(f) {
+				t.Errorf("%s: a field of %d bytes (valid UTF-8: %t), want at most %d", nt.Phase, len(f), utf8.ValidString(f), maxFieldBytes)
+				break
+			}
+		}
+		if nt.Phase == PhaseReceived && (len(nt.Instances) != maxInstances || nt.MoreInstances != 10_000-maxInstances) {
+			t.Errorf("received: %d instances and %d more, want %d and %d", len(nt.Instances), nt.MoreInstances, maxInstances, 10_000-maxInstances)
+		}
+		if nt.Phase == PhaseDecided && (len(nt.Warnings) != maxWarnings+1 || !strings.Contains(nt.Warnings[maxWarnings], "990 more warnings")) {
+			t.Errorf("decided: %d warnings, want %d and a last one saying 990 more", len(nt.Warnings), maxWarnings+1)
+		}
+		body, err := n.Body(nt)
+		if err != nil {
+			t.Fatalf("%s: %v", nt.Phase, err)
+		}
+		var got map[string]string
+		if err := json.Unmarshal(body, &got); err != nil || len(body) > maxBodyBytes {
+			t.Errorf("%s: a body of %d bytes (JSON: %t), want valid JSON of at most %d", nt.Phase, len(body), json.Valid(body), maxBodyBytes)
+		}
+		if nt.Phase == PhaseReceived && !strings.Contains(got["text"], fmt.Sprintf(" and %d more", 10_000-maxInstances)) {
+			t.Errorf("received: the text does not count the instances left out: %.300q", got["text"])
+		}
+	}
+
+	// A template that renders the whole notice once per instance: 300 instances, over the cap.
+	ev = event.Event{ID: "e1", Kind: event.KindSpotInterruption, Time: at, Instances: ev.Instances[:300]}
+	var posted atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { posted.Add(1) }))
+	t.Cleanup(srv.Close)
+	reg := prometheus.NewRegistry()
+	big, err := New(Options{URL: srv.URL, Template: `[{{range .Instances}}{{json $}},{{end}}{}]`}, nil,
+		clocktesting.NewFakeClock(at), slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, err := big.Body(Received(ev, "")); err == nil || !strings.Contains(err.Error(), "bytes") {
+		t.Errorf("a body of %d bytes rendered with error %v, want an error naming the cap", len(body), err)
+	}
+	big.deliver(context.Background(), Received(ev, ""))
+	if got := testutil.ToFloat64(big.failures.WithLabelValues(ReasonTemplate)); got != 1 || posted.Load() != 0 {
+		t.Errorf("failures{reason=template} = %g and %d posts after a body over the cap, want 1 and none", got, posted.Load())
 	}
 }
