@@ -1,6 +1,8 @@
 // Package event is the router's model of the EventBridge events it receives, with one
 // parser per (source, detail-type). Parsing never panics: a body the router cannot act on
-// becomes a *RejectError that names the reason, and the intake dead-letters it.
+// becomes a *RejectError that names the reason, and the intake dead-letters it. The intake
+// parses with ParseReceived, which knows only the kinds AWS sends; Parse also reads the
+// router's own (its instance-status poller's findings), for the bodies the router wrote.
 package event
 
 import (
@@ -132,7 +134,7 @@ type Reason string
 
 const (
 	ReasonMalformed   Reason = "malformed"    // not JSON, or not an EventBridge envelope
-	ReasonUnknownKind Reason = "unknown-kind" // a (source, detail-type) the router has no parser for
+	ReasonUnknownKind Reason = "unknown-kind" // a (source, detail-type) the router has no parser for, or its own kind received from outside
 	ReasonUnsupported Reason = "unsupported"  // a known source, but not something the router acts on
 	ReasonInvalid     Reason = "invalid"      // a known kind with missing or contradictory fields
 	ReasonForeign     Reason = "foreign"      // another account or region than the router's

@@ -17,14 +17,21 @@ type key struct{ source, detailType string }
 
 type parser func(env envelope, ev *Event) error
 
-var parsers = map[key]parser{
+// awsParsers are the kinds AWS sends, through EventBridge, to the intake queue: the only ones
+// a received body may be.
+var awsParsers = map[key]parser{
 	{"aws.health", "AWS Health Event"}:                                    parseHealth,
 	{"aws.ec2", "EC2 Spot Instance Interruption Warning"}:                 parseSpot,
 	{"aws.ec2", "EC2 Instance Rebalance Recommendation"}:                  parseRebalance,
 	{"aws.ec2", "EC2 Instance State-change Notification"}:                 parseStateChange,
 	{"aws.ec2", "EC2 Capacity Reservation Instance Interruption Warning"}: parseCapacityReservation,
 	{"aws.ec2", "EC2 AMI State Change"}:                                   parseAMIStateChange,
-	{SourceHealthRouter, DetailTypeInstanceStatus}:                        parseInstanceStatus,
+}
+
+// ownParsers are the router's own kinds: it builds them (its instance-status poller's
+// findings) and keeps them in its deferral records, and nothing else sends them.
+var ownParsers = map[key]parser{
+	{SourceHealthRouter, DetailTypeInstanceStatus}: parseInstanceStatus,
 }
 
 // envelope is the EventBridge wrapper. Version is not required (some documented samples
@@ -41,8 +48,20 @@ type envelope struct {
 	Detail     json.RawMessage `json:"detail"`
 }
 
-// Parse decodes one message body. The error, when not nil, is a *RejectError.
-func Parse(body []byte) (Event, error) {
+// Parse decodes a body the router trusts: one of its own (a poller finding as the poller builds
+// it, the event of a deferral record, a body it rewrote) or one ParseReceived accepted. Every
+// kind parses, the router's own included. The error, when not nil, is a *RejectError.
+func Parse(body []byte) (Event, error) { return parse(body, true) }
+
+// ParseReceived decodes a body received from outside the router (a message of the intake
+// queue): as Parse, but the router's own kinds are refused as kinds it has no parser for
+// (ReasonUnknownKind, naming the source). No AWS service sends them, so one on the queue is
+// forged or misrouted, and taken as the poller's it would report any instance impaired to
+// whoever can send to the queue. The error, when not nil, is a *RejectError.
+func ParseReceived(body []byte) (Event, error) { return parse(body, false) }
+
+// parse decodes a body with the AWS parsers and, when own, the router's own.
+func parse(body []byte, own bool) (Event, error) {
 	if len(body) > MaxBodyBytes {
 		return Event{}, reject(ReasonOversized, "%d bytes, more than the %d an EventBridge event can have", len(body), MaxBodyBytes)
 	}
@@ -65,8 +84,15 @@ func Parse(body []byte) (Event, error) {
 	}
 	// From here on a rejected event keeps its identity, for the dead-letter record.
 	known := Event{ID: env.ID, Kind: KindUnknown, Source: env.Source, DetailType: env.DetailType, Account: env.Account, Region: env.Region}
-	p, ok := parsers[key{env.Source, env.DetailType}]
-	if !ok {
+	k := key{env.Source, env.DetailType}
+	p, ok := awsParsers[k]
+	if !ok && own {
+		p, ok = ownParsers[k]
+	}
+	switch {
+	case !ok && env.Source == SourceHealthRouter:
+		return known, reject(ReasonUnknownKind, "source %q detail-type %q is the router's own (its instance-status poller builds it), never received from the queue: this one is forged or misrouted", env.Source, env.DetailType)
+	case !ok:
 		return known, reject(ReasonUnknownKind, "no parser for source %q detail-type %q", env.Source, env.DetailType)
 	}
 	t, err := time.Parse(time.RFC3339, env.Time)

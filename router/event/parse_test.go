@@ -195,7 +195,8 @@ func TestUrgent(t *testing.T) {
 }
 
 // FuzzParse checks that no body makes Parse panic, and that whatever it accepts is
-// consistent: a known kind, valid instance IDs, and an error only as a *RejectError.
+// consistent: a known kind, valid instance IDs, and an error only as a *RejectError; and
+// that ParseReceived never accepts the router's own kind.
 // The seed corpus is testdata/*.json plus testdata/fuzz/FuzzParse.
 func FuzzParse(f *testing.F) {
 	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
@@ -203,6 +204,9 @@ func FuzzParse(f *testing.F) {
 		f.Add(mustRead(f, filepath.Base(file)))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		if rev, err := ParseReceived(body); err == nil && rev.Source == SourceHealthRouter {
+			t.Fatalf("ParseReceived accepted the router's own kind %q", rev.DetailType)
+		}
 		ev, err := Parse(body)
 		if err != nil {
 			if RejectReason(err) == "" {
@@ -222,4 +226,37 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseReceived: the intake's parser reads every AWS body as Parse does, and refuses the
+// router's own kind (a poller finding, which no AWS service sends) as a kind it has no parser
+// for, naming the source; Parse, which reads the poller's findings and the deferral records,
+// still accepts it.
+func TestParseReceived(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "*.json"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no fixtures: %v", err)
+	}
+	internal := 0
+	for _, file := range files {
+		body := mustRead(t, filepath.Base(file))
+		want, wantErr := Parse(body)
+		got, err := ParseReceived(body)
+		if want.Source == SourceHealthRouter && wantErr == nil {
+			internal++
+			if RejectReason(err) != ReasonUnknownKind || !strings.Contains(err.Error(), SourceHealthRouter) {
+				t.Errorf("%s: ParseReceived = %v, want %s naming %s", file, err, ReasonUnknownKind, SourceHealthRouter)
+			}
+			if got.ID != want.ID || got.Kind != KindUnknown {
+				t.Errorf("%s: refused as %q of kind %q, want its ID %q and kind %q for the dead-letter record", file, got.ID, got.Kind, want.ID, KindUnknown)
+			}
+			continue
+		}
+		if RejectReason(err) != RejectReason(wantErr) || got.ID != want.ID || got.Kind != want.Kind || len(got.Instances) != len(want.Instances) {
+			t.Errorf("%s: ParseReceived = %s %s, %v; Parse = %s %s, %v", file, got.ID, got.Kind, err, want.ID, want.Kind, wantErr)
+		}
+	}
+	if internal != 2 {
+		t.Errorf("%d fixtures of the router's own kind parsed, want 2 (instance-status-*.json)", internal)
+	}
 }

@@ -11,7 +11,8 @@ import (
 // The router's own EventBridge-shaped event for what its instance-status poller finds in
 // EC2 DescribeInstanceStatus. No AWS service sends it: the poller builds it (StatusFinding.Event),
 // the router keeps it in its deferral records and parses it again like any other body, so it
-// goes through Parse exactly as an EventBridge event does.
+// goes through Parse exactly as an EventBridge event does. ParseReceived, the intake's parser,
+// refuses it: from the queue it can only be forged.
 //
 //	{
 //	  "version": "0",

@@ -270,7 +270,10 @@ type finish func(context.Context) error
 // handle decides a message and carries the decisions out; it returns how to finish it.
 func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 	body := []byte(aws.ToString(m.Body))
-	ev, err := event.Parse(body)
+	// A queue message is a claim from whoever could send it: ParseReceived knows only the
+	// kinds AWS sends, and refuses the router's own (a forged "impaired" finding would have
+	// the instance it names drained).
+	ev, err := event.ParseReceived(body)
 	if err == nil {
 		err = event.CheckOrigin(ev, in.cfg.Account, in.cfg.Region)
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,5 +114,56 @@ func TestRetryBacksOffWithReceives(t *testing.T) {
 	}
 	if first > 4*time.Second || later <= first || later > maxRetryBackoff {
 		t.Errorf("backoff after 1 receive %s, after 8 receives %s", first, later)
+	}
+}
+
+// TestHandleRefusesInternalKinds: the router's own kind (source healthrouter.io, the finding
+// its instance-status poller builds) never comes from the queue: one received there is forged
+// or misrouted, and anyone who can send to the queue could otherwise report instances impaired.
+// It is dead-lettered with its reason and deleted, never handed to the pipeline (nil here: a
+// body that reaches it panics), even from the router's own account and region; the poller's
+// and the deferral records' path, event.Parse, still reads the same body.
+func TestHandleRefusesInternalKinds(t *testing.T) {
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	findings := map[string]event.StatusFinding{
+		"impaired": {InstanceID: "i-0a1b2c3d4e5f60718", Finding: event.FindingImpaired, Time: now, Account: "111122223333", Region: "eu-west-1",
+			InstanceStatus: "impaired", SystemStatus: "ok", ImpairedSince: now.Add(-3 * time.Minute)},
+		"recovered": {InstanceID: "i-0a1b2c3d4e5f60718", Finding: event.FindingRecovered, Time: now, Account: "111122223333", Region: "eu-west-1",
+			InstanceStatus: "ok", SystemStatus: "ok"},
+		"scheduled": {InstanceID: "i-0a1b2c3d4e5f60718", Finding: event.FindingScheduledEvent, Time: now, Account: "111122223333", Region: "eu-west-1",
+			Code: event.ScheduledSystemReboot, EventID: "instance-event-0d59937288b749b32", NotBefore: now.Add(72 * time.Hour)},
+	}
+	for name, f := range findings {
+		body, built, err := f.Event() // the poller's construction
+		if err != nil {
+			t.Fatalf("%s: the poller's finding does not build: %v", name, err)
+		}
+		if again, err := event.Parse(body); err != nil || again.ID != built.ID || again.Kind != built.Kind {
+			t.Errorf("%s: event.Parse, as Redecide reads a record, = %s %s, %v; want %s %s", name, again.ID, again.Kind, err, built.ID, built.Kind)
+		}
+
+		in, sqsFake, clk := newTestIntake(t)
+		in.cfg.Account, in.cfg.Region = f.Account, f.Region
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s: the queued finding reached the pipeline: %v", name, r)
+				}
+			}()
+			if err := in.handle(context.Background(), messageWithBody(clk.Now(), 1, string(body)))(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		if len(sqsFake.sends) != 1 || sqsFake.deleted != 1 {
+			t.Errorf("%s: dead-lettered %d, deleted %d; want 1 and 1", name, len(sqsFake.sends), sqsFake.deleted)
+			continue
+		}
+		a := sqsFake.sends[0].MessageAttributes
+		if reason, detail := aws.ToString(a[AttrReason].StringValue), aws.ToString(a[AttrDetail].StringValue); reason != string(event.ReasonUnknownKind) || !strings.Contains(detail, event.SourceHealthRouter) {
+			t.Errorf("%s: dead-lettered with reason %q, detail %q; want %s naming %s", name, reason, detail, event.ReasonUnknownKind, event.SourceHealthRouter)
+		}
+		if got := testutil.ToFloat64(in.metrics.DeadLettered.WithLabelValues(string(event.ReasonUnknownKind))); got != 1 {
+			t.Errorf("%s: dead-lettered{reason=unknown-kind} = %g, want 1", name, got)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
@@ -30,8 +31,10 @@ type Notice struct {
 	// Summary says in one line what AWS reported, whatever the kind.
 	Summary string `json:"summary"`
 	// Instances are the instances the notice is about: every instance of the event on
-	// receipt, the decided instance after a decision.
+	// receipt (the first maxInstances), the decided instance after a decision.
 	Instances []string `json:"instances"`
+	// MoreInstances counts the instances of the event left out of Instances.
+	MoreInstances int `json:"moreInstances,omitempty"`
 	// Node, NodePool, Action, Hold, Reason, Until, Cancel and Warnings are those of the
 	// decision; empty on receipt.
 	Node     string        `json:"node,omitempty"`
@@ -132,12 +135,101 @@ func Summary(ev event.Event) string {
 	return string(ev.Kind)
 }
 
+// Caps of a notice. Its fields are claims from outside (an event ID, an AWS Health type code)
+// or grow with the cluster (the instances of an AZ-wide maintenance, a decision's warnings):
+// a notice is read by people, waits in a queue of DefaultQueueSize, and its key is kept for
+// deduplication, so each is bounded before it is queued.
+const (
+	// maxFieldBytes caps each text field and each warning: a reason or a warning the policy
+	// writes is a sentence or two, a few hundred bytes; an ID or a name is shorter.
+	maxFieldBytes = 1 << 10
+	// maxInstances caps the instances a notice names (the rest are counted in
+	// MoreInstances): a bulk maintenance of 200 instances is still named whole, one of 4,000
+	// is not a list anyone reads in a chat message.
+	maxInstances = 200
+	// maxWarnings caps a decision's warnings (the rest are counted in a last one); a decision
+	// has one or two.
+	maxWarnings = 10
+	// maxBodyBytes caps a rendered body. The default template renders a capped notice of
+	// plain text in at most about 21 KiB (every field and warning at its cap, 200
+	// instances); a notice whose fields are mostly characters that JSON or Slack escape to
+	// several bytes can pass the cap, and so can a custom template: the notice then fails
+	// (counted as a template failure) rather than sending what Slack would truncate (past
+	// 40,000 characters) and Teams refuse (past 28 KB).
+	maxBodyBytes = 32 << 10
+)
+
+// capped is n with each field within the caps above; a clipped field ends in clipMark.
+func (n Notice) capped() Notice {
+	if len(n.Instances) > maxInstances {
+		n.MoreInstances += len(n.Instances) - maxInstances
+		n.Instances = n.Instances[:maxInstances]
+	}
+	if len(n.Warnings) > maxWarnings {
+		more := len(n.Warnings) - maxWarnings
+		n.Warnings = append(n.Warnings[:maxWarnings:maxWarnings], fmt.Sprintf("%d more warnings not shown", more))
+	}
+	n.Instances = clipAll(n.Instances)
+	n.Warnings = clipAll(n.Warnings)
+	n.Cluster, n.EventID, n.Summary = clip(n.Cluster), clip(n.EventID), clip(n.Summary)
+	n.Node, n.NodePool, n.Reason = clip(n.Node), clip(n.NodePool), clip(n.Reason)
+	n.Kind, n.Action, n.Hold = event.Kind(clip(string(n.Kind))), policy.Action(clip(string(n.Action))), policy.Hold(clip(string(n.Hold)))
+	return n
+}
+
+// clipMark ends a clipped field.
+const clipMark = "… (clipped)"
+
+// clip cuts s to maxFieldBytes on a rune boundary, marking the cut.
+func clip(s string) string {
+	if len(s) <= maxFieldBytes {
+		return s
+	}
+	cut := maxFieldBytes - len(clipMark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + clipMark
+}
+
+// clipAll clips each of ss, copying ss only when one is clipped.
+func clipAll(ss []string) []string {
+	for i, s := range ss {
+		if len(s) > maxFieldBytes {
+			out := slices.Clone(ss)
+			for j := i; j < len(out); j++ {
+				out[j] = clip(out[j])
+			}
+			return out
+		}
+	}
+	return ss
+}
+
 // key identifies a notice for deduplication: a redelivered event, or a re-decision that
-// changed neither the action nor its until-time, has the same key.
+// changed neither the action, nor what it waits for, nor (for a hold on a time) its
+// until-time, has the same key.
 func (n Notice) key() string {
+	until := ""
+	if !rechecks(n.Hold) {
+		until = n.Until.UTC().Format(time.RFC3339Nano)
+	}
 	return strings.Join([]string{
-		string(n.Phase), n.EventID, strings.Join(n.Instances, ","), string(n.Action), n.Until.UTC().Format(time.RFC3339Nano),
+		string(n.Phase), n.EventID, strings.Join(n.Instances, ","), string(n.Action), string(n.Hold), until,
 	}, "\x00")
+}
+
+// rechecks reports whether a hold's Until is only when the router looks again at live state
+// (a pacing slot, the repair cut-off, a failed check, a gate): it moves at each look while
+// the hold stays the same (every minute under the repair cut-off), so a new one is no news.
+// The Until of a window, a deadline or a restart-grace is a time people plan by: a new one is
+// sent. A hold not listed here keeps its Until in the key: a notice too many, not one lost.
+func rechecks(h policy.Hold) bool {
+	switch h {
+	case policy.HoldPacing, policy.HoldRepairCutoff, policy.HoldCheck, policy.HoldPDB, policy.HoldAlerts:
+		return true
+	}
+	return false
 }
 
 func orUnknown(s string) string {

@@ -6,8 +6,9 @@
 // Notify never blocks the pipeline: it puts the notice in a bounded queue (a full queue drops
 // it, counted), and one worker, on the leader only, sends the queue in order, retrying a
 // failure with exponential backoff on the injected clock. A notice is sent at most once per
-// (phase, event, instances, action, until): a redelivered event or a re-decision that changed
-// nothing is not sent again.
+// (phase, event, instances, action, hold, until): a redelivered event or a re-decision that
+// changed nothing is not sent again. The until-time of a hold that is only a recheck (pacing,
+// the repair cut-off, a check, a gate) is left out: it moves at every recheck.
 package notify
 
 import (
@@ -44,8 +45,8 @@ var DefaultBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2,
 
 // dedupKeys bounds the memory of notices already queued. One bulk event of 200 instances
 // takes 201 keys (its receipt and each decision), plus one per changed re-decision; 4096 keys
-// (well under a megabyte) cover the redeliveries of the last several such events, which is
-// what deduplication is for.
+// (well under a megabyte; at most about 20 MiB were every key at its notice's caps) cover the
+// redeliveries of the last several such events, which is what deduplication is for.
 const dedupKeys = 4096
 
 // maxRetryAfter caps a receiver's Retry-After: one worker sends the queue in order, so a long
@@ -57,7 +58,7 @@ const (
 	ReasonHTTPStatus = "http-status"        // the receiver answered other than 2xx
 	ReasonNetwork    = "network"            // no answer: connection refused, DNS, timeout
 	ReasonQueueFull  = "dropped-queue-full" // Notify found the queue full
-	ReasonGaveUp     = "gave-up"            // a notice not delivered after MaxAttempts (or a permanent 4xx)
+	ReasonGaveUp     = "gave-up"            // a notice not delivered after MaxAttempts (or a 3xx, a permanent 4xx)
 	ReasonTemplate   = "template"           // the template failed to render this notice
 )
 
@@ -97,7 +98,7 @@ type Notifier struct {
 
 // New builds a Notifier. The URL, template and headers are checked here, so that a bad
 // configuration fails at start-up with a message naming the flag. A nil httpClient is
-// http.DefaultClient.
+// http.DefaultClient; either way the notifier sends through a copy that follows no redirect.
 func New(opts Options, httpClient *http.Client, clk clock.WithTicker, log *slog.Logger, reg prometheus.Registerer) (*Notifier, error) {
 	if opts.QueueSize == 0 {
 		opts.QueueSize = DefaultQueueSize
@@ -128,8 +129,12 @@ func New(opts Options, httpClient *http.Client, clk clock.WithTicker, log *slog.
 	if httpClient == nil {
 		httpClient = http.DefaultClient
 	}
+	// A copy, so that the caller's client (http.DefaultClient, shared by the process) keeps
+	// its own redirect policy.
+	client := *httpClient
+	client.CheckRedirect = noRedirects
 	n := &Notifier{
-		opts: opts, tmpl: tmpl, client: httpClient, clk: clk, log: log,
+		opts: opts, tmpl: tmpl, client: &client, clk: clk, log: log,
 		queue: make(chan Notice, opts.QueueSize), seen: newKeySet(dedupKeys),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metrics.NotifySent, Help: "Webhook notices the receiver accepted (2xx).",
@@ -145,7 +150,8 @@ func New(opts Options, httpClient *http.Client, clk clock.WithTicker, log *slog.
 }
 
 // Notify queues a notice and returns at once. A notice already queued once (same phase,
-// event, instances, action and until) is not queued again; on a full queue the notice is
+// event, instances, action, hold and, unless the hold is a recheck, until) is not queued
+// again; on a full queue the notice is
 // dropped and counted. Notify on a nil Notifier does nothing, so that a router without a
 // webhook can call it.
 func (n *Notifier) Notify(nt Notice) {
@@ -155,6 +161,7 @@ func (n *Notifier) Notify(nt Notice) {
 	if nt.Cluster == "" {
 		nt.Cluster = n.opts.Cluster
 	}
+	nt = nt.capped()
 	key := nt.key()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -191,7 +198,7 @@ func (n *Notifier) Start(ctx context.Context) error {
 }
 
 // deliver sends one notice, retrying until it is accepted, MaxAttempts are spent, the
-// receiver refuses it for good (a 4xx other than 408, 425 or 429) or ctx is done.
+// receiver refuses it for good (a 3xx, a 4xx other than 408, 425 or 429) or ctx is done.
 func (n *Notifier) deliver(ctx context.Context, nt Notice) {
 	log := n.log.With("event_id", nt.EventID, "kind", nt.Kind, "phase", nt.Phase, "action", nt.Action)
 	body, err := n.Body(nt)
@@ -228,12 +235,13 @@ func (n *Notifier) deliver(ctx context.Context, nt Notice) {
 	}
 }
 
-// Body is the request body of a notice, as the template renders it.
+// Body is the request body of a notice, as the template renders it from the notice within
+// its caps; a body over maxBodyBytes is an error.
 func (n *Notifier) Body(nt Notice) ([]byte, error) {
 	if nt.Cluster == "" {
 		nt.Cluster = n.opts.Cluster
 	}
-	return render(n.tmpl, nt)
+	return render(n.tmpl, nt.capped())
 }
 
 // sendError is a failed attempt.
@@ -269,6 +277,15 @@ func (n *Notifier) post(ctx context.Context, body []byte) error {
 	_ = resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		to := "with no Location"
+		if loc, err := resp.Location(); err == nil {
+			to = "to " + redactedURL(loc.String())
+		}
+		// Permanent: the same URL redirects again.
+		return &sendError{reason: ReasonHTTPStatus, permanent: true, err: fmt.Errorf(
+			"receiver answered %s, redirecting %s: redirects are not followed (they would carry the webhook's headers and body to another URL); set --webhook-url to the final URL", resp.Status, to)}
 	}
 	se := &sendError{reason: ReasonHTTPStatus, err: fmt.Errorf("receiver answered %s", resp.Status)}
 	switch c := resp.StatusCode; {
@@ -310,6 +327,12 @@ func redactedURL(raw string) string {
 	}
 	return u.Scheme + "://" + u.Host + "/<redacted>"
 }
+
+// noRedirects is the notifier's redirect policy: none is followed. A redirect would carry the
+// configured headers (an X-Api-Key, a token: net/http drops only Authorization,
+// WWW-Authenticate and Cookie, and only to another domain) and the notice to a URL nobody
+// configured; the 3xx itself is returned, and post fails it.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 func validURL(v string) bool {
 	u, err := url.Parse(v)

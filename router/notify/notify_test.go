@@ -369,3 +369,109 @@ func TestErrorsHideURL(t *testing.T) {
 		t.Errorf("redacted error %q", got)
 	}
 }
+
+// idle is a Notifier that is never started: what Notify queues stays in its queue.
+func idle(t *testing.T) *Notifier {
+	t.Helper()
+	n, err := New(Options{URL: "https://hooks.example.com/x"}, nil, clocktesting.NewFakeClock(time.Now()), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestRecheckNotResent: a deferral decided again at each recheck of the same hold, its Until
+// moved (pacing every 10 min, the repair cut-off every minute, a check or a gate at each look),
+// is queued once: a 20-node repair storm is not 20 posts a minute. A new Until of a window or a
+// deadline is news and is queued again, and so is a change of hold.
+func TestRecheckNotResent(t *testing.T) {
+	at := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		hold policy.Hold
+		step time.Duration
+		want int
+	}{
+		{policy.HoldPacing, policy.PacingRecheck, 1},
+		{policy.HoldRepairCutoff, policy.RepairRecheck, 1},
+		{policy.HoldCheck, policy.CheckRecheck, 1},
+		{policy.HoldPDB, time.Minute, 1},
+		{policy.HoldAlerts, time.Minute, 1},
+		{policy.HoldWindow, 7 * 24 * time.Hour, 3},
+		{policy.HoldDeadline, time.Hour, 3},
+	} {
+		n := idle(t)
+		for i := range 20 { // a storm of 20 nodes, each decided again 3 times
+			ev, d := sampleDecision(i)
+			d.Hold = tt.hold
+			for r := range 3 {
+				d.Until = at.Add(time.Duration(r) * tt.step)
+				n.Notify(FromDecision(ev, d, ""))
+			}
+		}
+		if got := len(n.queue); got != 20*tt.want {
+			t.Errorf("hold %s: 20 instances decided 3 times with a moved Until queued %d notices, want %d", tt.hold, got, 20*tt.want)
+		}
+	}
+
+	n := idle(t)
+	ev, d := sampleDecision(1)
+	d.Hold, d.Until = policy.HoldPacing, at
+	n.Notify(FromDecision(ev, d, ""))
+	d.Hold, d.Until = policy.HoldPDB, at.Add(time.Minute)
+	n.Notify(FromDecision(ev, d, ""))
+	d.Action, d.Hold, d.Until = policy.ActionDrain, "", time.Time{}
+	n.Notify(FromDecision(ev, d, ""))
+	if got := len(n.queue); got != 3 {
+		t.Errorf("pacing, then a PDB, then the drain: queued %d notices, want 3", got)
+	}
+}
+
+// TestNoRedirects: a receiver that redirects does not get the notice, its headers and body
+// carried to another host: the 3xx is a failed send, given up at once, saying why; neither the
+// client passed in nor http.DefaultClient is changed for it.
+func TestNoRedirects(t *testing.T) {
+	var mu sync.Mutex
+	var leaked []string
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		mu.Lock()
+		leaked = append(leaked, fmt.Sprintf("X-Api-Key %q, body %q", req.Header.Get("X-Api-Key"), body))
+		mu.Unlock()
+	}))
+	t.Cleanup(elsewhere.Close)
+	redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		http.Redirect(w, req, elsewhere.URL+"/collect/T0KEN", http.StatusTemporaryRedirect) // 307: method and body kept
+	}))
+	t.Cleanup(redirecting.Close)
+
+	own := &http.Client{}
+	for _, client := range []*http.Client{nil, own} {
+		reg := prometheus.NewRegistry()
+		n, err := New(Options{URL: redirecting.URL + "/hook", Headers: map[string]string{"X-Api-Key": "s3cret"}},
+			client, clocktesting.NewFakeClock(time.Now()), slog.New(slog.DiscardHandler), reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, d := sampleDecision(1)
+		err = n.post(context.Background(), []byte(`{"text": "notice"}`))
+		var se *sendError
+		if !errors.As(err, &se) || !se.permanent || !strings.Contains(err.Error(), "redirect") || strings.Contains(err.Error(), "T0KEN") {
+			t.Errorf("post to a redirecting receiver: %v, want a permanent failure that says redirect (and not the token)", err)
+		}
+		n.deliver(context.Background(), FromDecision(ev, d, ""))
+		if got := testutil.ToFloat64(n.failures.WithLabelValues(ReasonGaveUp)); got != 1 {
+			t.Errorf("gave-up = %g after a redirect, want 1 (not retried)", got)
+		}
+		if got := testutil.ToFloat64(n.sent); got != 0 {
+			t.Errorf("sent = %g, want 0", got)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(leaked) != 0 {
+		t.Errorf("the redirect target got %d requests: %v", len(leaked), leaked)
+	}
+	if own.CheckRedirect != nil || http.DefaultClient.CheckRedirect != nil {
+		t.Error("New changed the client it was given")
+	}
+}

@@ -15,22 +15,26 @@ import (
 
 // DefaultTemplate renders a Slack-compatible incoming-webhook body, `{"text": "..."}` (Teams'
 // and Mattermost's incoming webhooks take the same). Every value is written through
-// jsonEscape, so any reason text yields valid JSON.
-const DefaultTemplate = `{"text": "{{with .Cluster}}[{{jsonEscape .}}] {{end}}` +
-	`{{if eq .Phase "received"}}Received {{jsonEscape .Kind}}{{else}}Decided {{jsonEscape .Action}}: {{jsonEscape .Kind}}{{end}}` +
-	` of {{jsonEscape (join .Instances ", ")}}` +
-	`{{with .Node}} (node {{jsonEscape .}}{{with $.NodePool}}, nodepool {{jsonEscape .}}{{end}}){{end}}` +
-	`\n{{jsonEscape .Summary}}` +
+// slackText: event fields and reasons are claims from outside (a queue message, a NodePool
+// annotation), so a `<!channel>` or a disguised link `<http://evil|click>` in one arrives as
+// text, not as a mention or a link, and any value yields valid JSON.
+const DefaultTemplate = `{"text": "{{with .Cluster}}[{{slackText .}}] {{end}}` +
+	`{{if eq .Phase "received"}}Received {{slackText .Kind}}{{else}}Decided {{slackText .Action}}: {{slackText .Kind}}{{end}}` +
+	` of {{slackText (join .Instances ", ")}}{{with .MoreInstances}} and {{.}} more{{end}}` +
+	`{{with .Node}} (node {{slackText .}}{{with $.NodePool}}, nodepool {{slackText .}}{{end}}){{end}}` +
+	`\n{{slackText .Summary}}` +
 	`{{if not .Deadline.IsZero}}\nAWS acts at {{rfc3339 .Deadline}}{{end}}` +
 	`{{if not .Until.IsZero}}\nDecided again by {{rfc3339 .Until}}{{end}}` +
-	`{{with .Reason}}\nWhy: {{jsonEscape .}}{{end}}` +
-	`{{range .Warnings}}\nWarning: {{jsonEscape .}}{{end}}` +
-	`\nEvent {{jsonEscape .EventID}}"}`
+	`{{with .Reason}}\nWhy: {{slackText .}}{{end}}` +
+	`{{range .Warnings}}\nWarning: {{slackText .}}{{end}}` +
+	`\nEvent {{slackText .EventID}}"}`
 
 // funcs are the functions a template may call besides text/template's own:
 //
 //	json        the value as JSON (a string is quoted): {"notice": {{json .}}}
 //	jsonEscape  the value as text, escaped to sit inside a JSON string: "{{jsonEscape .Reason}}"
+//	slackText   as jsonEscape, with &, < and > first escaped as Slack asks of text that is not
+//	            markup: "{{slackText .Reason}}" in a Slack (or Slack-compatible) "text"
 //	join        strings.Join: {{join .Instances ", "}}
 //	rfc3339     a time in UTC, RFC 3339; empty for the zero time
 var funcs = template.FuncMap{
@@ -38,12 +42,9 @@ var funcs = template.FuncMap{
 		b, err := json.Marshal(v)
 		return string(b), err
 	},
-	"jsonEscape": func(v any) (string, error) {
-		b, err := json.Marshal(fmt.Sprint(v))
-		if err != nil {
-			return "", err
-		}
-		return string(b[1 : len(b)-1]), nil
+	"jsonEscape": jsonEscape,
+	"slackText": func(v any) (string, error) {
+		return jsonEscape(slackEscaper.Replace(fmt.Sprint(v)))
 	},
 	"join": strings.Join,
 	"rfc3339": func(t time.Time) string {
@@ -53,6 +54,19 @@ var funcs = template.FuncMap{
 		return t.UTC().Format(time.RFC3339)
 	},
 }
+
+func jsonEscape(v any) (string, error) {
+	b, err := json.Marshal(fmt.Sprint(v))
+	if err != nil {
+		return "", err
+	}
+	return string(b[1 : len(b)-1]), nil
+}
+
+// slackEscaper escapes the three characters Slack reads as markup: `<` opens a mention
+// (<!channel>, <@U123>) or a link whose text hides its target (<http://evil|click>), and `&`
+// an entity. One pass: the & of an &lt; it writes is not escaped again.
+var slackEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;")
 
 // ParseTemplate parses a body template (empty: DefaultTemplate) and renders it once for a
 // notice of each phase, so that a template naming a field Notice does not have (which
@@ -88,12 +102,24 @@ func sampleNotices() []Notice {
 	return []Notice{Received(ev, "sample"), FromDecision(ev, d, "sample")}
 }
 
+// render renders n, failing once the body passes maxBodyBytes: a template that would render
+// far more (a range over the instances) stops there instead of growing the body further.
 func render(t *template.Template, n Notice) ([]byte, error) {
-	var b bytes.Buffer
+	var b cappedBuffer
 	if err := t.Execute(&b, n); err != nil {
-		return nil, err
+		return nil, err // a failed Write's error as it is: text/template does not wrap it
 	}
 	return b.Bytes(), nil
+}
+
+// cappedBuffer is a bytes.Buffer that refuses to grow past maxBodyBytes.
+type cappedBuffer struct{ bytes.Buffer }
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > maxBodyBytes {
+		return 0, fmt.Errorf("the body passes %d bytes, the most a notice may have", maxBodyBytes)
+	}
+	return b.Buffer.Write(p)
 }
 
 // ParseHeaders parses `k=v,k=v` into header names and values (a value may contain `=`, as a
