@@ -296,7 +296,8 @@ func (s Set) StaleStop(ev event.Event) bool {
 	return !s.Running.IsZero() && !ev.Time.After(s.Running)
 }
 
-// Put records r (a deferral of its event): it replaces the record of the same event, and
+// Put records r (a deferral of its event): it replaces the record of the same event (unless
+// that one has ended: it stays ended), and
 // supersedes the active records it replaces: the same key (an older update of the same
 // event), or the same kind of maintenance at another time (a reschedule seen first by the
 // other source). It reports whether anything changed.
@@ -307,7 +308,10 @@ func (s *Set) Put(r Record) bool {
 		switch {
 		case cur.EventID == r.EventID:
 			found = true
-			if Same(*cur, r) {
+			if Same(*cur, r) || (!cur.Active() && r.Active()) {
+				// An ended record stays ended: a deferral decided again from a stale copy (a
+				// lagging cache) must not bring back what a close, a newer update or a drain
+				// ended meanwhile.
 				continue
 			}
 			*cur = r

@@ -299,3 +299,22 @@ func TestLateUpdateAfterClose(t *testing.T) {
 		})
 	}
 }
+
+// TestPutKeepsAnEndedRecordEnded: found by the simulation's lagging cache. A deferral decided
+// again from a stale copy (due a moment after a close cancelled it) is written on the fresh
+// records after a conflict: it must not bring the cancelled record back.
+func TestPutKeepsAnEndedRecordEnded(t *testing.T) {
+	week := t0.Add(7 * 24 * time.Hour)
+	ev := health("h1", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthUpcoming)
+	rec := Record{EventID: ev.ID, Key: Key(ev), Kind: ev.Kind, State: StateDeferred, Match: Match(ev), Until: t0.Add(time.Hour)}
+	for _, state := range []string{StateCancelled, StateSuperseded, StateDrained, StateInPlace} {
+		ended := rec
+		ended.State = state
+		s := Set{Records: []Record{ended}}
+		again := rec
+		again.Until = t0.Add(2 * time.Hour)
+		if s.Put(again) || len(s.Active()) != 0 {
+			t.Errorf("%s: Put brought it back: %+v", state, s.Records)
+		}
+	}
+}
