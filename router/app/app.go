@@ -217,7 +217,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		pipe.WithInPlace(runner)
 	}
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {
-		drainer := nodedrain.New(mgr.GetClient(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"), nodedrain.Options{})
+		drainer := nodedrain.New(mgr.GetClient(), mgr.GetAPIReader(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"), nodedrain.Options{})
 		if err := mgr.Add(drainer); err != nil { // leader only
 			return err
 		}

@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
@@ -93,7 +92,8 @@ func (o Options) withDefaults() Options {
 // Drainer cordons and drains Nodes that carry a Record, one pass at a time.
 type Drainer struct {
 	kube     client.Client        // Node reads (usually the cache) and writes
-	cs       kubernetes.Interface // the drain helper's pod listing and evictions; fresh Node reads
+	api      client.Reader        // fresh Node reads (the API server, not the cache)
+	cs       kubernetes.Interface // the drain helper's pod listing and evictions
 	clock    clock.WithTicker
 	recorder events.EventRecorder
 	log      *slog.Logger
@@ -106,10 +106,12 @@ type Drainer struct {
 	lastTried map[string]time.Time
 }
 
-// New returns a Drainer. kube reads Nodes (a cache will do: Begin and Forget read fresh on a
-// conflict) and writes them; cs lists the pods of a Node and evicts them.
-func New(kube client.Client, cs kubernetes.Interface, clk clock.WithTicker, rec events.EventRecorder, log *slog.Logger, opts Options) *Drainer {
-	return &Drainer{kube: kube, cs: cs, clock: clk, recorder: rec, log: log, opts: opts.withDefaults(), lastTried: map[string]time.Time{}}
+// New returns a Drainer. kube reads Nodes (a cache will do: the passes list them from there)
+// and writes them; api reads a Node from the API server where a decision rests on what the
+// cache trims or may not show yet (its cordon, its status, a record just written); cs lists
+// the pods of a Node and evicts them.
+func New(kube client.Client, api client.Reader, cs kubernetes.Interface, clk clock.WithTicker, rec events.EventRecorder, log *slog.Logger, opts Options) *Drainer {
+	return &Drainer{kube: kube, api: api, cs: cs, clock: clk, recorder: rec, log: log, opts: opts.withDefaults(), lastTried: map[string]time.Time{}}
 }
 
 // NeedLeaderElection reports true: two routers draining the same Node would double the
@@ -146,7 +148,7 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 	if dr.EventID == "" {
 		return false, fmt.Errorf("beginning a drain of node %s: no event ID", node.Name)
 	}
-	fresh, err := d.cs.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+	fresh, err := d.node(ctx, node.Name)
 	if err != nil {
 		return false, fmt.Errorf("beginning a drain of node %s: reading it: %w", node.Name, err)
 	}
@@ -177,11 +179,20 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 	return already, nil
 }
 
+// node reads a Node from the API server.
+func (d *Drainer) node(ctx context.Context, name string) (*corev1.Node, error) {
+	n := &corev1.Node{}
+	if err := d.api.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
 // Cancel ends the Node's drain if it is for the maintenance that closes (a closed event:
 // the same event ID or key, or the same maintenance, Record.Match): the record goes and the
 // Node is uncordoned if the router cordoned it. It reports whether it ended one.
 func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, error) {
-	node, err := d.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	node, err := d.node(ctx, name)
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
@@ -233,7 +244,7 @@ func (d *Drainer) end(ctx context.Context, node *corev1.Node, rec Record, why st
 // closely, before the cache shows the record, and "no record" would then leave the Node
 // cordoned.
 func (d *Drainer) Forget(ctx context.Context, name string) error {
-	node, err := d.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	node, err := d.node(ctx, name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -347,7 +358,7 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 // release ends a finished drain whose maintenance AWS kept the instance through, once the
 // Node is Ready (read fresh: the cache trims Node status): AWS's reboot is over.
 func (d *Drainer) release(ctx context.Context, name string, rec Record) error {
-	node, err := d.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	node, err := d.node(ctx, name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -536,7 +547,7 @@ func (d *Drainer) update(ctx context.Context, node *corev1.Node, mutate func(*co
 	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if !first {
-			fresh, err := d.cs.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+			fresh, err := d.node(ctx, node.Name)
 			if err != nil {
 				return err
 			}

@@ -59,7 +59,7 @@ func newSetup(t *testing.T, opts nodedrain.Options) *setup {
 	// client-go's fake recorder counts every Eventf call: a real broadcaster would fold
 	// repeats into one series, and hide a Warning posted twice.
 	rec := events.NewFakeRecorder(100)
-	return &setup{t: t, ctx: ctx, clock: clk, recorder: rec, drainer: nodedrain.New(kube, cs, clk, rec, log, opts)}
+	return &setup{t: t, ctx: ctx, clock: clk, recorder: rec, drainer: nodedrain.New(kube, direct, cs, clk, rec, log, opts)}
 }
 
 // events returns the Events posted since the last call.
