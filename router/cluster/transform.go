@@ -205,7 +205,8 @@ func (t *Trimmer) Node(obj any) (any, error) {
 
 // NodeClaim is the cache transform of NodeClaims: metadata with only the router's own
 // annotations (its records), the labels the router reads, the NodeClass reference, provider
-// ID and the conditions the watchdog reads (Empty, Drifted: type, status, times). Finalizers,
+// ID, the Node's name (what status, the calendar and the planned-drain gauges name; a few
+// dozen bytes) and the conditions the watchdog reads (Empty, Drifted: type, status, times). Finalizers,
 // owners and Karpenter's annotations are dropped: the router never writes them back (its
 // writes are merge patches of its own annotations, and deletes).
 func (t *Trimmer) NodeClaim(obj any) (any, error) {
@@ -226,7 +227,7 @@ func (t *Trimmer) NodeClaim(obj any) (any, error) {
 			conds = append(conds, c)
 		}
 	}
-	nc.Status = karpv1.NodeClaimStatus{ProviderID: nc.Status.ProviderID, Conditions: conds}
+	nc.Status = karpv1.NodeClaimStatus{ProviderID: nc.Status.ProviderID, NodeName: nc.Status.NodeName, Conditions: conds}
 	return nc, nil
 }
 

@@ -60,7 +60,7 @@ func TestTrimmerNodeClaim(t *testing.T) {
 			Labels:      map[string]string{karpv1.NodePoolLabelKey: "kafka", "custom": "x"}, Finalizers: []string{"karpenter.sh/termination"}},
 		Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Kind: "EC2NodeClass", Name: "default"},
 			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: "k", Operator: corev1.NodeSelectorOpIn, Values: []string{"v"}}}},
-		Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-1", ImageID: "ami-1", Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}},
+		Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-1", NodeName: "ip-10-0-0-1.eu-west-1.compute.internal", ImageID: "ami-1", Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}},
 	}
 	nc.StatusConditions().SetTrueWithReason("Drifted", "AMIDrift", fmt.Sprintf("%0500d", 0))
 	nc.StatusConditions().SetTrue("Launched")
@@ -68,6 +68,11 @@ func TestTrimmerNodeClaim(t *testing.T) {
 	got := out.(*karpv1.NodeClaim)
 	if got.Annotations[AnnotationDeferred] != "[]" || got.Annotations[AnnotationDrainSignalled] == "" || got.Spec.NodeClassRef == nil || got.Status.ProviderID != "aws:///eu-west-1a/i-1" {
 		t.Errorf("lost what the router reads: %+v", got)
+	}
+	// The Node's name stays: status, the calendar and the planned-drain gauges name it
+	// (issue 25: the live router named no node).
+	if got.Status.NodeName != "ip-10-0-0-1.eu-west-1.compute.internal" {
+		t.Errorf("node name %q dropped", got.Status.NodeName)
 	}
 	// Counted before StatusConditions(), which fills in the default conditions.
 	if c := got.Status.Conditions; len(c) != 1 || c[0].Type != "Drifted" || c[0].Status != "True" || c[0].Message != "" || c[0].LastTransitionTime.IsZero() {

@@ -12,6 +12,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/gates"
+	"github.com/health-router/health-router/router/inplace"
 )
 
 // ConditionEmpty is the NodeClaim condition Karpenter v0.3x set on a node with no workload
@@ -46,8 +47,8 @@ func stuckEmpty(pools []karpv1.NodePool, claims []karpv1.NodeClaim, now time.Tim
 		c := &claims[i]
 		pool := c.Labels[karpv1.NodePoolLabelKey]
 		ca, ok := after[pool]
-		if !ok || !c.DeletionTimestamp.IsZero() {
-			continue
+		if !ok || !c.DeletionTimestamp.IsZero() || inplace.Active(c) {
+			continue // on its way out, or emptied on purpose by a reboot in place: not stuck
 		}
 		cond := condition(c, ConditionEmpty)
 		if cond == nil || cond.Status != metav1.ConditionTrue {
@@ -143,8 +144,8 @@ func (w *Watchdog) stuckEmptyPods(ctx context.Context, pools []karpv1.NodePool, 
 			continue
 		}
 		claim := byProvider[n.Spec.ProviderID]
-		if claim != nil && !claim.DeletionTimestamp.IsZero() {
-			continue // on its way out: not stuck
+		if claim != nil && (!claim.DeletionTimestamp.IsZero() || inplace.Active(claim)) {
+			continue // on its way out, or emptied on purpose by a reboot in place: not stuck
 		}
 		var pods corev1.PodList
 		if err := w.reader.List(ctx, &pods, client.MatchingFields{gates.IndexPodNode: n.Name}); err != nil {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/watchdog"
 )
@@ -221,6 +222,9 @@ func TestStuckEmpty(t *testing.T) {
 	deleting := nodeClaim("claim", "pool", nil, cond(watchdog.ConditionEmpty, metav1.ConditionTrue, now.Add(-time.Hour)))
 	deleting.Finalizers = []string{"karpenter.sh/termination"}
 	deleting.DeletionTimestamp = &metav1.Time{Time: now}
+	// Emptied on purpose: a reboot in place runs on it (issue 25: flagged as stuck before).
+	rebooting := emptyFor("pool", now, 48*time.Hour)
+	rebooting.Annotations = map[string]string{inplace.Annotation: `{"version":1,"event_id":"ev-1","type":"system-reboot","step":"await"}`}
 	for _, tc := range []struct {
 		name   string
 		pool   *karpv1.NodePool
@@ -240,6 +244,7 @@ func TestStuckEmpty(t *testing.T) {
 		{"Empty False", whenEmpty("5m"), nodeClaim("claim", "pool", nil, cond(watchdog.ConditionEmpty, metav1.ConditionFalse, now.Add(-48*time.Hour))), 0, false, true},
 		{"no Empty condition", whenEmpty("5m"), nodeClaim("claim", "pool", nil, cond(karpv1.ConditionTypeConsolidatable, metav1.ConditionTrue, now.Add(-48*time.Hour))), 0, false, true},
 		{"being deleted", whenEmpty("5m"), deleting, 0, false, true},
+		{"a reboot in place in progress", whenEmpty("5m"), rebooting, 0, false, true},
 		{"another pool's claim", whenEmpty("5m"), emptyFor("other", now, 48*time.Hour), 0, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
