@@ -62,7 +62,9 @@ func (s *Signaller) SetInstanceEventRate(perSecond float64, onHeld func(reason s
 
 // allow takes a token for one instance's Events, or holds them back and counts them.
 func (b *eventBudget) allow(res cluster.Resolved, typ, reason, message string, now time.Time) bool {
-	if b == nil || b.limiter.TryAccept() {
+	if b == nil || res.NodePool == nil || b.limiter.TryAccept() {
+		// A node of no NodePool (one Karpenter does not manage) is told of on its own: its
+		// Events held back would have no pool to be summed up on, and such nodes are few.
 		return true
 	}
 	b.mu.Lock()

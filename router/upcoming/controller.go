@@ -21,6 +21,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -61,9 +62,12 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 func recordsChanged() predicate.Funcs {
-	records := func(o client.Object) string { return o.GetAnnotations()[record.Annotation] }
+	// The records, and a reboot in place's run: the marks follow both.
+	records := func(o client.Object) string {
+		return o.GetAnnotations()[record.Annotation] + "\x00" + o.GetAnnotations()[inplace.Annotation]
+	}
 	return predicate.Funcs{
-		CreateFunc: func(e ctrlevent.CreateEvent) bool { return records(e.Object) != "" },
+		CreateFunc: func(e ctrlevent.CreateEvent) bool { return records(e.Object) != "\x00" },
 		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
 			return records(e.ObjectOld) != records(e.ObjectNew) || e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
 		},
@@ -158,7 +162,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 	}
-	want := Desired(set, taint)
+	want := DesiredFor(&nc, set, taint)
 	if !nc.DeletionTimestamp.IsZero() {
 		want = Marks{} // being drained: nothing is pending any more
 	}

@@ -23,7 +23,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -58,6 +61,24 @@ type Marks struct {
 
 // None reports whether m marks nothing.
 func (m Marks) None() bool { return m == Marks{} }
+
+// DesiredFor returns the marks of a node whose NodeClaim is nc with the records set: while a
+// reboot in place runs on it, the run's (its event, until AWS's start), so that the marks go
+// after the run as they would after a drain, not when it begins; else Desired.
+func DesiredFor(nc *karpv1.NodeClaim, set record.Set, taint bool) Marks {
+	st, ok, err := inplace.Read(nc)
+	if err != nil || !ok || st.Over() {
+		return Desired(set, taint)
+	}
+	p := Pending{Kind: string(event.KindScheduledChange), Event: st.EventID, Decision: string(policy.ActionRebootInPlace), Until: st.Start.UTC(),
+		Records: len(set.Active()) + 1}
+	raw, _ := json.Marshal(p) // plain fields: cannot fail
+	m := Marks{At: strconv.FormatInt(st.Start.Unix(), 10), Annotation: string(raw)}
+	if taint {
+		m.Taint = string(event.KindScheduledChange)
+	}
+	return m
+}
 
 // Desired returns the marks of a node whose NodeClaim holds set; taint is the pool's
 // healthrouter.io/taint-upcoming.
