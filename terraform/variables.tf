@@ -135,6 +135,30 @@ variable "extra_source_rule_arns" {
   }
 }
 
+variable "extra_sender_arns" {
+  description = "ARNs of IAM roles or users, besides the dispatcher's role in dispatcher mode, that may send to the intake queue: another module instance's dispatcher role (its dispatcher_role_arn output) when that instance feeds this cluster, or a role that moves dead letters back (StartMessageMoveTask sends with the caller's identity). Every other principal of the account is denied sqs:SendMessage by the queue policy, whatever its identity policy allows: a message there is an order to drain a node."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for a in var.extra_sender_arns : can(regex("^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/.+$", a))])
+    error_message = "Every extra_sender_arns entry must be an IAM role or user ARN (arn:aws:iam::<account>:role/<name>); for a role, its ARN, not an assumed-role session's."
+  }
+}
+
+variable "extra_dead_letter_sender_arns" {
+  description = "ARNs of IAM roles or users, besides the router's role this module creates, that may send to the dead-letter queue: the router's role when create_iam_role is false. Every other principal of the account is denied sqs:SendMessage there."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for a in var.extra_dead_letter_sender_arns : can(regex("^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/.+$", a))])
+    error_message = "Every extra_dead_letter_sender_arns entry must be an IAM role or user ARN (arn:aws:iam::<account>:role/<name>); for a role, its ARN, not an assumed-role session's."
+  }
+}
+
 ################################################################################
 # Router IAM role
 ################################################################################

@@ -1,0 +1,274 @@
+# Who may do what, read from the policy documents the module plans: who may send to each queue,
+# which actions the router's role has on which resources under which conditions, and who may
+# assume the role. Plan only, with a mocked provider; every queue and role gets an ARN of its own
+# (override_resource below) so that a grant on the wrong one shows.
+#
+# The queue-policy assertions evaluate the statements for a list of callers rather than compare
+# the JSON: a caller is an IAM request context (the keys AWS would set for that request), and the
+# small evaluator in each assertion applies the condition operators the module uses, with IAM's
+# rule that a negated operator (StringNotEquals, ArnNotEquals) matches when its key is absent. An
+# operator it does not know fails the assertion (tobool of a string), so a new one must be taught
+# to it before it is trusted.
+
+mock_provider "aws" {
+  override_during = plan
+
+  mock_data "aws_partition" {
+    defaults = { partition = "aws", dns_suffix = "amazonaws.com" }
+  }
+  mock_data "aws_region" {
+    defaults = { name = "eu-west-1" }
+  }
+  mock_data "aws_caller_identity" {
+    defaults = { account_id = "111122223333" }
+  }
+  mock_resource "aws_sqs_queue" {
+    defaults = {
+      arn = "arn:aws:sqs:eu-west-1:111122223333:mocked-queue"
+      url = "https://sqs.eu-west-1.amazonaws.com/111122223333/mocked-queue"
+    }
+  }
+  mock_resource "aws_cloudwatch_event_rule" {
+    defaults = { arn = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule" }
+  }
+  mock_resource "aws_iam_role" {
+    defaults = { arn = "arn:aws:iam::111122223333:role/mocked-role" }
+  }
+  mock_resource "aws_cloudwatch_log_group" {
+    defaults = { arn = "arn:aws:logs:eu-west-1:111122223333:log-group:/aws/lambda/mocked" }
+  }
+  mock_resource "aws_lambda_function" {
+    defaults = { arn = "arn:aws:lambda:eu-west-1:111122223333:function:mocked" }
+  }
+  mock_resource "aws_iam_policy" {
+    defaults = { arn = "arn:aws:iam::111122223333:policy/mocked" }
+  }
+}
+
+override_resource {
+  target          = aws_sqs_queue.intake
+  override_during = plan
+  values = {
+    arn = "arn:aws:sqs:eu-west-1:111122223333:hr-prod-eu"
+    url = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-prod-eu"
+  }
+}
+
+override_resource {
+  target          = aws_sqs_queue.dlq
+  override_during = plan
+  values = {
+    arn = "arn:aws:sqs:eu-west-1:111122223333:hr-prod-eu-dlq"
+    url = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-prod-eu-dlq"
+  }
+}
+
+override_resource {
+  target          = aws_iam_role.router
+  override_during = plan
+  values          = { arn = "arn:aws:iam::111122223333:role/hr-prod-eu-router" }
+}
+
+override_resource {
+  target          = aws_iam_role.dispatcher
+  override_during = plan
+  values          = { arn = "arn:aws:iam::111122223333:role/hr-prod-eu-dispatcher" }
+}
+
+variables {
+  cluster_name = "prod-eu"
+}
+
+# Who may send to the intake queue and the DLQ when the rules target the intake queue.
+run "queue_senders" {
+  command = plan
+
+  # The intake queue: EventBridge for this module's rules, nobody else; not even the router's own
+  # role (it never sends there: a deferral is a record on the NodeClaim).
+  assert {
+    condition = alltrue([for c in [
+      { denied = false, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/someone-elses", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-router", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/Admin", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:user/ci", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "sns.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "sns.amazonaws.com", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "false" } },
+      ] : c.denied == anytrue([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement :
+        s.Effect == "Deny" &&
+        length(setintersection(toset(flatten([s.Action])), ["sqs:SendMessage", "sqs:*", "*"])) > 0 &&
+        (s.Principal == "*" || try(s.Principal.AWS, "") == "*" || try(s.Principal.Service, "") == c.service) &&
+        alltrue([for op, kv in try(s.Condition, {}) : alltrue([for k, v in kv :
+          lookup(c.ctx, k, null) == null ? contains(["StringNotEquals", "ArnNotEquals"], op) :
+          contains(["StringEquals", "ArnEquals", "Bool"], op) ? contains(flatten([v]), c.ctx[k]) :
+          contains(["StringNotEquals", "ArnNotEquals"], op) ? !contains(flatten([v]), c.ctx[k]) :
+          tobool("operator ${op} unknown to this test")
+        ])])
+    ])])
+    error_message = "the intake queue must deny sqs:SendMessage to every caller but EventBridge for this module's rules (over TLS)"
+  }
+  # EventBridge is a service principal: it needs an Allow in the queue policy, for these rules only.
+  assert {
+    condition = [for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement : s.Condition if s.Effect == "Allow"] == [
+      { ArnEquals = { "aws:SourceArn" = [for r in aws_cloudwatch_event_rule.this : r.arn] } }
+    ]
+    error_message = "the intake queue policy's one Allow is EventBridge's, pinned to the module's rules"
+  }
+
+  # The DLQ: the router's role (dead letters) and EventBridge for this module's rules (the
+  # rules' target dead-letter queue), nobody else.
+  assert {
+    condition = alltrue([for c in [
+      { denied = false, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-router", "aws:SecureTransport" = "true" } },
+      { denied = false, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/someone-elses", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/Admin", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-dispatcher", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-router", "aws:SecureTransport" = "false" } },
+      ] : c.denied == anytrue([for s in jsondecode(aws_sqs_queue_policy.dlq.policy).Statement :
+        s.Effect == "Deny" &&
+        length(setintersection(toset(flatten([s.Action])), ["sqs:SendMessage", "sqs:*", "*"])) > 0 &&
+        (s.Principal == "*" || try(s.Principal.AWS, "") == "*" || try(s.Principal.Service, "") == c.service) &&
+        alltrue([for op, kv in try(s.Condition, {}) : alltrue([for k, v in kv :
+          lookup(c.ctx, k, null) == null ? contains(["StringNotEquals", "ArnNotEquals"], op) :
+          contains(["StringEquals", "ArnEquals", "Bool"], op) ? contains(flatten([v]), c.ctx[k]) :
+          contains(["StringNotEquals", "ArnNotEquals"], op) ? !contains(flatten([v]), c.ctx[k]) :
+          tobool("operator ${op} unknown to this test")
+        ])])
+    ])])
+    error_message = "the DLQ must deny sqs:SendMessage to every caller but the router's role and EventBridge for this module's rules (over TLS)"
+  }
+}
+
+# Dispatcher mode: the dispatcher's role sends to the intake queue, EventBridge does not.
+run "queue_senders_dispatcher" {
+  command = plan
+
+  variables {
+    dispatcher = {
+      enabled  = true
+      zip_path = "tests/fixtures/dispatcher.zip"
+    }
+  }
+
+  assert {
+    condition = alltrue([for c in [
+      { denied = false, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-dispatcher", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-router", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/Admin", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-dispatcher", "aws:SecureTransport" = "false" } },
+      ] : c.denied == anytrue([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement :
+        s.Effect == "Deny" &&
+        length(setintersection(toset(flatten([s.Action])), ["sqs:SendMessage", "sqs:*", "*"])) > 0 &&
+        (s.Principal == "*" || try(s.Principal.AWS, "") == "*" || try(s.Principal.Service, "") == c.service) &&
+        alltrue([for op, kv in try(s.Condition, {}) : alltrue([for k, v in kv :
+          lookup(c.ctx, k, null) == null ? contains(["StringNotEquals", "ArnNotEquals"], op) :
+          contains(["StringEquals", "ArnEquals", "Bool"], op) ? contains(flatten([v]), c.ctx[k]) :
+          contains(["StringNotEquals", "ArnNotEquals"], op) ? !contains(flatten([v]), c.ctx[k]) :
+          tobool("operator ${op} unknown to this test")
+        ])])
+    ])])
+    error_message = "in dispatcher mode the intake queue must deny sqs:SendMessage to every caller but the dispatcher's role"
+  }
+  # The DLQ is no rule's dead-letter queue in dispatcher mode (the failure queue is).
+  assert {
+    condition = alltrue([for c in [
+      { denied = false, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-router", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-dispatcher", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "true" } },
+      ] : c.denied == anytrue([for s in jsondecode(aws_sqs_queue_policy.dlq.policy).Statement :
+        s.Effect == "Deny" &&
+        length(setintersection(toset(flatten([s.Action])), ["sqs:SendMessage", "sqs:*", "*"])) > 0 &&
+        (s.Principal == "*" || try(s.Principal.AWS, "") == "*" || try(s.Principal.Service, "") == c.service) &&
+        alltrue([for op, kv in try(s.Condition, {}) : alltrue([for k, v in kv :
+          lookup(c.ctx, k, null) == null ? contains(["StringNotEquals", "ArnNotEquals"], op) :
+          contains(["StringEquals", "ArnEquals", "Bool"], op) ? contains(flatten([v]), c.ctx[k]) :
+          contains(["StringNotEquals", "ArnNotEquals"], op) ? !contains(flatten([v]), c.ctx[k]) :
+          tobool("operator ${op} unknown to this test")
+        ])])
+    ])])
+    error_message = "in dispatcher mode the DLQ must deny sqs:SendMessage to every caller but the router's role"
+  }
+  # The dispatcher's role is an output, for the other clusters' extra_sender_arns.
+  assert {
+    condition     = output.dispatcher_role_arn == "arn:aws:iam::111122223333:role/hr-prod-eu-dispatcher"
+    error_message = "dispatcher_role_arn must name the dispatcher's role"
+  }
+}
+
+# A cluster fed by another module instance's dispatcher, with a role that redrives dead letters
+# back, and a router role it brings itself.
+run "queue_senders_listed" {
+  command = plan
+
+  variables {
+    rules                         = { scheduled_change = false, spot_interruption = false, rebalance_recommendation = false, state_change = false, capacity_reservation_interruption = false, ami_state_change = false }
+    extra_sender_arns             = ["arn:aws:iam::111122223333:role/hr-other-dispatcher", "arn:aws:iam::111122223333:role/oncall"]
+    create_iam_role               = false
+    extra_dead_letter_sender_arns = ["arn:aws:iam::111122223333:role/my-router"]
+  }
+
+  assert {
+    condition = alltrue([for c in [
+      { denied = false, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-other-dispatcher", "aws:SecureTransport" = "true" } },
+      { denied = false, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/oncall", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/my-router", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/Admin", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "true" } },
+      ] : c.denied == anytrue([for s in jsondecode(aws_sqs_queue_policy.intake.policy).Statement :
+        s.Effect == "Deny" &&
+        length(setintersection(toset(flatten([s.Action])), ["sqs:SendMessage", "sqs:*", "*"])) > 0 &&
+        (s.Principal == "*" || try(s.Principal.AWS, "") == "*" || try(s.Principal.Service, "") == c.service) &&
+        alltrue([for op, kv in try(s.Condition, {}) : alltrue([for k, v in kv :
+          lookup(c.ctx, k, null) == null ? contains(["StringNotEquals", "ArnNotEquals"], op) :
+          contains(["StringEquals", "ArnEquals", "Bool"], op) ? contains(flatten([v]), c.ctx[k]) :
+          contains(["StringNotEquals", "ArnNotEquals"], op) ? !contains(flatten([v]), c.ctx[k]) :
+          tobool("operator ${op} unknown to this test")
+        ])])
+    ])])
+    error_message = "the intake queue must let the callers of extra_sender_arns send, and deny every other"
+  }
+  assert {
+    condition = alltrue([for c in [
+      { denied = false, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/my-router", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/oncall", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-router", "aws:SecureTransport" = "true" } },
+      ] : c.denied == anytrue([for s in jsondecode(aws_sqs_queue_policy.dlq.policy).Statement :
+        s.Effect == "Deny" &&
+        length(setintersection(toset(flatten([s.Action])), ["sqs:SendMessage", "sqs:*", "*"])) > 0 &&
+        (s.Principal == "*" || try(s.Principal.AWS, "") == "*" || try(s.Principal.Service, "") == c.service) &&
+        alltrue([for op, kv in try(s.Condition, {}) : alltrue([for k, v in kv :
+          lookup(c.ctx, k, null) == null ? contains(["StringNotEquals", "ArnNotEquals"], op) :
+          contains(["StringEquals", "ArnEquals", "Bool"], op) ? contains(flatten([v]), c.ctx[k]) :
+          contains(["StringNotEquals", "ArnNotEquals"], op) ? !contains(flatten([v]), c.ctx[k]) :
+          tobool("operator ${op} unknown to this test")
+        ])])
+    ])])
+    error_message = "without the module's router role, the DLQ must let extra_dead_letter_sender_arns send, and deny every other"
+  }
+}
+
+# Nobody listed at all: every IAM principal is denied, and no condition carries an empty list
+# (IAM rejects a policy whose condition has no value).
+run "queue_senders_none" {
+  command = plan
+
+  variables {
+    rules           = { scheduled_change = false, spot_interruption = false, rebalance_recommendation = false, state_change = false, capacity_reservation_interruption = false, ami_state_change = false }
+    create_iam_role = false
+  }
+
+  assert {
+    condition = alltrue(flatten([for p in [aws_sqs_queue_policy.intake.policy, aws_sqs_queue_policy.dlq.policy] : [
+      for s in jsondecode(p).Statement : [for op, kv in try(s.Condition, {}) : [for k, v in kv : length(flatten([v])) > 0]]
+    ]]))
+    error_message = "no condition may have an empty list of values"
+  }
+  assert {
+    condition = alltrue([for p in [aws_sqs_queue_policy.intake.policy, aws_sqs_queue_policy.dlq.policy] :
+      anytrue([for s in jsondecode(p).Statement : s.Effect == "Deny" && s.Principal == "*" && s.Action == "sqs:SendMessage" && try(s.Condition, null) == { StringNotEquals = { "aws:PrincipalServiceName" = "events.amazonaws.com" } }])
+    ])
+    error_message = "with no sender listed, both queues must deny sqs:SendMessage to every principal but EventBridge (whose own statements then deny every rule)"
+  }
+}
