@@ -30,71 +30,85 @@ locals {
     }]
   }
 
-  # Least privilege for what the router does: read, keep invisible while working and back off a
-  # retry (ChangeMessageVisibility) on the intake queue; dead-letter (SendMessage) to the DLQ;
-  # forward to Karpenter. Deferrals are held on NodeClaims: nothing is re-sent to the intake.
+  # Least privilege for what the router calls (router/ and cmd/): receive, keep invisible while
+  # working and back off a retry (ChangeMessageVisibility), delete on the intake queue; send dead
+  # letters, and nothing else, to the DLQ (a role that could receive or delete there could erase
+  # the evidence of a bad message); forward to Karpenter. GetQueueAttributes on each queue is
+  # for doctor. Deferrals are held on NodeClaims: nothing is re-sent to the intake. What supports
+  # no resource-level scoping is held to the module's region (aws:RequestedRegion), as Karpenter
+  # holds its reads.
+  in_region = { StringEquals = { "aws:RequestedRegion" = local.region } }
+
   router_statements = concat(
     [
       {
-        Sid    = "IntakeQueues"
+        Sid    = "IntakeQueue"
         Effect = "Allow"
         Action = [
           "sqs:ReceiveMessage",
           "sqs:DeleteMessage", # also authorizes DeleteMessageBatch: the router deletes in batches
           "sqs:ChangeMessageVisibility",
           "sqs:GetQueueAttributes",
-          "sqs:GetQueueUrl",
         ]
-        Resource = [aws_sqs_queue.intake.arn, aws_sqs_queue.dlq.arn]
+        Resource = aws_sqs_queue.intake.arn
       },
       {
         Sid      = "DeadLetter"
         Effect   = "Allow"
-        Action   = "sqs:SendMessage"
+        Action   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]
         Resource = aws_sqs_queue.dlq.arn
       },
       {
-        # These EC2 read calls support no resource-level scoping.
-        Sid      = "PreDrainChecks"
-        Effect   = "Allow"
-        Action   = ["ec2:DescribeImages", "ec2:DescribeCapacityReservations", "ec2:DescribeInstances"]
-        Resource = "*"
+        # The AMI and capacity-reservation checks before a drain; no resource-level scoping.
+        Sid       = "PreDrainChecks"
+        Effect    = "Allow"
+        Action    = ["ec2:DescribeImages", "ec2:DescribeCapacityReservations"]
+        Resource  = "*"
+        Condition = local.in_region
       },
       {
         # The router's instance-status poller takes over from Karpenter's (which the
         # karpenter_deny_instance_status policy below switches off): read-only, and the one
         # action it needs; DescribeInstanceStatus supports no resource-level scoping.
-        Sid      = "InstanceStatusPoller"
-        Effect   = "Allow"
-        Action   = "ec2:DescribeInstanceStatus"
-        Resource = "*"
-      },
-      {
-        Sid       = "Metrics"
+        Sid       = "InstanceStatusPoller"
         Effect    = "Allow"
-        Action    = "cloudwatch:PutMetricData"
+        Action    = "ec2:DescribeInstanceStatus"
         Resource  = "*"
-        Condition = { StringEquals = { "cloudwatch:namespace" = "HealthRouter" } }
+        Condition = local.in_region
       },
       {
-        # Read-only, for `health-router doctor`: are our rules there, and are Karpenter's gone?
-        Sid      = "InspectRules"
+        Sid      = "Metrics"
         Effect   = "Allow"
-        Action   = ["events:ListRules", "events:ListTargetsByRule", "events:ListRuleNamesByTarget", "events:DescribeRule"]
+        Action   = "cloudwatch:PutMetricData"
         Resource = "*"
+        Condition = { StringEquals = {
+          "cloudwatch:namespace" = "HealthRouter"
+          "aws:RequestedRegion"  = local.region
+        } }
+      },
+      {
+        # Read-only, for `health-router doctor`: which rules feed our queue and Karpenter's.
+        Sid       = "InspectRules"
+        Effect    = "Allow"
+        Action    = ["events:ListRuleNamesByTarget", "events:DescribeRule"]
+        Resource  = "*"
+        Condition = local.in_region
       },
     ],
+    # Forward mode (SendMessage also authorizes SendMessageBatch); doctor reads the queue too.
     var.karpenter_interruption_queue_arn == null ? [] : [{
       Sid      = "ForwardToKarpenter"
       Effect   = "Allow"
-      Action   = "sqs:SendMessage"
+      Action   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]
       Resource = var.karpenter_interruption_queue_arn
     }],
+    # The router uses the key only through SQS.
     var.kms_key_arn == null ? [] : [{
-      Sid      = "QueueKey"
-      Effect   = "Allow"
-      Action   = ["kms:Decrypt", "kms:GenerateDataKey"]
-      Resource = var.kms_key_arn
+      Sid       = "QueueKey"
+      Effect    = "Allow"
+      Action    = ["kms:Decrypt", "kms:GenerateDataKey"]
+      Resource  = var.kms_key_arn
+      Condition = { StringEquals = { "kms:ViaService" = "sqs.${local.region}.${data.aws_partition.current.dns_suffix}" } }
     }],
     # NodePools annotated healthrouter.io/reschedule=true: the router moves a scheduled event
     # into the pool's maintenance window. The router's one EC2 write, so only when asked for.

@@ -272,3 +272,83 @@ run "queue_senders_none" {
     error_message = "with no sender listed, both queues must deny sqs:SendMessage to every principal but EventBridge (whose own statements then deny every rule)"
   }
 }
+
+# The router's role: each action the router calls, on the resource it calls it on, nothing more.
+run "router_permissions" {
+  command = plan
+
+  # Exactly the actions the code under router/ and cmd/ calls (SendMessage also authorises
+  # SendMessageBatch, DeleteMessage DeleteMessageBatch).
+  assert {
+    condition = toset(flatten([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Action])) == toset([
+      "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes", "sqs:SendMessage",
+      "ec2:DescribeImages", "ec2:DescribeCapacityReservations", "ec2:DescribeInstanceStatus",
+      "cloudwatch:PutMetricData", "events:ListRuleNamesByTarget", "events:DescribeRule",
+    ])
+    error_message = "the router's role must grant the actions the router calls and no other (no ec2:DescribeInstances, events:ListRules, events:ListTargetsByRule, sqs:GetQueueUrl)"
+  }
+  # One statement per queue.
+  assert {
+    condition = [for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : {
+      resource = s.Resource, actions = toset(flatten([s.Action]))
+      } if s.Sid == "IntakeQueue"] == [{
+      resource = "arn:aws:sqs:eu-west-1:111122223333:hr-prod-eu"
+      actions  = toset(["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes"])
+    }]
+    error_message = "statement IntakeQueue: receive, delete, change visibility and read attributes, on the intake queue alone"
+  }
+  assert {
+    condition = [for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : {
+      resource = s.Resource, actions = toset(flatten([s.Action]))
+      } if s.Sid == "DeadLetter"] == [{
+      resource = "arn:aws:sqs:eu-west-1:111122223333:hr-prod-eu-dlq"
+      actions  = toset(["sqs:SendMessage", "sqs:GetQueueAttributes"])
+    }]
+    error_message = "statement DeadLetter: send and read attributes, on the DLQ alone"
+  }
+  # The router may not receive, delete or purge dead letters: it could erase an injection's trace.
+  assert {
+    condition = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement :
+      length(setintersection(toset(flatten([s.Action])), ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:PurgeQueue", "sqs:*", "*"])) == 0
+      if length(setintersection(toset(flatten([s.Resource])), ["arn:aws:sqs:eu-west-1:111122223333:hr-prod-eu-dlq", "*"])) > 0
+    ])
+    error_message = "no statement may let the router receive, delete or purge messages of the DLQ"
+  }
+  # What cannot be scoped to a resource is scoped to the module's region.
+  assert {
+    condition = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement :
+      try(s.Condition.StringEquals["aws:RequestedRegion"], "") == "eu-west-1"
+      if contains(flatten([s.Resource]), "*")
+    ])
+    error_message = "every statement on Resource \"*\" must be conditioned on aws:RequestedRegion = the module's region"
+  }
+  assert {
+    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueue", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules"])
+    error_message = "the default statements are IntakeQueue, DeadLetter, PreDrainChecks, InstanceStatusPoller, Metrics, InspectRules"
+  }
+}
+
+run "router_permissions_forward_and_key" {
+  command = plan
+
+  variables {
+    kms_key_arn                      = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    karpenter_interruption_queue_arn = "arn:aws:sqs:eu-west-1:111122223333:Karpenter-prod-eu"
+  }
+
+  # doctor reads the attributes of Karpenter's queue with the router's credentials.
+  assert {
+    condition = [for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : {
+      resource = s.Resource, actions = toset(flatten([s.Action]))
+      } if s.Sid == "ForwardToKarpenter"] == [{
+      resource = "arn:aws:sqs:eu-west-1:111122223333:Karpenter-prod-eu"
+      actions  = toset(["sqs:SendMessage", "sqs:GetQueueAttributes"])
+    }]
+    error_message = "statement ForwardToKarpenter: send and read attributes, on Karpenter's queue alone"
+  }
+  # The key is only used through SQS.
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : try(s.Condition, null) if s.Sid == "QueueKey"]) == { StringEquals = { "kms:ViaService" = "sqs.eu-west-1.amazonaws.com" } }
+    error_message = "statement QueueKey must be conditioned on kms:ViaService = SQS in the module's region"
+  }
+}
