@@ -39,6 +39,17 @@ locals {
   # holds its reads.
   in_region = { StringEquals = { "aws:RequestedRegion" = local.region } }
 
+  # The router's EC2 writes reach this cluster's Karpenter instances in this region and account,
+  # and no other instance, as Karpenter's own AllowScopedDeletion: the cluster tag Karpenter sets
+  # to owned, and a NodePool tag.
+  karpenter_instances = {
+    Resource = "arn:${local.partition}:ec2:${local.region}:${local.account_id}:instance/*"
+    Condition = {
+      StringEquals = { "aws:ResourceTag/kubernetes.io/cluster/${var.cluster_name}" = "owned" }
+      StringLike   = { "aws:ResourceTag/karpenter.sh/nodepool" = "*" }
+    }
+  }
+
   router_statements = concat(
     [
       {
@@ -111,22 +122,22 @@ locals {
       Condition = { StringEquals = { "kms:ViaService" = "sqs.${local.region}.${data.aws_partition.current.dns_suffix}" } }
     }],
     # NodePools annotated healthrouter.io/reschedule=true: the router moves a scheduled event
-    # into the pool's maintenance window. The router's one EC2 write, so only when asked for.
-    !var.enable_reschedule ? [] : [{
-      Sid      = "RescheduleEvents"
-      Effect   = "Allow"
-      Action   = "ec2:ModifyInstanceEventStartTime"
-      Resource = "*"
-    }],
+    # into the pool's maintenance window. One of the router's two EC2 writes, so only when
+    # asked for, and only on this cluster's Karpenter instances (local.karpenter_instances).
+    !var.enable_reschedule ? [] : [merge(local.karpenter_instances, {
+      Sid    = "RescheduleEvents"
+      Effect = "Allow"
+      Action = "ec2:ModifyInstanceEventStartTime"
+    })],
     # NodePools with healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place:
     # the router reboots the instance itself once its pods are evicted (the router's
-    # --reboot-in-place), which completes EC2's scheduled instance-reboot.
-    !var.enable_reboot_in_place ? [] : [{
-      Sid      = "RebootInPlace"
-      Effect   = "Allow"
-      Action   = "ec2:RebootInstances"
-      Resource = "*"
-    }],
+    # --reboot-in-place), which completes EC2's scheduled instance-reboot. Both features act
+    # on NodeClaims only, so on Karpenter's instances only.
+    !var.enable_reboot_in_place ? [] : [merge(local.karpenter_instances, {
+      Sid    = "RebootInPlace"
+      Effect = "Allow"
+      Action = "ec2:RebootInstances"
+    })],
   )
 }
 

@@ -352,3 +352,38 @@ run "router_permissions_forward_and_key" {
     error_message = "statement QueueKey must be conditioned on kms:ViaService = SQS in the module's region"
   }
 }
+
+# The router's two EC2 writes: only on this cluster's Karpenter instances in this region and
+# account, as Karpenter's own AllowScopedDeletion.
+run "router_ec2_writes" {
+  command = plan
+
+  variables {
+    enable_reschedule      = true
+    enable_reboot_in_place = true
+  }
+
+  assert {
+    condition = { for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement :
+      s.Sid => { action = s.Action, resource = s.Resource, condition = try(s.Condition, null) }
+      if contains(["RescheduleEvents", "RebootInPlace"], s.Sid)
+      } == { for sid, action in { RescheduleEvents = "ec2:ModifyInstanceEventStartTime", RebootInPlace = "ec2:RebootInstances" } :
+      sid => {
+        action   = action
+        resource = "arn:aws:ec2:eu-west-1:111122223333:instance/*"
+        condition = {
+          StringEquals = { "aws:ResourceTag/kubernetes.io/cluster/prod-eu" = "owned" }
+          StringLike   = { "aws:ResourceTag/karpenter.sh/nodepool" = "*" }
+        }
+      }
+    }
+    error_message = "ec2:ModifyInstanceEventStartTime and ec2:RebootInstances must be granted on this region's and account's instances owned by the cluster and tagged with a NodePool, and nowhere else"
+  }
+  assert {
+    condition = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement :
+      !contains(flatten([s.Resource]), "*")
+      if length(setintersection(toset(flatten([s.Action])), ["ec2:ModifyInstanceEventStartTime", "ec2:RebootInstances"])) > 0
+    ])
+    error_message = "no EC2 write on Resource \"*\""
+  }
+}
