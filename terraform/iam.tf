@@ -9,12 +9,24 @@ locals {
   oidc_issuer = replace(coalesce(var.oidc_provider_arn, "unset"), "/^(.*provider/)/", "")
 
   # Both are built, one is used: the IRSA one with "unset" when identity_type is pod_identity.
+  # Either is bound to this cluster's ServiceAccount. IRSA: the cluster's OIDC provider and the
+  # token's sub and aud. Pod Identity: the session tags EKS sets when it assumes the role for a
+  # pod (the condition applies to the AssumeRole and the TagSession alike), so that no other
+  # association of the account (another cluster, namespace or ServiceAccount) gets the role.
+  # An association with disable_session_tags = true cannot assume it.
   trust_statements = {
     pod_identity = [{
       Sid       = "EKSPodIdentity"
       Effect    = "Allow"
       Principal = { Service = "pods.eks.amazonaws.com" }
       Action    = ["sts:AssumeRole", "sts:TagSession"]
+      Condition = {
+        StringEquals = {
+          "aws:RequestTag/eks-cluster-arn"            = "arn:${local.partition}:eks:${local.region}:${local.account_id}:cluster/${var.cluster_name}"
+          "aws:RequestTag/kubernetes-namespace"       = var.service_account_namespace
+          "aws:RequestTag/kubernetes-service-account" = var.service_account_name
+        }
+      }
     }]
     irsa = [{
       Sid       = "IRSA"

@@ -387,3 +387,57 @@ run "router_ec2_writes" {
     error_message = "no EC2 write on Resource \"*\""
   }
 }
+
+# Who may assume the router's role: EKS Pod Identity for this cluster's ServiceAccount only.
+run "router_trust_pod_identity" {
+  command = plan
+
+  variables {
+    service_account_namespace = "ops"
+    service_account_name      = "hr"
+  }
+
+  assert {
+    condition = jsondecode(aws_iam_role.router[0].assume_role_policy).Statement == [{
+      Sid       = "EKSPodIdentity"
+      Effect    = "Allow"
+      Principal = { Service = "pods.eks.amazonaws.com" }
+      Action    = ["sts:AssumeRole", "sts:TagSession"]
+      Condition = {
+        StringEquals = {
+          "aws:RequestTag/eks-cluster-arn"            = "arn:aws:eks:eu-west-1:111122223333:cluster/prod-eu"
+          "aws:RequestTag/kubernetes-namespace"       = "ops"
+          "aws:RequestTag/kubernetes-service-account" = "hr"
+        }
+      }
+    }]
+    error_message = "the Pod Identity trust must be bound to this cluster, namespace and ServiceAccount through EKS's session tags, with sts:TagSession allowed"
+  }
+}
+
+run "router_trust_irsa" {
+  command = plan
+
+  variables {
+    identity_type             = "irsa"
+    oidc_provider_arn         = "arn:aws:iam::111122223333:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
+    service_account_namespace = "ops"
+    service_account_name      = "hr"
+  }
+
+  assert {
+    condition = jsondecode(aws_iam_role.router[0].assume_role_policy).Statement == [{
+      Sid       = "IRSA"
+      Effect    = "Allow"
+      Principal = { Federated = "arn:aws:iam::111122223333:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF" }
+      Action    = "sts:AssumeRoleWithWebIdentity"
+      Condition = {
+        StringEquals = {
+          "oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF:sub" = "system:serviceaccount:ops:hr"
+          "oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF:aud" = "sts.amazonaws.com"
+        }
+      }
+    }]
+    error_message = "the IRSA trust must be this cluster's OIDC provider, for this namespace and ServiceAccount (exact match) and the STS audience"
+  }
+}
