@@ -3,7 +3,7 @@
 ################################################################################
 
 variable "cluster_name" {
-  description = "Name of the EKS cluster the router runs in. Used as the ClusterName dimension of the router's CloudWatch metrics, in resource names, and for the EKS Pod Identity association."
+  description = "Name of the EKS cluster the router runs in. Used as the ClusterName dimension of the router's CloudWatch metrics, in resource names, for the EKS Pod Identity association and the role's trust (eks-cluster-arn), and in the tag that scopes the router's EC2 writes (kubernetes.io/cluster/<cluster_name> = owned)."
   type        = string
 
   validation {
@@ -204,13 +204,13 @@ variable "oidc_provider_arn" {
 }
 
 variable "service_account_namespace" {
-  description = "Namespace of the router's Kubernetes service account."
+  description = "Namespace of the router's Kubernetes service account; the role trusts no other."
   type        = string
   default     = "health-router"
 }
 
 variable "service_account_name" {
-  description = "Name of the router's Kubernetes service account."
+  description = "Name of the router's Kubernetes service account; the role trusts no other."
   type        = string
   default     = "health-router"
 }
@@ -238,13 +238,13 @@ variable "karpenter_interruption_queue_arn" {
 }
 
 variable "enable_reschedule" {
-  description = "Grant the router ec2:ModifyInstanceEventStartTime, for NodePools annotated healthrouter.io/reschedule=true: the router then moves a scheduled event that has a deadline into the pool's maintenance window. Off by default: it is the only EC2 write the router makes. Run doctor with --reschedule to check the grant."
+  description = "Grant the router ec2:ModifyInstanceEventStartTime, for NodePools annotated healthrouter.io/reschedule=true: the router then moves a scheduled event that has a deadline into the pool's maintenance window. Off by default. Granted on this cluster's Karpenter instances only (tags kubernetes.io/cluster/<cluster_name> = owned and karpenter.sh/nodepool), in the module's region. Run doctor with --reschedule to check the grant."
   type        = bool
   default     = false
 }
 
 variable "enable_reboot_in_place" {
-  description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default."
+  description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default. Granted on this cluster's Karpenter instances only (tags kubernetes.io/cluster/<cluster_name> = owned and karpenter.sh/nodepool), in the module's region."
   type        = bool
   default     = false
 }
