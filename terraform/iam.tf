@@ -9,12 +9,24 @@ locals {
   oidc_issuer = replace(coalesce(var.oidc_provider_arn, "unset"), "/^(.*provider/)/", "")
 
   # Both are built, one is used: the IRSA one with "unset" when identity_type is pod_identity.
+  # Either is bound to this cluster's ServiceAccount. IRSA: the cluster's OIDC provider and the
+  # token's sub and aud. Pod Identity: the session tags EKS sets when it assumes the role for a
+  # pod (the condition applies to the AssumeRole and the TagSession alike), so that no other
+  # association of the account (another cluster, namespace or ServiceAccount) gets the role.
+  # An association with disable_session_tags = true cannot assume it.
   trust_statements = {
     pod_identity = [{
       Sid       = "EKSPodIdentity"
       Effect    = "Allow"
       Principal = { Service = "pods.eks.amazonaws.com" }
       Action    = ["sts:AssumeRole", "sts:TagSession"]
+      Condition = {
+        StringEquals = {
+          "aws:RequestTag/eks-cluster-arn"            = "arn:${local.partition}:eks:${local.region}:${local.account_id}:cluster/${var.cluster_name}"
+          "aws:RequestTag/kubernetes-namespace"       = var.service_account_namespace
+          "aws:RequestTag/kubernetes-service-account" = var.service_account_name
+        }
+      }
     }]
     irsa = [{
       Sid       = "IRSA"
@@ -30,89 +42,114 @@ locals {
     }]
   }
 
-  # Least privilege for what the router does: read, keep invisible while working and back off a
-  # retry (ChangeMessageVisibility) on the intake queue; dead-letter (SendMessage) to the DLQ;
-  # forward to Karpenter. Deferrals are held on NodeClaims: nothing is re-sent to the intake.
+  # Least privilege for what the router calls (router/ and cmd/): receive, keep invisible while
+  # working and back off a retry (ChangeMessageVisibility), delete on the intake queue; send dead
+  # letters, and nothing else, to the DLQ (a role that could receive or delete there could erase
+  # the evidence of a bad message); forward to Karpenter. GetQueueAttributes on each queue is
+  # for doctor. Deferrals are held on NodeClaims: nothing is re-sent to the intake. What supports
+  # no resource-level scoping is held to the module's region (aws:RequestedRegion), as Karpenter
+  # holds its reads.
+  in_region = { StringEquals = { "aws:RequestedRegion" = local.region } }
+
+  # The router's EC2 writes reach this cluster's Karpenter instances in this region and account,
+  # and no other instance, as Karpenter's own AllowScopedDeletion: the cluster tag Karpenter sets
+  # to owned, and a NodePool tag.
+  karpenter_instances = {
+    Resource = "arn:${local.partition}:ec2:${local.region}:${local.account_id}:instance/*"
+    Condition = {
+      StringEquals = { "aws:ResourceTag/kubernetes.io/cluster/${var.cluster_name}" = "owned" }
+      StringLike   = { "aws:ResourceTag/karpenter.sh/nodepool" = "*" }
+    }
+  }
+
   router_statements = concat(
     [
       {
-        Sid    = "IntakeQueues"
+        Sid    = "IntakeQueue"
         Effect = "Allow"
         Action = [
           "sqs:ReceiveMessage",
           "sqs:DeleteMessage", # also authorizes DeleteMessageBatch: the router deletes in batches
           "sqs:ChangeMessageVisibility",
           "sqs:GetQueueAttributes",
-          "sqs:GetQueueUrl",
         ]
-        Resource = [aws_sqs_queue.intake.arn, aws_sqs_queue.dlq.arn]
+        Resource = aws_sqs_queue.intake.arn
       },
       {
         Sid      = "DeadLetter"
         Effect   = "Allow"
-        Action   = "sqs:SendMessage"
+        Action   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]
         Resource = aws_sqs_queue.dlq.arn
       },
       {
-        # These EC2 read calls support no resource-level scoping.
-        Sid      = "PreDrainChecks"
-        Effect   = "Allow"
-        Action   = ["ec2:DescribeImages", "ec2:DescribeCapacityReservations", "ec2:DescribeInstances"]
-        Resource = "*"
+        # The AMI and capacity-reservation checks before a drain; no resource-level scoping.
+        Sid       = "PreDrainChecks"
+        Effect    = "Allow"
+        Action    = ["ec2:DescribeImages", "ec2:DescribeCapacityReservations"]
+        Resource  = "*"
+        Condition = local.in_region
       },
       {
         # The router's instance-status poller takes over from Karpenter's (which the
         # karpenter_deny_instance_status policy below switches off): read-only, and the one
         # action it needs; DescribeInstanceStatus supports no resource-level scoping.
-        Sid      = "InstanceStatusPoller"
-        Effect   = "Allow"
-        Action   = "ec2:DescribeInstanceStatus"
-        Resource = "*"
-      },
-      {
-        Sid       = "Metrics"
+        Sid       = "InstanceStatusPoller"
         Effect    = "Allow"
-        Action    = "cloudwatch:PutMetricData"
+        Action    = "ec2:DescribeInstanceStatus"
         Resource  = "*"
-        Condition = { StringEquals = { "cloudwatch:namespace" = "HealthRouter" } }
+        Condition = local.in_region
       },
       {
-        # Read-only, for `health-router doctor`: are our rules there, and are Karpenter's gone?
-        Sid      = "InspectRules"
+        Sid      = "Metrics"
         Effect   = "Allow"
-        Action   = ["events:ListRules", "events:ListTargetsByRule", "events:ListRuleNamesByTarget", "events:DescribeRule"]
+        Action   = "cloudwatch:PutMetricData"
         Resource = "*"
+        Condition = { StringEquals = {
+          "cloudwatch:namespace" = "HealthRouter"
+          "aws:RequestedRegion"  = local.region
+        } }
+      },
+      {
+        # Read-only, for `health-router doctor`: which rules feed our queue and Karpenter's.
+        Sid       = "InspectRules"
+        Effect    = "Allow"
+        Action    = ["events:ListRuleNamesByTarget", "events:DescribeRule"]
+        Resource  = "*"
+        Condition = local.in_region
       },
     ],
+    # Forward mode (SendMessage also authorizes SendMessageBatch); doctor reads the queue too.
     var.karpenter_interruption_queue_arn == null ? [] : [{
       Sid      = "ForwardToKarpenter"
       Effect   = "Allow"
-      Action   = "sqs:SendMessage"
+      Action   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]
       Resource = var.karpenter_interruption_queue_arn
     }],
+    # The router uses the key only through SQS.
     var.kms_key_arn == null ? [] : [{
-      Sid      = "QueueKey"
-      Effect   = "Allow"
-      Action   = ["kms:Decrypt", "kms:GenerateDataKey"]
-      Resource = var.kms_key_arn
+      Sid       = "QueueKey"
+      Effect    = "Allow"
+      Action    = ["kms:Decrypt", "kms:GenerateDataKey"]
+      Resource  = var.kms_key_arn
+      Condition = { StringEquals = { "kms:ViaService" = "sqs.${local.region}.${data.aws_partition.current.dns_suffix}" } }
     }],
     # NodePools annotated healthrouter.io/reschedule=true: the router moves a scheduled event
-    # into the pool's maintenance window. The router's one EC2 write, so only when asked for.
-    !var.enable_reschedule ? [] : [{
-      Sid      = "RescheduleEvents"
-      Effect   = "Allow"
-      Action   = "ec2:ModifyInstanceEventStartTime"
-      Resource = "*"
-    }],
+    # into the pool's maintenance window. One of the router's two EC2 writes, so only when
+    # asked for, and only on this cluster's Karpenter instances (local.karpenter_instances).
+    !var.enable_reschedule ? [] : [merge(local.karpenter_instances, {
+      Sid    = "RescheduleEvents"
+      Effect = "Allow"
+      Action = "ec2:ModifyInstanceEventStartTime"
+    })],
     # NodePools with healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place:
     # the router reboots the instance itself once its pods are evicted (the router's
-    # --reboot-in-place), which completes EC2's scheduled instance-reboot.
-    !var.enable_reboot_in_place ? [] : [{
-      Sid      = "RebootInPlace"
-      Effect   = "Allow"
-      Action   = "ec2:RebootInstances"
-      Resource = "*"
-    }],
+    # --reboot-in-place), which completes EC2's scheduled instance-reboot. Both features act
+    # on NodeClaims only, so on Karpenter's instances only.
+    !var.enable_reboot_in_place ? [] : [merge(local.karpenter_instances, {
+      Sid    = "RebootInPlace"
+      Effect = "Allow"
+      Action = "ec2:RebootInstances"
+    })],
   )
 }
 

@@ -101,10 +101,18 @@ resource "aws_sqs_queue" "intake" {
   tags = var.tags
 }
 
-# Who may send to a queue as EventBridge: this module's rules (and extra_source_rule_arns), no
-# other rule. IAM principals of the account (the router, the dispatcher) send through their
-# identity policies. Nobody may use the queue without TLS.
+# Who may send to a queue. As EventBridge: this module's rules (and extra_source_rule_arns), no
+# other rule. As an IAM principal of the account, whatever its identity policy says: to the
+# intake queue the dispatcher's role (dispatcher mode) and extra_sender_arns; to the DLQ the
+# router's role and extra_dead_letter_sender_arns. A message in the intake queue is an order to
+# drain a node, so an admin's sqs:* is not enough to send one. Nobody may use a queue without TLS.
 locals {
+  # IAM principals (their aws:PrincipalArn, the role's ARN for a role session) that may send.
+  queue_senders = {
+    intake = concat(aws_iam_role.dispatcher[*].arn, var.extra_sender_arns)
+    dlq    = concat(aws_iam_role.router[*].arn, var.extra_dead_letter_sender_arns)
+  }
+
   queue_policy_statements = {
     for key, arn in { intake = aws_sqs_queue.intake.arn, dlq = aws_sqs_queue.dlq.arn } : key => concat(
       length(local.queue_source_arns) == 0 ? [] : [
@@ -135,6 +143,23 @@ locals {
         },
       ],
       [
+        {
+          # Denied: every caller that is neither EventBridge (aws:PrincipalServiceName, set only
+          # when a service principal calls; the statements above decide which rules) nor a listed
+          # principal. The keys of a condition are ANDed, and a negated operator matches when its
+          # key is absent: an IAM role has no aws:PrincipalServiceName, EventBridge no listed ARN.
+          # With nobody listed, the ARN key is left out (IAM refuses an empty list): every
+          # principal but EventBridge is denied.
+          Sid       = "DenyOtherSenders"
+          Effect    = "Deny"
+          Principal = "*"
+          Action    = "sqs:SendMessage"
+          Resource  = arn
+          Condition = merge(
+            { StringNotEquals = { "aws:PrincipalServiceName" = "events.amazonaws.com" } },
+            length(local.queue_senders[key]) == 0 ? {} : { ArnNotEquals = { "aws:PrincipalArn" = local.queue_senders[key] } },
+          )
+        },
         {
           Sid       = "DenyInsecureTransport"
           Effect    = "Deny"

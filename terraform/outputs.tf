@@ -118,3 +118,8 @@ output "dispatcher_failure_queue_url" {
   description = "URL of the queue holding events the dispatcher failed to route. Null unless dispatcher.enabled."
   value       = try(aws_sqs_queue.dispatcher_failures[0].url, null)
 }
+
+output "dispatcher_role_arn" {
+  description = "ARN of the dispatcher Lambda's role, for the extra_sender_arns of the module instances whose intake queues it feeds. Null unless dispatcher.enabled."
+  value       = try(aws_iam_role.dispatcher[0].arn, null)
+}

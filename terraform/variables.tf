@@ -3,7 +3,7 @@
 ################################################################################
 
 variable "cluster_name" {
-  description = "Name of the EKS cluster the router runs in. Used as the ClusterName dimension of the router's CloudWatch metrics, in resource names, and for the EKS Pod Identity association."
+  description = "Name of the EKS cluster the router runs in. Used as the ClusterName dimension of the router's CloudWatch metrics, in resource names, for the EKS Pod Identity association and the role's trust (eks-cluster-arn), and in the tag that scopes the router's EC2 writes (kubernetes.io/cluster/<cluster_name> = owned)."
   type        = string
 
   validation {
@@ -135,6 +135,30 @@ variable "extra_source_rule_arns" {
   }
 }
 
+variable "extra_sender_arns" {
+  description = "ARNs of IAM roles or users, besides the dispatcher's role in dispatcher mode, that may send to the intake queue: another module instance's dispatcher role (its dispatcher_role_arn output) when that instance feeds this cluster, or a role that moves dead letters back (StartMessageMoveTask sends with the caller's identity). Every other principal of the account is denied sqs:SendMessage by the queue policy, whatever its identity policy allows: a message there is an order to drain a node."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for a in var.extra_sender_arns : can(regex("^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/.+$", a))])
+    error_message = "Every extra_sender_arns entry must be an IAM role or user ARN (arn:aws:iam::<account>:role/<name>); for a role, its ARN, not an assumed-role session's."
+  }
+}
+
+variable "extra_dead_letter_sender_arns" {
+  description = "ARNs of IAM roles or users, besides the router's role this module creates, that may send to the dead-letter queue: the router's role when create_iam_role is false. Every other principal of the account is denied sqs:SendMessage there."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for a in var.extra_dead_letter_sender_arns : can(regex("^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/.+$", a))])
+    error_message = "Every extra_dead_letter_sender_arns entry must be an IAM role or user ARN (arn:aws:iam::<account>:role/<name>); for a role, its ARN, not an assumed-role session's."
+  }
+}
+
 ################################################################################
 # Router IAM role
 ################################################################################
@@ -180,13 +204,13 @@ variable "oidc_provider_arn" {
 }
 
 variable "service_account_namespace" {
-  description = "Namespace of the router's Kubernetes service account."
+  description = "Namespace of the router's Kubernetes service account; the role trusts no other."
   type        = string
   default     = "health-router"
 }
 
 variable "service_account_name" {
-  description = "Name of the router's Kubernetes service account."
+  description = "Name of the router's Kubernetes service account; the role trusts no other."
   type        = string
   default     = "health-router"
 }
@@ -214,13 +238,13 @@ variable "karpenter_interruption_queue_arn" {
 }
 
 variable "enable_reschedule" {
-  description = "Grant the router ec2:ModifyInstanceEventStartTime, for NodePools annotated healthrouter.io/reschedule=true: the router then moves a scheduled event that has a deadline into the pool's maintenance window. Off by default: it is the only EC2 write the router makes. Run doctor with --reschedule to check the grant."
+  description = "Grant the router ec2:ModifyInstanceEventStartTime, for NodePools annotated healthrouter.io/reschedule=true: the router then moves a scheduled event that has a deadline into the pool's maintenance window. Off by default. Granted on this cluster's Karpenter instances only (tags kubernetes.io/cluster/<cluster_name> = owned and karpenter.sh/nodepool), in the module's region. Run doctor with --reschedule to check the grant."
   type        = bool
   default     = false
 }
 
 variable "enable_reboot_in_place" {
-  description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default."
+  description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default. Granted on this cluster's Karpenter instances only (tags kubernetes.io/cluster/<cluster_name> = owned and karpenter.sh/nodepool), in the module's region."
   type        = bool
   default     = false
 }

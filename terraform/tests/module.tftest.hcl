@@ -114,11 +114,11 @@ run "defaults" {
     error_message = "default trust must be EKS Pod Identity with AssumeRole and TagSession"
   }
   assert {
-    condition     = toset(one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "IntakeQueues"]).Resource) == toset([aws_sqs_queue.intake.arn, aws_sqs_queue.dlq.arn])
-    error_message = "SQS permissions must be scoped to the intake queue and DLQ"
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "IntakeQueue"]).Resource == aws_sqs_queue.intake.arn
+    error_message = "the intake queue's permissions must be scoped to the intake queue (the DLQ has a statement of its own; tests/policies.tftest.hcl tells them apart)"
   }
   assert {
-    condition     = !contains(one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "IntakeQueues"]).Action, "sqs:SendMessage") && one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "DeadLetter"]).Resource == aws_sqs_queue.dlq.arn
+    condition     = !contains(one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "IntakeQueue"]).Action, "sqs:SendMessage") && one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "DeadLetter"]).Resource == aws_sqs_queue.dlq.arn
     error_message = "the router sends to the dead-letter queue only: deferrals are not re-sent to the intake"
   }
   assert {
@@ -271,7 +271,7 @@ run "reschedule" {
     error_message = "ec2:ModifyInstanceEventStartTime is granted in one statement only"
   }
   assert {
-    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueues", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RescheduleEvents"])
+    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueue", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RescheduleEvents"])
     error_message = "enable_reschedule adds one statement and changes no other"
   }
 }
@@ -288,7 +288,7 @@ run "reboot_in_place" {
     error_message = "enable_reboot_in_place must grant ec2:RebootInstances, and that action only"
   }
   assert {
-    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueues", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RebootInPlace"])
+    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueue", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RebootInPlace"])
     error_message = "enable_reboot_in_place adds one statement and changes no other"
   }
 }

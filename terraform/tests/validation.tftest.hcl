@@ -82,6 +82,18 @@ run "pod_identity_association_with_irsa" {
   expect_failures = [var.create_pod_identity_association]
 }
 
+run "sender_is_a_session_not_a_role" {
+  command = plan
+  variables { extra_sender_arns = ["arn:aws:sts::111122223333:assumed-role/oncall/alice"] }
+  expect_failures = [var.extra_sender_arns]
+}
+
+run "dead_letter_sender_is_not_an_iam_arn" {
+  command = plan
+  variables { extra_dead_letter_sender_arns = ["hr-prod-eu-router"] }
+  expect_failures = [var.extra_dead_letter_sender_arns]
+}
+
 run "good_input_plans" {
   command = plan
   variables {

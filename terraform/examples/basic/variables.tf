@@ -1,13 +1,11 @@
 variable "region" {
   description = "AWS region of the cluster."
   type        = string
-  default     = "eu-west-1"
 }
 
 variable "cluster_name" {
   description = "Name of the EKS cluster."
   type        = string
-  default     = "prod-eu"
 }
 
 variable "karpenter_interruption_queue_arn" {

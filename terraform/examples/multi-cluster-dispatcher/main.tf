@@ -25,6 +25,10 @@ module "batch" {
     ami_state_change                  = false
   }
 
+  # Only the dispatcher sends to this cluster's intake queue: its queue policy denies every
+  # other principal of the account.
+  extra_sender_arns = [module.prod.dispatcher_role_arn]
+
   # IRSA here, to show the other identity type.
   identity_type     = "irsa"
   oidc_provider_arn = var.batch_oidc_provider_arn

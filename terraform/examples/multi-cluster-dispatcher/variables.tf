@@ -1,7 +1,6 @@
 variable "region" {
   description = "AWS region of both clusters."
   type        = string
-  default     = "eu-west-1"
 }
 
 variable "dispatcher_zip_path" {
@@ -13,7 +12,6 @@ variable "dispatcher_zip_path" {
 variable "batch_oidc_provider_arn" {
   description = "IAM OIDC provider ARN of the batch-eu cluster (IRSA)."
   type        = string
-  default     = "arn:aws:iam::111122223333:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
 }
 
 variable "alarm_sns_topic_arn" {

@@ -63,6 +63,9 @@ module "health_router" {
   karpenter_interruption_queue_arn = "arn:aws:sqs:us-east-1:123456789012:Karpenter-moto-e2e"
   create_karpenter_deny_policy     = true
 
+  # The other instance's dispatcher feeds this queue too (its cluster_queues).
+  extra_sender_arns = [module.dispatcher.dispatcher_role_arn]
+
   tags = { "health-router/test" = "moto-e2e" }
 }
 
