@@ -93,6 +93,10 @@ type Event struct {
 	InstanceAction string `json:"instanceAction,omitempty"`
 	// Status is the instance-status finding of an instance-status event.
 	Status *InstanceStatus `json:"instanceStatus,omitempty"`
+	// Implausible says why the event does not fit the instance it names (a Spot warning for
+	// an on-demand node): such an event is not trusted as urgent (Urgent is false), and is
+	// decided as an ordinary drain, paced and gated. Set by the pipeline per instance.
+	Implausible string `json:"implausible,omitempty"`
 
 	// Body is the event exactly as received, for forwarding to Karpenter.
 	Body []byte `json:"-"`
@@ -120,6 +124,9 @@ type Image struct {
 // window or for drain pacing: Spot and capacity-reservation interruptions (two-minute
 // notice) and an instance that is already shutting down or terminated.
 func (e Event) Urgent() bool {
+	if e.Implausible != "" {
+		return false
+	}
 	switch e.Kind {
 	case KindSpotInterruption, KindCapacityReservation:
 		return true

@@ -18,6 +18,7 @@ const (
 	Redecisions          = "health_router_deferral_redecisions_total"          // labels: hold
 	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts, repair-cutoff); drains a gate held
 	Unmanaged            = "health_router_decision_unmanaged_total"            // labels: kind, action; events for nodes Karpenter does not manage
+	Implausible          = "health_router_decision_implausible_total"          // labels: kind; urgent events that do not fit their node (a Spot warning for an on-demand node), decided as ordinary drains
 	Reschedules          = "health_router_reschedules_total"                   // label: result; scheduled events moved into a pool's window
 	RecordsUnreadable    = "health_router_records_unreadable_total"            // NodeClaim records this router cannot read (kept as they are)
 	WakesDropped         = "health_router_deferral_wakes_dropped_total"        // releases not queued (the wake queue was full); the recheck covers them

@@ -19,7 +19,9 @@ type Router struct {
 	// pdb or alerts), by gate.
 	GateHolds *prometheus.CounterVec
 	// Unmanaged counts events for nodes Karpenter does not manage, by kind and action.
-	Unmanaged         *prometheus.CounterVec
+	Unmanaged *prometheus.CounterVec
+	// Implausible counts urgent events that do not fit their node, by kind.
+	Implausible *prometheus.CounterVec
 	RecordsUnreadable prometheus.Counter
 	WakesDropped      prometheus.Counter
 	// EventsHeld counts the instances whose decision Events went over
@@ -65,6 +67,9 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		GateHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off), by gate (pdb, alerts, repair-cutoff).",
 		}, []string{LabelGate}),
+		Implausible: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: Implausible, Help: "Urgent events that do not fit the node they name (a Spot interruption warning for a node that is not Spot, a capacity-reservation interruption for one that is not reserved), by kind: decided as ordinary drains, paced and gated, and never forwarded to Karpenter.",
+		}, []string{LabelKind}),
 		Unmanaged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Unmanaged, Help: "Decisions for nodes Karpenter does not manage (a Node without a NodeClaim), by kind and action (skip under --unmanaged-nodes=ignore, drain under cordon-drain).",
 		}, []string{LabelKind, LabelAction}),
@@ -81,7 +86,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Reschedules, Help: "Scheduled events of pools annotated healthrouter.io/reschedule=true the router tried to move into the pool's window, by result: moved, in-window (already there), not-moved (no deadline, too close, no opening before the deadline, no open event), refused (EC2 refused the call) or unavailable (EC2 did not answer; the ordinary policy applied).",
 		}, []string{LabelResult}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now: the active records on NodeClaims, as the leader's deferral controller holds them."}, deferred))
 	return m
 }

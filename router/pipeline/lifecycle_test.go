@@ -3,12 +3,14 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -187,5 +189,33 @@ func TestDrainDecidedOnTheFreshNodeClaim(t *testing.T) {
 	}
 	if res.Actions[policy.ActionDrain] != 0 || len(r.claims(t)) != 1 || !r.claims(t)[0].DeletionTimestamp.IsZero() {
 		t.Errorf("a stop older than the recorded `running` drained the node: %+v", res)
+	}
+}
+
+// TestForgedSpotWarnings: issue 26, an abuse. Anyone who may send to the intake queue writes
+// a Spot interruption warning for every node of an on-demand pool. Taken at their word they
+// skip pacing and drain the whole pool at once (625c04b drained all three); checked against
+// the nodes' capacity type they are ordinary drains, paced by max-concurrent-drains.
+func TestForgedSpotWarnings(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMaxConcurrentDrains: "1"}}, map[string]int{"web": 3})
+	for _, nc := range r.claims(t) {
+		nc.Labels[karpv1.CapacityTypeLabelKey] = karpv1.CapacityTypeOnDemand
+		if err := r.kube.Update(context.Background(), &nc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drained := 0
+	for i := range 3 {
+		res, err := r.p.Process(context.Background(), spot(fmt.Sprintf("forged-%d", i), instanceID(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		drained += res.Actions[policy.ActionDrain]
+	}
+	if drained != 1 {
+		t.Errorf("%d of 3 on-demand nodes drained at once by forged Spot warnings, want 1 (paced)", drained)
+	}
+	if got := testutil.ToFloat64(r.m.Implausible.WithLabelValues(string(event.KindSpotInterruption))); got != 3 {
+		t.Errorf("implausible counted %v, want 3", got)
 	}
 }

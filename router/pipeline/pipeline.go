@@ -293,6 +293,7 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	if redecide == "" && p.skip(ev, resolved.NodeClaim, log) {
 		return "", true, nil
 	}
+	ev = p.plausible(ev, resolved, log)
 	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", log)
 	if err != nil || skipped {
 		return "", skipped, err
@@ -327,6 +328,36 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	bulk.add(o.Resolved.NodePool, d)
 	p.tell(ev, d)
 	return d.Action, false, nil
+}
+
+// plausible checks an urgent event against the node it names: a queue message is a claim,
+// not a fact, and an urgent one skips pacing, gates and deferral. A Spot interruption warning
+// for a NodeClaim whose capacity type is not spot, or a capacity-reservation interruption for
+// one that is not reserved, is marked Implausible and loses its claimed deadline (decided as an
+// ordinary drain with no deadline: paced, gated, deferred where the pool defers; never
+// forwarded), with a warning in the decision and a metric. A NodeClaim without a capacity type (launched
+// before Karpenter set it) is taken at its word.
+func (p *Pipeline) plausible(ev event.Event, res cluster.Resolved, log *slog.Logger) event.Event {
+	nc := res.NodeClaim
+	if nc == nil || ev.Implausible != "" {
+		return ev
+	}
+	ct := nc.Labels[karpv1.CapacityTypeLabelKey]
+	switch {
+	case ct == "":
+	case ev.Kind == event.KindSpotInterruption && ct != karpv1.CapacityTypeSpot:
+		ev.Implausible = fmt.Sprintf("a Spot interruption warning for a %s node", ct)
+	case ev.Kind == event.KindCapacityReservation && ct != karpv1.CapacityTypeReserved:
+		ev.Implausible = fmt.Sprintf("a capacity-reservation interruption for a %s node", ct)
+	}
+	if ev.Implausible != "" {
+		// Its two-minute deadline is part of the claim: not trusted either, or it would
+		// drain at once past pacing ("deadline minus drain-lead is reached").
+		ev.Deadline = time.Time{}
+		p.metrics.Implausible.WithLabelValues(string(ev.Kind)).Inc()
+		log.Warn("implausible urgent event: decided as an ordinary drain", "nodeclaim", nc.Name, "capacity_type", ct, "why", ev.Implausible)
+	}
+	return ev
 }
 
 // skip reports whether ev's outcome for the NodeClaim was recorded before (a redelivery, the

@@ -128,6 +128,9 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 		return d.with(ActionSkip, "instance %s is not a node of this cluster", tg.InstanceID)
 	}
 	d.Warnings = append(d.Warnings, tg.Policy.Problems...)
+	if ev.Implausible != "" {
+		d.Warnings = append(d.Warnings, ev.Implausible+": not trusted as urgent, decided as an ordinary drain (paced and gated)")
+	}
 	if tg.Unmanaged == UnmanagedIgnore {
 		return d.with(ActionSkip, "not managed by Karpenter: node %s has no NodeClaim, and --unmanaged-nodes=%s", tg.Node, UnmanagedIgnore)
 	}

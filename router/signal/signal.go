@@ -145,7 +145,9 @@ func (s *Signaller) Mode() Mode { return s.mode }
 // records it), an instance-status finding of the router's own poller, and everything in
 // delete-nodeclaim mode delete the NodeClaim.
 func (s *Signaller) Via(ev event.Event) Mode {
-	if s.mode != ModeForward {
+	if s.mode != ModeForward || ev.Implausible != "" {
+		// An implausible event is not passed on: Karpenter would act on it at once (and mark
+		// a Spot offering unavailable) on the strength of a claim the router did not trust.
 		return ModeDeleteNodeClaim
 	}
 	switch {
