@@ -192,9 +192,18 @@ func TestCancelled(t *testing.T) {
 // TestForgedRunLeftAlone: issue 26. A run whose record names another instance or Node than
 // its NodeClaim's own (a forged annotation) reboots, cordons and evicts nothing.
 func TestForgedRunLeftAlone(t *testing.T) {
+	// On 625c04b the first rebooted i-0ffffffffffffffff (not in the cluster); the second sent
+	// the run to its fallback, deleting the NodeClaim.
+	for _, forged := range []State{
+		{Version: Version, EventID: "forged", Type: event.ScheduledInstanceReboot, Instance: "i-0ffffffffffffffff", Node: nodeName, Start: start, Step: StepReboot, Began: t0, StepSince: t0},
+		{Version: Version, EventID: "forged", Type: event.ScheduledInstanceReboot, Instance: instance, Node: "ng-system-1", Start: start, Step: StepCordon, Began: t0, StepSince: t0},
+	} {
+		forgedRun(t, forged)
+	}
+}
+
+func forgedRun(t *testing.T, forged State) {
 	r := newRig(t, rigOpts{})
-	forged := State{Version: Version, EventID: "forged", Type: event.ScheduledInstanceReboot, Instance: "i-0ffffffffffffffff",
-		Node: "ng-system-1", Start: start, Step: StepReboot, Began: t0, StepSince: t0}
 	nc := r.claim()
 	nc.Annotations = map[string]string{Annotation: encode(forged)}
 	if err := r.kube.Update(r.ctx, nc); err != nil {
@@ -203,8 +212,8 @@ func TestForgedRunLeftAlone(t *testing.T) {
 	for range 3 {
 		r.pass()
 	}
-	if len(r.ec2.calls) != 0 || r.evictor.calls != 0 || r.node().Spec.Unschedulable {
-		t.Errorf("a forged run acted: %d reboots (%v), %d eviction rounds", len(r.ec2.calls), r.ec2.calls, r.evictor.calls)
+	if len(r.ec2.calls) != 0 || r.evictor.calls != 0 || r.node().Spec.Unschedulable || len(r.fallback.whys) != 0 {
+		t.Errorf("a forged run acted: %d reboots (%v), %d eviction rounds, fallbacks %v", len(r.ec2.calls), r.ec2.calls, r.evictor.calls, r.fallback.whys)
 	}
 	if got := r.refusedCount(); got == 0 {
 		t.Error("not counted")
