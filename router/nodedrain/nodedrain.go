@@ -40,9 +40,14 @@ const (
 	ReasonNodeDrainEnded = "HealthEventNodeDrainEnded"
 )
 
-// Drain is what Begin records: the event a Node is drained for.
+// Drain is what Begin records: the event a Node is drained for. To Cancel it is the closing
+// event: its keys, or (Resumes) an instance running again at EventTime.
 type Drain struct {
 	EventID, Key, Match, Kind string
+	// EventTime is when the event happened (EventBridge's time).
+	EventTime time.Time
+	// Resumes marks a `running` state change: it ends a drain for a stop that happened before.
+	Resumes bool
 	// Deadline bounds the drain (the event's deadline minus drain-lead), or zero.
 	Deadline time.Time
 	// Release: see Record.Release.
@@ -164,7 +169,7 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 		}
 		// A finished drain's cordon is still the router's if the Node is still cordoned.
 		cordoned := !n.Spec.Unschedulable || (found && prev.Cordoned)
-		rec := Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, Started: d.clock.Now(), Deadline: dr.Deadline,
+		rec := Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, EventTime: dr.EventTime, Started: d.clock.Now(), Deadline: dr.Deadline,
 			Release: dr.Release, Cordoned: cordoned}
 		n.Annotations[AnnotationNodeDrain] = encode(rec)
 		n.Spec.Unschedulable = true
@@ -189,8 +194,9 @@ func (d *Drainer) node(ctx context.Context, name string) (*corev1.Node, error) {
 }
 
 // Cancel ends the Node's drain if it is for the maintenance that closes (a closed event:
-// the same event ID or key, or the same maintenance, Record.Match): the record goes and the
-// Node is uncordoned if the router cordoned it. It reports whether it ended one.
+// the same event ID or key, or the same maintenance, Record.Match), or for a stop of the
+// instance that now runs again (Drain.Resumes, after the stop): the record goes and the Node is
+// uncordoned if the router cordoned it. It reports whether it ended one.
 func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, error) {
 	node, err := d.node(ctx, name)
 	if apierrors.IsNotFound(err) {
@@ -204,7 +210,9 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 		return false, nil // none, or not one this router can trace
 	}
 	same := rec.EventID == dr.EventID || (dr.Key != "" && rec.Key == dr.Key) || (dr.Match != "" && sameMaintenance(rec.Match, dr.Match))
-	if !same {
+	// A stop is over once the instance runs again after it: its drain ends with it.
+	resumed := dr.Resumes && rec.Kind == dr.Kind && !rec.EventTime.IsZero() && dr.EventTime.After(rec.EventTime)
+	if !same && !resumed {
 		return false, nil
 	}
 	if err := d.end(ctx, node, rec, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")"); err != nil {

@@ -31,6 +31,8 @@ type Record struct {
 	Key   string `json:"key,omitempty"`
 	Match string `json:"match,omitempty"`
 	Kind  string `json:"kind"`
+	// EventTime is when the event happened: a `running` after it ends a drain for a stop.
+	EventTime time.Time `json:"event_time,omitzero"`
 	// Release is when a drain for a maintenance AWS keeps the instance through (a reboot)
 	// ends: past it, once the drain is done and the Node Ready, the router uncordons the Node
 	// it cordoned. Zero for the events that end the instance.
@@ -86,6 +88,7 @@ func encode(r Record) string {
 	r.Started = r.Started.UTC()
 	r.Deadline = r.Deadline.UTC()
 	r.Release = r.Release.UTC()
+	r.EventTime = r.EventTime.UTC()
 	if r.Done != nil {
 		done := r.Done.UTC()
 		r.Done = &done

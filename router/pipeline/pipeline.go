@@ -139,7 +139,8 @@ func (h nodeDrainHolder) Cancel(ctx context.Context, res cluster.Resolved, ev ev
 // drainOf is what a drain of an unmanaged Node records of ev: its keys, so that a close
 // reaches it, and, for a maintenance AWS keeps the instance through (a reboot), when it ends.
 func drainOf(ev event.Event, deadline time.Time) nodedrain.Drain {
-	dr := nodedrain.Drain{EventID: ev.ID, Key: record.Key(ev), Match: record.Match(ev), Kind: string(ev.Kind), Deadline: deadline}
+	dr := nodedrain.Drain{EventID: ev.ID, Key: record.Key(ev), Match: record.Match(ev), Kind: string(ev.Kind), EventTime: ev.Time, Deadline: deadline,
+		Resumes: ev.Kind == event.KindStateChange && ev.State == event.StateRunning}
 	if h := ev.Health; h != nil && ev.Kind == event.KindScheduledChange && slices.Contains(inplace.Types, h.Scheduled) {
 		switch {
 		case h.End.After(ev.Deadline):

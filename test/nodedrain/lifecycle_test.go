@@ -110,3 +110,25 @@ func TestReleasedAfterTheReboot(t *testing.T) {
 		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
 	}
 }
+
+// TestRunningAgainEndsTheStopDrain: found by the simulation. A drain for a stop ends when the
+// instance runs again after the stop (a stop/start, not a loss); an older `running` does not.
+func TestRunningAgainEndsTheStopDrain(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "stop-a", false)
+	stopped := t0.Add(-3 * time.Minute)
+	if _, err := s.drainer.Begin(s.ctx, getNode(t, "stop-a"), nodedrain.Drain{EventID: "stop-1", Key: "stop-1", Kind: "state-change", EventTime: stopped}); err != nil {
+		t.Fatal(err)
+	}
+	older := nodedrain.Drain{EventID: "run-0", Key: "run-0", Kind: "state-change", EventTime: stopped.Add(-time.Minute), Resumes: true}
+	if ended, err := s.drainer.Cancel(s.ctx, "stop-a", older); err != nil || ended {
+		t.Fatalf("a running older than the stop: ended=%v err=%v", ended, err)
+	}
+	later := nodedrain.Drain{EventID: "run-1", Key: "run-1", Kind: "state-change", EventTime: stopped.Add(time.Minute), Resumes: true}
+	if ended, err := s.drainer.Cancel(s.ctx, "stop-a", later); err != nil || !ended {
+		t.Fatalf("a running after the stop: ended=%v err=%v", ended, err)
+	}
+	if getNode(t, "stop-a").Spec.Unschedulable {
+		t.Error("still cordoned after the instance runs again")
+	}
+}
