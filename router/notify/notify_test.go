@@ -396,6 +396,7 @@ func TestRecheckNotResent(t *testing.T) {
 		{policy.HoldCheck, policy.CheckRecheck, 1},
 		{policy.HoldPDB, time.Minute, 1},
 		{policy.HoldAlerts, time.Minute, 1},
+		{policy.HoldInPlace, policy.InPlaceRecheck, 1},
 		{policy.HoldWindow, 7 * 24 * time.Hour, 3},
 		{policy.HoldDeadline, time.Hour, 3},
 	} {
