@@ -163,7 +163,8 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 			// Someone else's broken record: overwriting it would lose what they meant.
 			return false, err
 		}
-		already = found && (!prev.Finished() || prev.EventID == dr.EventID || (dr.Key != "" && prev.Key == dr.Key))
+		stale := found && prev.Running && dr.Kind == prev.Kind && !dr.EventTime.After(prev.EventTime)
+		already = stale || (found && (!prev.Finished() || prev.EventID == dr.EventID || (dr.Key != "" && prev.Key == dr.Key)))
 		if already {
 			return false, nil
 		}
@@ -206,14 +207,51 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 		return false, fmt.Errorf("reading node %s: %w", name, err)
 	}
 	rec, ok, err := Records(node)
-	if err != nil || !ok {
-		return false, nil // none, or not one this router can trace
+	if err != nil {
+		return false, nil // not one this router can trace
+	}
+	if dr.Resumes && (!ok || (rec.Running && dr.EventTime.After(rec.EventTime))) {
+		// No drain to end: the `running` is kept, so that a stop from before it that arrives
+		// late (SQS reorders, workers decide at once) begins none (Begin).
+		return false, d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+			if cur, found, err := Records(n); err != nil || (found && !(cur.Running && dr.EventTime.After(cur.EventTime))) {
+				return false, err
+			}
+			now := d.clock.Now()
+			n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})
+			return true, nil
+		})
+	}
+	if !ok {
+		return false, nil
 	}
 	same := rec.EventID == dr.EventID || (dr.Key != "" && rec.Key == dr.Key) || (dr.Match != "" && sameMaintenance(rec.Match, dr.Match))
 	// A stop is over once the instance runs again after it: its drain ends with it.
 	resumed := dr.Resumes && rec.Kind == dr.Kind && !rec.EventTime.IsZero() && dr.EventTime.After(rec.EventTime)
 	if !same && !resumed {
 		return false, nil
+	}
+	if resumed {
+		// Ended, and the `running` kept in its place: a stop older than it that arrives late
+		// begins no drain.
+		now := d.clock.Now()
+		err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+			cur, found, err := Records(n)
+			if err != nil || !found || cur.EventID != rec.EventID {
+				return false, err // replaced meanwhile
+			}
+			if cur.Cordoned {
+				n.Spec.Unschedulable = false
+			}
+			n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})
+			return true, nil
+		})
+		if err != nil {
+			return false, fmt.Errorf("ending the drain of node %s: %w", name, err)
+		}
+		d.recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeDrainEnded, eventAction, "%s (%s): the drain ended: the instance runs again (%s); %s",
+			rec.Kind, rec.EventID, dr.EventID, map[bool]string{true: "uncordoned", false: "left cordoned: it was cordoned before the drain"}[rec.Cordoned])
+		return true, nil
 	}
 	if err := d.end(ctx, node, rec, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")"); err != nil {
 		return false, err

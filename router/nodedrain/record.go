@@ -33,6 +33,9 @@ type Record struct {
 	Kind  string `json:"kind"`
 	// EventTime is when the event happened: a `running` after it ends a drain for a stop.
 	EventTime time.Time `json:"event_time,omitzero"`
+	// Running marks no drain but the latest `running` of the instance handled while it had
+	// none: a stop from before it, arriving late, is over and begins no drain.
+	Running bool `json:"running,omitempty"`
 	// Release is when a drain for a maintenance AWS keeps the instance through (a reboot)
 	// ends: past it, once the drain is done and the Node Ready, the router uncordons the Node
 	// it cordoned. Zero for the events that end the instance.

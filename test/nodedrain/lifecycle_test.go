@@ -132,3 +132,23 @@ func TestRunningAgainEndsTheStopDrain(t *testing.T) {
 		t.Error("still cordoned after the instance runs again")
 	}
 }
+
+// TestLateStopAfterRunning: found by the simulation. The instance's `running` is handled
+// before its older stop (SQS reorders, workers decide at once): the stop begins no drain.
+func TestLateStopAfterRunning(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "late-a", false)
+	stopped := t0.Add(-3 * time.Minute)
+	running := nodedrain.Drain{EventID: "run-1", Key: "run-1", Kind: "state-change", EventTime: stopped.Add(time.Minute), Resumes: true}
+	if ended, err := s.drainer.Cancel(s.ctx, "late-a", running); err != nil || ended {
+		t.Fatalf("a running with no drain: ended=%v err=%v", ended, err)
+	}
+	already, err := s.drainer.Begin(s.ctx, getNode(t, "late-a"), nodedrain.Drain{EventID: "stop-1", Key: "stop-1", Kind: "state-change", EventTime: stopped})
+	if err != nil || !already || getNode(t, "late-a").Spec.Unschedulable {
+		t.Errorf("a stop older than the running: already=%v err=%v cordoned=%v", already, err, getNode(t, "late-a").Spec.Unschedulable)
+	}
+	// A later stop drains.
+	if already, err := s.drainer.Begin(s.ctx, getNode(t, "late-a"), nodedrain.Drain{EventID: "stop-2", Key: "stop-2", Kind: "state-change", EventTime: stopped.Add(2 * time.Minute)}); err != nil || already {
+		t.Errorf("a later stop: already=%v err=%v", already, err)
+	}
+}
