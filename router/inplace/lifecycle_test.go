@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -219,4 +220,27 @@ func forgedRun(t *testing.T, forged State) {
 		t.Error("not counted")
 	}
 	r.expectEvents("forged", ReasonRefused, ReasonRefused, ReasonRefused)
+}
+
+// TestNodeRegisteredAgain: defect 10. The Node is deleted and registered again under the same
+// name while the run evicts: the run cordons the new Node before it evicts on.
+func TestNodeRegisteredAgain(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.evictor.rounds = []evictResult{{left: 1}, {left: 1}, {}}
+	r.begin(scheduled("ev-1", event.ScheduledSystemReboot, start))
+	r.passTo(StepEvict)
+	old := r.node()
+	if err := r.kube.Delete(r.ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	again := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "re-registered"}, Spec: corev1.NodeSpec{ProviderID: old.Spec.ProviderID},
+		Status: old.Status}
+	if err := r.kube.Create(r.ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	r.pass()
+	r.passTo(StepEvict)
+	if !r.node().Spec.Unschedulable {
+		t.Errorf("the Node registered again is not cordoned while the run evicts: %s", encode(r.state()))
+	}
 }

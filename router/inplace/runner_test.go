@@ -135,7 +135,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	if o.claimProtected {
 		claim.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
 	}
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Annotations: map[string]string{upcomingNote: `{"kind":"scheduled-change"}`}},
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid-1", Annotations: map[string]string{upcomingNote: `{"kind":"scheduled-change"}`}},
 		Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + instance, Unschedulable: o.nodeCordoned,
 			Taints: []corev1.Taint{{Key: upcomingTaint, Value: "scheduled-change", Effect: corev1.TaintEffectPreferNoSchedule}}},
 		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: "boot-1"},

@@ -112,6 +112,9 @@ type State struct {
 	Protected     bool `json:"protected,omitempty"`
 	NodeProtected bool `json:"node_protected,omitempty"`
 
+	// NodeUID is the Node's UID when the run cordoned it: a Node registered again under the
+	// same name is cordoned anew before the run evicts on.
+	NodeUID string `json:"node_uid,omitempty"`
 	// BootID is the Node's boot ID (status.nodeInfo.bootID) before the reboot: a new one
 	// proves the reboot happened.
 	BootID string `json:"boot_id,omitempty"`

@@ -144,6 +144,9 @@ type NodeStatus struct {
 	ReadySince time.Time
 	// BootID is status.nodeInfo.bootID: the kubelet reports a new one after every boot.
 	BootID string
+	// UID is the Node object's: a Node deleted and registered again under the same name has
+	// another, and carries none of what the run put on the one before.
+	UID string
 }
 
 // NodeStatusOf reads a Node's readiness and boot ID.
@@ -151,7 +154,7 @@ func NodeStatusOf(n *corev1.Node) NodeStatus {
 	if n == nil {
 		return NodeStatus{}
 	}
-	s := NodeStatus{Found: true, BootID: n.Status.NodeInfo.BootID}
+	s := NodeStatus{Found: true, BootID: n.Status.NodeInfo.BootID, UID: string(n.UID)}
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			s.Ready, s.ReadySince = c.Status, c.LastTransitionTime.Time
@@ -193,6 +196,13 @@ func Next(st State, obs Observation, now time.Time, o Options) Decision {
 	}
 	if !obs.Node.Found && st.Step != StepUncordon && st.Step != StepFallback && st.Step != StepWait && st.Step != StepRelease {
 		return fallback(st, fmt.Sprintf("the Node %s is gone", st.Node), now)
+	}
+	if st.NodeUID != "" && obs.Node.UID != "" && obs.Node.UID != st.NodeUID && (st.Step == StepEvict || st.Step == StepReboot) {
+		// The Node was registered again: the cordon and do-not-disrupt the run put on the one
+		// before are gone. Cordon the new one before evicting on.
+		st = advance(st, StepCordon, now)
+		st.Why = "the Node " + st.Node + " was registered again: cordoned anew"
+		return Decision{State: st}
 	}
 	switch st.Step {
 	case StepWait:
@@ -247,7 +257,7 @@ func cordonNext(st State, obs Observation, now time.Time, o Options) Decision {
 		return backoff(st, obs.Err.Error(), now, o)
 	}
 	st = advance(st, StepEvict, now)
-	st.Cordoned, st.NodeProtected = obs.Cordoned, obs.NodeProtected
+	st.Cordoned, st.NodeProtected, st.NodeUID = obs.Cordoned, obs.NodeProtected, obs.Node.UID
 	return Decision{State: st}
 }
 
