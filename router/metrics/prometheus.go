@@ -21,7 +21,7 @@ type Router struct {
 	// Unmanaged counts events for nodes Karpenter does not manage, by kind and action.
 	Unmanaged *prometheus.CounterVec
 	// Implausible counts urgent events that do not fit their node, by kind.
-	Implausible *prometheus.CounterVec
+	Implausible       *prometheus.CounterVec
 	RecordsUnreadable prometheus.Counter
 	WakesDropped      prometheus.Counter
 	// EventsHeld counts the instances whose decision Events went over
