@@ -59,7 +59,7 @@ type instance struct {
 	drained       time.Time // when the router first signalled its drain (or began a reboot in place)
 	drainReason   string
 	forwarded     time.Time // when the drain was last forwarded to Karpenter's queue (forward mode)
-	forwardLife   int       // the leadership (model.life) that forwarded it last
+	forwardedBy   string    // the leadership (replica/election) that forwarded it last
 	inPlace       bool      // a reboot in place runs: the node is out of service, and comes back
 	gone          bool
 }
@@ -93,7 +93,12 @@ func (m *model) fail(format string, args ...any) {
 // same maintenance as another source's when the instance, start and (known) type agree; a new
 // start under the same key, or of the same known type from another source, is a reschedule;
 // a closed report ends its key's maintenance and the same maintenance from the other source.
-func (m *model) reported(key, inst string, typ event.ScheduledType, start time.Time, closed bool, now time.Time) {
+//
+// A report is applied in two halves: what it makes known (a maintenance, a cause to drain)
+// while the router processes it (ends false), what it ends (a close, the maintenance a
+// reschedule replaces) once the router is done with it (ends true): the model never forgives
+// more than the router knew, whether the processing fails (an outage) or not.
+func (m *model) reported(key, inst string, typ event.ScheduledType, start time.Time, closed, ends bool, now time.Time) {
 	found := false
 	for _, mt := range m.maints {
 		if !closed && mt.state != stateActive && mt.keys[key] && mt.start.Equal(start) {
@@ -112,7 +117,7 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 			}
 		case same:
 			mt.keys[key], found = true, true
-		case mt.keys[key] || (mt.typ != "" && mt.typ == typ):
+		case ends && (mt.keys[key] || (mt.typ != "" && mt.typ == typ)):
 			mt.state = stateSuperseded
 		}
 	}
@@ -146,8 +151,13 @@ func (in *instance) runningAfter(at time.Time) bool {
 
 // cause returns why a drain of in at now is allowed, or "" when nothing allows it.
 func (m *model) cause(in *instance, now time.Time) string {
-	if in.pool == PoolBatch || in.pool == "" {
+	if in.pool == PoolBatch {
 		return ""
+	}
+	if in.pool == "" {
+		// The managed node group's node under --unmanaged-nodes=cordon-drain: Karpenter's
+		// behaviour, as web's, without pacing or a repair cut-off.
+		return m.webCause(in)
 	}
 	if in.urgent {
 		return "spot"
@@ -200,11 +210,14 @@ func (m *model) drained(in *instance, now time.Time) {
 // Karpenter is at least once (a crash between the send and the stamp, or after both, leaves
 // the send unknown, and a redelivered event is sent again; Karpenter ignores an interruption
 // of a NodeClaim it is deleting).
-func (m *model) forwardedTo(in *instance, now time.Time) {
-	if !in.forwarded.IsZero() && in.forwardLife == m.life {
-		m.fail("%s: %s forwarded to Karpenter twice by one leader (first at %s, drained at %s): one drain, two messages", now.Format(time.RFC3339), in.id, in.forwarded.Format(time.RFC3339), in.drained.Format(time.RFC3339))
+//
+// Leaderships may overlap: an old leader that has not noticed the loss of its lease still
+// acts beside the new one, and each is a leadership of its own.
+func (m *model) forwardedTo(in *instance, now time.Time, leadership string) {
+	if !in.forwarded.IsZero() && in.forwardedBy == leadership {
+		m.fail("%s: %s forwarded to Karpenter twice by one leader (%s; first at %s, drained at %s): one drain, two messages", now.Format(time.RFC3339), in.id, leadership, in.forwarded.Format(time.RFC3339), in.drained.Format(time.RFC3339))
 	}
-	in.forwarded, in.forwardLife = now, m.life
+	in.forwarded, in.forwardedBy = now, leadership
 	m.drained(in, now)
 }
 
@@ -272,3 +285,70 @@ func (m *model) lost(now time.Time) {
 		}
 	}
 }
+
+// maintenanceAt returns the maintenance of inst of type typ (or of an unmapped type) at start,
+// the latest told, or nil.
+func (m *model) maintenanceAt(inst string, typ event.ScheduledType, start time.Time) *maintenance {
+	var found *maintenance
+	for _, mt := range m.maints {
+		if mt.inst == inst && mt.start.Equal(start) && (mt.typ == typ || mt.typ == "") {
+			found = mt
+		}
+	}
+	return found
+}
+
+// webCause is why a node of a pool with Karpenter's behaviour may be drained now.
+func (m *model) webCause(in *instance) string {
+	if in.urgent {
+		return "spot"
+	}
+	for _, mt := range m.maints {
+		if mt.inst == in.id && mt.state == stateActive {
+			return "maintenance"
+		}
+	}
+	for _, c := range in.changes {
+		if (c.state == event.StateStopped || c.state == event.StateStopping) && !in.runningAfter(c.at) {
+			return "stop"
+		}
+	}
+	if in.impairedSeen {
+		return "impaired"
+	}
+	return ""
+}
+
+// cordoned checks a drain of the unmanaged node the router began: it needs a cause.
+func (m *model) cordoned(in *instance, now time.Time) {
+	if m.webCause(in) == "" {
+		m.fail("%s: unmanaged %s cordoned for a drain without cause", now.Format(time.RFC3339), in.id)
+	}
+}
+
+// holdsCordon reports whether something the router was told still justifies the unmanaged
+// node's cordon: a cause to drain, or a reboot-type maintenance not over yet (AWS's window,
+// and the drainer's next passes).
+func (m *model) holdsCordon(in *instance, now time.Time) bool {
+	if in.urgent || in.impairedSeen {
+		return true
+	}
+	for _, mt := range m.maints {
+		if mt.inst != in.id || mt.state != stateActive {
+			continue
+		}
+		if mt.typ != event.ScheduledSystemReboot || now.Before(mt.start.Add(awsWindowModel+2*tick)) {
+			return true
+		}
+	}
+	for _, c := range in.changes {
+		if (c.state == event.StateStopped || c.state == event.StateStopping) && !in.runningAfter(c.at) {
+			return true
+		}
+	}
+	return false
+}
+
+// awsWindowModel is how long after its start AWS may carry a scheduled event out (the Health
+// events' end, the EC2 events' not-after).
+const awsWindowModel = 2 * time.Hour

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,12 +18,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	corev1 "k8s.io/api/core/v1"
 	"pgregory.net/rapid"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
@@ -36,6 +40,11 @@ var inPlaces atomic.Int64
 // eventsSummarised counts the instances whose Events were held back and told in a summary,
 // over all runs.
 var eventsSummarised atomic.Int64
+
+// The harsher world is driven, not only possible: stale reads the router's cache served,
+// batches decided by workers at once, failovers where the old leader overlapped the new, AWS
+// reboots that found a kept node out of service, drains of the unmanaged node begun.
+var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons atomic.Int64
 
 // checks is rapid's -rapid.checks.
 func checks() *int {
@@ -51,6 +60,7 @@ var steps = flag.Int("sim.steps", 60, "actions per simulated run")
 
 // machine drives a world and checks it against the model after every action.
 type machine struct {
+	mu  sync.Mutex // the model, as the router's hooks reach it from concurrent workers
 	w   *world
 	m   *model
 	ctx context.Context
@@ -63,12 +73,13 @@ type machine struct {
 	horizon time.Time         // the latest maintenance the run made
 	evSeq   int
 	pollIDs map[string]string // instance/type -> EC2 instance-event ID
+	plans   map[string]awsReboot
 	goBase  int
 }
 
 func newMachine(t *rapid.T) *machine {
 	mode := rapid.SampledFrom([]signal.Mode{signal.ModeDeleteNodeClaim, signal.ModeForward}).Draw(t, "mode")
-	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, polled: map[string]effect{}}
+	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, polled: map[string]effect{}, plans: map[string]awsReboot{}}
 	w, err := newWorldHooked(mode, m)
 	if err != nil {
 		t.Fatal(err)
@@ -87,27 +98,45 @@ func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
 	}
 	m.m.inst(UnmanagedInstance, "")
 	w.onDrain = func(id string) {
+		m.mu.Lock() // the intake's workers may call at once
+		defer m.mu.Unlock()
 		if in := m.m.insts[id]; in != nil {
 			m.m.drained(in, w.clock.Now())
 		}
 	}
-	w.queues.onForward = func(id string) {
+	w.queues.onForward = func(id, leadership string) {
+		m.mu.Lock() // the intake's workers may call at once
+		defer m.mu.Unlock()
 		if in := m.m.insts[id]; in != nil {
-			m.m.forwardedTo(in, w.clock.Now())
+			m.m.forwardedTo(in, w.clock.Now(), leadership)
 		}
 	}
 	w.onInPlace = func(inst string, ev event.Event) {
+		m.mu.Lock() // the intake's workers may call at once
+		defer m.mu.Unlock()
 		inPlaces.Add(1)
 		if in := m.m.insts[inst]; in != nil && ev.Health != nil {
 			m.m.inPlaceBegun(in, ev.Health.Scheduled, ev.Deadline, w.clock.Now())
 		}
 	}
+	w.onCordon = func(inst string) {
+		m.mu.Lock() // the intake's workers may call at once
+		defer m.mu.Unlock()
+		unmanagedCordons.Add(1)
+		if in := m.m.insts[inst]; in != nil {
+			m.m.cordoned(in, w.clock.Now())
+		}
+	}
 	w.ec2.onMove = func(inst, eid string, typ event.ScheduledType, from, to time.Time) {
+		m.mu.Lock() // the intake's workers may call at once
+		defer m.mu.Unlock()
 		moves.Add(1)
 		m.m.moved(eid, inst, typ, from, to, w.clock.Now())
 		m.horizon = maxTime(m.horizon, to)
 	}
 	w.onGone = func(id string) {
+		m.mu.Lock() // the intake's workers may call at once
+		defer m.mu.Unlock()
 		if in := m.m.insts[id]; in != nil {
 			in.gone = true
 		}
@@ -121,7 +150,9 @@ func (m *machine) now() time.Time { return m.w.clock.Now() }
 func (m *machine) live() []string {
 	var ids []string
 	for id, in := range m.m.insts {
-		if !in.gone && in.drained.IsZero() {
+		// A node kept through a reboot in place still gets reports: a close, a postponement,
+		// another maintenance, a Spot warning.
+		if !in.gone && (in.drained.IsZero() || in.inPlace) {
 			ids = append(ids, id)
 		}
 	}
@@ -189,7 +220,7 @@ func (m *machine) Health(t *rapid.T) {
 	}
 	detail := map[string]any{"eventArn": arn, "service": "EC2",
 		"eventTypeCode": healthCodes[typ], "eventTypeCategory": "scheduledChange", "statusCode": status,
-		"startTime": start.Format(time.RFC1123), "affectedEntities": []map[string]string{{"entityValue": inst}}}
+		"startTime": start.Format(time.RFC1123), "endTime": start.Add(awsWindow).Format(time.RFC1123), "affectedEntities": []map[string]string{{"entityValue": inst}}}
 	body := envelope(m.id(), "aws.health", "AWS Health Event", inst, m.now(), detail)
 	m.send(body, effect)
 	m.horizon = maxTime(m.horizon, start)
@@ -215,37 +246,48 @@ func (m *machine) ec2View(arn, inst string, typ event.ScheduledType, start time.
 		NotBefore: aws.Time(start), NotAfter: aws.Time(start.Add(2 * time.Hour)), NotBeforeDeadline: aws.Time(start.Add(7 * 24 * time.Hour))})
 	// The next poll tells the router of EC2's event too.
 	m.polled[eid] = m.pollReport(inst, eid, typ, start, closed)
-	at := func(now time.Time) {
-		s := start
-		m.w.ec2.mu.Lock()
-		if cur, ok := m.w.ec2.current(inst, eid); ok && !closed {
-			s = cur
+	at := func(ends bool) func(time.Time) {
+		return func(now time.Time) {
+			s := start
+			m.w.ec2.mu.Lock()
+			if cur, ok := m.w.ec2.current(inst, eid); ok && !closed {
+				s = cur
+			}
+			m.w.ec2.mu.Unlock()
+			m.m.reported(arn, inst, typ, s, closed, ends, now)
 		}
-		m.w.ec2.mu.Unlock()
-		m.m.reported(arn, inst, typ, s, closed, now)
 	}
 	if closed {
-		return start, effect{after: at}
+		return start, effect{after: at(true)}
 	}
-	return start, effect{before: at}
+	return start, effect{before: at(false), after: at(true)}
 }
 
 // pollReport is what the next poll tells the router of EC2's event eid: what EC2 holds when it
 // polls (the router may have moved the event since it changed).
 func (m *machine) pollReport(inst, eid string, typ event.ScheduledType, start time.Time, cancel bool) effect {
-	report := func(now time.Time) {
-		s := start
-		if !cancel { // a report before the poll: poll holds ec2.mu
-			if cur, ok := m.w.ec2.current(inst, eid); ok {
-				s = cur
+	report := func(ends bool) func(time.Time) {
+		return func(now time.Time) {
+			s := start
+			if !cancel && !ends { // a report before the poll: poll holds ec2.mu
+				if cur, ok := m.w.ec2.current(inst, eid); ok {
+					s = cur
+				}
 			}
+			if !cancel && ends { // after the poll: what EC2 held when it polled
+				m.w.ec2.mu.Lock()
+				if cur, ok := m.w.ec2.current(inst, eid); ok {
+					s = cur
+				}
+				m.w.ec2.mu.Unlock()
+			}
+			m.m.reported(eid, inst, typ, s, cancel, ends, now)
 		}
-		m.m.reported(eid, inst, typ, s, cancel, now)
 	}
 	if cancel {
-		return effect{after: report}
+		return effect{after: report(true)}
 	}
-	return effect{before: report}
+	return effect{before: report(false), after: report(true)}
 }
 
 // pollID is EC2's instance-event ID of an instance's event of a type: EC2 schedules one at a time.
@@ -290,11 +332,13 @@ func (m *machine) Poller(t *rapid.T) {
 }
 
 func reportEffect(md *model, key, inst string, typ event.ScheduledType, start time.Time, closed bool) effect {
-	f := func(now time.Time) { md.reported(key, inst, typ, start, closed, now) }
-	if closed {
-		return effect{after: f}
+	f := func(ends bool) func(time.Time) {
+		return func(now time.Time) { md.reported(key, inst, typ, start, closed, ends, now) }
 	}
-	return effect{before: f}
+	if closed {
+		return effect{after: f(true)}
+	}
+	return effect{before: f(false), after: f(true)}
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -382,20 +426,61 @@ func (m *machine) Duplicate(t *rapid.T) {
 
 // Deliver lets the leader's intake take up to n messages.
 func (m *machine) Deliver(t *rapid.T) {
-	m.deliver(rapid.IntRange(1, 5).Draw(t, "n"))
+	m.deliver(t, rapid.IntRange(1, 5).Draw(t, "n"))
 }
 
-func (m *machine) deliver(n int) {
+// lag lets the router's cache catch up with its own writes, or not: a drawn moment (the
+// informer's lag is milliseconds, and a decision is as quick).
+func (m *machine) lag(t *rapid.T, label string) {
+	if rapid.IntRange(0, 2).Draw(t, label) > 0 {
+		m.w.cache.sync()
+	}
+}
+
+func (m *machine) deliver(t *rapid.T, n int) {
 	out, err := m.w.queues.ReceiveMessage(m.ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(n), VisibilityTimeout: 30})
 	if err != nil {
 		return
 	}
-	for _, msg := range out.Messages {
+	// Which replica's intake takes each message: the leader's, or, while an old leader has
+	// not noticed it lost the lease, either.
+	intakes := make([]*replica, len(out.Messages))
+	for i := range out.Messages {
+		intakes[i] = m.w.leader
+		if m.w.zombie != nil && rapid.Bool().Draw(t, "the old leader takes it") {
+			intakes[i] = m.w.zombie
+		}
+	}
+	if len(out.Messages) > 1 && rapid.IntRange(0, 2).Draw(t, "workers at once") == 0 {
+		// The intake's workers decide the messages of one batch at once: every cause is known
+		// from the start, every ending once all are done with.
+		for _, msg := range out.Messages {
+			if e := m.effects[aws.ToString(msg.Body)]; e.before != nil {
+				e.before(m.now())
+			}
+		}
+		var wg sync.WaitGroup
+		for i, msg := range out.Messages {
+			wg.Go(func() { intakes[i].intake.Process(m.ctx, msg) })
+		}
+		wg.Wait()
+		concurrentBatches.Add(1)
+		for _, msg := range out.Messages {
+			if e := m.effects[aws.ToString(msg.Body)]; m.w.queues.find(msg.ReceiptHandle) == nil && e.after != nil {
+				e.after(m.now())
+			}
+		}
+		return
+	}
+	for i, msg := range out.Messages {
+		if i > 0 {
+			m.lag(t, "cache between messages")
+		}
 		e := m.effects[aws.ToString(msg.Body)]
 		if e.before != nil {
 			e.before(m.now())
 		}
-		m.w.leader.intake.Process(m.ctx, msg)
+		intakes[i].intake.Process(m.ctx, msg)
 		if m.w.queues.find(msg.ReceiptHandle) == nil && e.after != nil { // deleted or dead-lettered: done with
 			e.after(m.now())
 		}
@@ -450,7 +535,7 @@ func (m *machine) Faults(t *rapid.T) {
 	m.w.faults.apiDown = outage
 	m.w.faults.conflict = rapid.IntRange(0, 3).Draw(t, "conflicts")
 	m.w.faults.mu.Unlock()
-	m.deliver(3)
+	m.deliver(t, 3)
 	m.w.faults.mu.Lock()
 	m.w.faults.apiDown, m.w.faults.conflict = false, 0
 	m.w.faults.mu.Unlock()
@@ -475,15 +560,20 @@ func (m *machine) advance(t *rapid.T, d time.Duration) {
 	for end := m.now().Add(d); m.now().Before(end); {
 		step := min(tick, end.Sub(m.now()))
 		m.w.clock.Step(step)
-		m.deliver(10)
+		m.lag(t, "cache at the tick")
+		m.deliver(t, 10)
+		m.lag(t, "cache before the poll")
 		m.poll()
+		m.lag(t, "cache before the controllers")
 		if err := m.w.reconcile(m.ctx); err != nil {
 			t.Fatal(err)
 		}
+		m.awsActs(t)
 		if err := m.w.karpenter(m.ctx, false); err != nil {
 			t.Fatal(err)
 		}
-		m.deliver(10)
+		m.lag(t, "cache after Karpenter")
+		m.deliver(t, 10)
 		m.m.lost(m.now())
 		// The marks catch up at the next pass of their controller: no mark outlives its outcome
 		// by more than that, none appears without one.
@@ -496,10 +586,60 @@ func (m *machine) advance(t *rapid.T, d time.Duration) {
 		if err := m.w.checkInPlace(m.ctx); err != nil {
 			t.Fatal(err)
 		}
+		m.checkUnmanaged(t)
 		m.inPlaceOver()
+		m.w.endOverlap()          // a lease period is shorter than a tick
 		m.w.summarise(m.w.leader) // the summary loop runs every 30s; a tick is longer
 		if err := m.w.checkEvents(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// awsWindow is how long after its start AWS may carry a scheduled event out.
+const awsWindow = awsWindowModel
+
+// checkUnmanaged: the managed node group's node is cordoned only while something the router
+// was told justifies it: a close, or the end of AWS's reboot, gives it back (no cordon left
+// behind).
+func (m *machine) checkUnmanaged(t *rapid.T) {
+	var n corev1.Node
+	if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: UnmanagedNode}, &n); err != nil {
+		t.Fatal(err)
+	}
+	if n.Spec.Unschedulable && !m.m.holdsCordon(m.m.insts[UnmanagedInstance], m.now()) {
+		t.Fatalf("%s: unmanaged node %s left cordoned with nothing to drain it for (record %s)", m.now().Format(time.RFC3339), n.Name, n.Annotations[nodedrain.AnnotationNodeDrain])
+	}
+}
+
+// awsActs lets AWS carry out the kafka system reboots whose time has come, each at a moment
+// drawn within its window (sometimes with no trace on the Node), and checks each against the
+// model: a maintenance the router was told of in time finds its node out of service (cordoned,
+// its reboot in place in progress), never serving pods.
+func (m *machine) awsActs(t *rapid.T) {
+	acts, err := m.w.awsActs(m.ctx, func(inst, eid string) awsReboot {
+		key := inst + "/" + eid
+		p, ok := m.plans[key]
+		if !ok {
+			p = awsReboot{after: time.Duration(rapid.IntRange(0, int(awsWindow/tick)-1).Draw(t, "AWS reboots after")) * tick,
+				visible: rapid.IntRange(0, 4).Draw(t, "AWS's reboot shows") > 0}
+			m.plans[key] = p
+		}
+		return p
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range acts {
+		delete(m.plans, a.instance+"/"+a.eventID)
+		if a.outOfService {
+			awsOutOfService.Add(1)
+			continue
+		}
+		if mt := m.m.maintenanceAt(a.instance, event.ScheduledSystemReboot, a.start); mt != nil && mt.state != stateCancelled && mt.state != stateSuperseded &&
+			!mt.known.After(a.start.Add(-drainLead-2*tick)) {
+			t.Fatalf("%s: AWS rebooted %s for its system reboot at %s, known since %s, with the node in service (%s)",
+				m.now().Format(time.RFC3339), a.instance, a.start.Format(time.RFC3339), mt.known.Format(time.RFC3339), a.why)
 		}
 	}
 }
@@ -522,16 +662,26 @@ func (m *machine) inPlaceOver() {
 // Crash restarts the leader with empty memory.
 func (m *machine) Crash(*rapid.T) { m.w.crash(); m.m.life++ }
 
-// Failover hands the lease to the standby that has been running all along.
-func (m *machine) Failover(*rapid.T) { m.w.failover(); m.m.life++ }
+// Failover hands the lease to the standby that has been running all along; sometimes the
+// old leader keeps acting beside it for the rest of the tick (it has not noticed yet).
+func (m *machine) Failover(t *rapid.T) {
+	overlap := rapid.Bool().Draw(t, "the old leader overlaps")
+	m.w.failover(overlap)
+	if overlap {
+		overlaps.Add(1)
+	}
+	m.m.life++
+}
 
 // Check runs after every action: the model's verdicts, and what the cluster shows.
 func (m *machine) Check(t *rapid.T) {
 	if len(m.m.errs) > 0 {
 		t.Fatalf("%s", strings.Join(m.m.errs, "\n"))
 	}
-	// The standby's memory and goroutines stay bounded: it queues no release.
-	if released, queued := m.w.standby.ctrl.Pending(); released != 0 || queued != 0 {
+	// The standby's memory and goroutines stay bounded: it queues no release. An old leader
+	// that has not noticed its lost lease yet still holds what it held as leader; it is
+	// started again as a fresh standby when the overlap ends.
+	if released, queued := m.w.standby.ctrl.Pending(); m.w.standby != m.w.zombie && (released != 0 || queued != 0) {
 		t.Fatalf("standby holds %d releases and %d queued wakes", released, queued)
 	}
 	if n := runtime.NumGoroutine(); n > m.goBase+200 {
@@ -621,10 +771,20 @@ func TestSimulation(t *testing.T) {
 		if *checks() >= 20 && eventsSummarised.Load() == 0 {
 			t.Error("no instance's Events were held back and told in a summary over the run")
 		}
+		for name, n := range map[string]int64{"stale reads from the router's cache": staleReads.Load(), "batches decided by workers at once": concurrentBatches.Load(),
+			"failovers with the old leader still acting": overlaps.Load(), "AWS reboots of a kept node, out of service": awsOutOfService.Load(),
+			"drains of the unmanaged node": unmanagedCordons.Load()} {
+			if *checks() >= 20 && n == 0 {
+				t.Errorf("no %s over the run", name)
+			}
+			t.Logf("%s: %d", name, n)
+		}
 	}()
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
 		defer m.w.stop(m.w.leader)
+		defer m.w.endOverlap()
+		defer func() { staleReads.Add(int64(m.w.cache.staleReads())) }()
 		actions := map[string]func(*rapid.T){
 			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Impair": m.Impair,
 			"Duplicate": m.Duplicate, "Deliver": m.Deliver, "Poll": m.Poll, "Faults": m.Faults, "Karpenter": m.Karpenter,
@@ -637,6 +797,7 @@ func TestSimulation(t *testing.T) {
 		sort.Strings(names)
 		for i := 0; i < *steps; i++ {
 			name := rapid.SampledFrom(names).Draw(t, "action")
+			m.lag(t, "cache")
 			actions[name](t)
 			m.Check(t)
 		}

@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -36,6 +38,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -50,6 +53,7 @@ import (
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
@@ -110,7 +114,7 @@ type queues struct {
 	karpenter []string
 	seq       int
 	down      bool // SQS unreachable
-	onForward func(instance string)
+	onForward func(instance, leadership string)
 }
 
 func (q *queues) ReceiveMessage(_ context.Context, in *sqs.ReceiveMessageInput, _ ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
@@ -206,7 +210,18 @@ func (q *queues) SendMessage(_ context.Context, in *sqs.SendMessageInput, _ ...f
 	return &sqs.SendMessageOutput{MessageId: aws.String("dlq")}, nil
 }
 
-func (q *queues) SendMessageBatch(_ context.Context, in *sqs.SendMessageBatchInput, _ ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error) {
+// sender is one replica's SQS client for Karpenter's queue: its forwards are told with the
+// leadership that sent them.
+type sender struct {
+	q *queues
+	r *replica
+}
+
+func (s sender) SendMessageBatch(ctx context.Context, in *sqs.SendMessageBatchInput, _ ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error) {
+	return s.q.sendBatch(in, s.r.name+"/"+strconv.Itoa(int(s.r.leads.Load())))
+}
+
+func (q *queues) sendBatch(in *sqs.SendMessageBatchInput, leadership string) (*sqs.SendMessageBatchOutput, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.down {
@@ -216,7 +231,7 @@ func (q *queues) SendMessageBatch(_ context.Context, in *sqs.SendMessageBatchInp
 	for _, e := range in.Entries {
 		q.karpenter = append(q.karpenter, aws.ToString(e.MessageBody))
 		if q.onForward != nil {
-			q.onForward(instanceOf(aws.ToString(e.MessageBody)))
+			q.onForward(instanceOf(aws.ToString(e.MessageBody)), leadership)
 		}
 		out.Successful = append(out.Successful, sqstypes.SendMessageBatchResultEntry{Id: e.Id, MessageId: e.Id})
 	}
@@ -332,6 +347,7 @@ type replica struct {
 	ctrl     *deferral.Controller
 	marks    *upcoming.Controller
 	inPlace  *inplace.Runner
+	drainer  *nodedrain.Drainer
 	poller   *poller.Poller
 	intake   *intake.Intake
 	metrics  *metrics.Router
@@ -342,20 +358,29 @@ type replica struct {
 	sig      *signal.Signaller
 	mu       sync.Mutex
 	held     int // instances whose Events this replica held back (its metric)
-	told     int // of them, told in its summaries
+	// leads counts the times this process became the leader: one leadership is this process
+	// between its election and its loss of the lease.
+	leads atomic.Int64
+	told  int // of them, told in its summaries
 }
 
 // world is the simulated cluster, AWS and router replicas.
 type world struct {
-	clock    *clocktesting.FakeClock
-	store    client.Client // the API server as the world (the kubelet, Karpenter) sees it
-	router   client.Client // the router's client: faults injected here
-	faults   *faults
-	queues   *queues
-	ec2      *ec2Status
-	mode     signal.Mode
-	leader   *replica
-	standby  *replica
+	clock   *clocktesting.FakeClock
+	store   client.Client // the API server as the world (the kubelet, Karpenter) sees it
+	router  client.Client // the router's cache and writes: lagging, trimmed, faults injected
+	direct  client.Client // the router's reads from the API server itself: faults injected
+	cache   *lagCache
+	faults  *faults
+	queues  *queues
+	ec2     *ec2Status
+	mode    signal.Mode
+	leader  *replica
+	standby *replica
+	// zombie is the old leader after a failover, still acting until it notices it lost the
+	// lease (endOverlap): its intake and controllers run beside the new leader's.
+	zombie   *replica
+	budgets  *budgets
 	recorder *summaryRecorder
 	told     int // instances the replicas' summaries told of, over the run
 	log      *slog.Logger
@@ -365,9 +390,10 @@ type world struct {
 	onDrain  func(instance string)
 	onGone   func(instance string)
 	onLaunch func(instance, pool string)
-	// onInPlace observes every reboot in place the router begins.
+	// onInPlace observes every reboot in place the router begins; onCordon every drain of the
+	// unmanaged node it begins.
 	onInPlace func(instance string, ev event.Event)
-	booted    map[string]string // instance -> the run whose reboot AWS did
+	onCordon  func(instance string)
 	boots     int
 }
 
@@ -378,16 +404,63 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 		return nil, err
 	}
 	clk := clocktesting.NewFakeClock(Start)
-	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode,
+	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode, cache: newLagCache(),
 		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
-		recorder: &summaryRecorder{}, log: simLog(), onLaunch: onLaunch, booted: map[string]string{}}
+		recorder: &summaryRecorder{}, log: simLog(), onLaunch: onLaunch}
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
 	}
 	b = b.WithIndex(&karpv1.NodeClaim{}, deferral.IndexHeldOn, deferral.HeldOn)
 	w.store = b.Build()
+	// Two views of one API server for the router: its cache (lagging, trimmed) and its
+	// direct reads; faults are injected in both.
+	write := func(ctx context.Context, c client.WithWatch, obj client.Object) error {
+		if err := w.faults.check(true); err != nil {
+			return err
+		}
+		w.cache.written(ctx, c, obj)
+		return nil
+	}
 	w.router = interceptor.NewClient(w.store.(client.WithWatch), interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if err := w.faults.check(false); err != nil {
+				return err
+			}
+			return w.cache.get(ctx, c, key, obj)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := w.faults.check(false); err != nil {
+				return err
+			}
+			return w.cache.list(ctx, c, list, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if err := write(ctx, c, obj); err != nil {
+				return err
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if err := write(ctx, c, obj); err != nil {
+				return err
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			if err := write(ctx, c, obj); err != nil {
+				return err
+			}
+			if nc, ok := obj.(*karpv1.NodeClaim); ok && w.onDrain != nil {
+				cur := &karpv1.NodeClaim{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(nc), cur); err == nil && cur.DeletionTimestamp.IsZero() {
+					w.onDrain(cluster.InstanceID(cur.Status.ProviderID))
+				}
+			}
+			return c.Delete(ctx, obj, opts...)
+		},
+	})
+	w.direct = interceptor.NewClient(w.store.(client.WithWatch), interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			if err := w.faults.check(false); err != nil {
 				return err
@@ -399,24 +472,6 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 				return err
 			}
 			return c.List(ctx, list, opts...)
-		},
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if err := w.faults.check(true); err != nil {
-				return err
-			}
-			return c.Patch(ctx, obj, patch, opts...)
-		},
-		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			if err := w.faults.check(true); err != nil {
-				return err
-			}
-			if nc, ok := obj.(*karpv1.NodeClaim); ok && w.onDrain != nil {
-				cur := &karpv1.NodeClaim{}
-				if err := c.Get(ctx, client.ObjectKeyFromObject(nc), cur); err == nil && cur.DeletionTimestamp.IsZero() {
-					w.onDrain(cluster.InstanceID(cur.Status.ProviderID))
-				}
-			}
-			return c.Delete(ctx, obj, opts...)
 		},
 	})
 	ctx := context.Background()
@@ -431,9 +486,11 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 		}
 	}
 	if err := w.store.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: UnmanagedNode, Labels: map[string]string{"eks.amazonaws.com/nodegroup": "system"}},
-		Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + UnmanagedInstance}}); err != nil {
+		Spec:   corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + UnmanagedInstance},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}); err != nil {
 		return nil, err
 	}
+	w.budgets = &budgets{w: w, refuses: map[string]int{}}
 	w.leader = w.newReplica("a")
 	w.standby = w.newReplica("b")
 	return w, nil
@@ -471,18 +528,24 @@ func (w *world) newReplica(name string) *replica {
 	reg := prometheus.NewRegistry()
 	r := &replica{name: name, due: map[string]time.Time{}, seen: map[string]string{}, marked: map[string]string{}}
 	r.metrics = metrics.NewRouter(reg, func() float64 { return r.ctrl.Deferred() })
-	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedIgnore))
-	sig := signal.New(w.router, w.router, w.mode, w.queues, karpenterURL, w.recorder, w.clock)
+	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedCordonDrain))
+	sig := signal.New(w.router, w.direct, w.mode, sender{w.queues, r}, karpenterURL, w.recorder, w.clock)
 	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
 	sig.SetInstanceEventRate(instanceEventsPerSecond, func(string) { r.mu.Lock(); r.held++; r.mu.Unlock() })
 	r.sig = sig
-	r.inPlace = inplace.New(w.router, w.router, noPods{}, w.ec2, w.clock, w.recorder, w.log, nil,
+	r.inPlace = inplace.New(w.router, w.direct, w.budgets, w.ec2, w.clock, w.recorder, w.log, nil,
 		func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error {
 			return sig.Replace(ctx, nc)
 		}, inplace.Options{})
-	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1).WithRescheduler(reschedule.NewEvents(w.ec2)).WithInPlace(beginHook{r.inPlace, w})
+	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1).WithRescheduler(reschedule.NewEvents(w.ec2)).WithInPlace(beginHook{r.inPlace, w}).
+		WithFreshReads(w.direct)
+	// The managed node group's node is cordoned and drained by the router itself
+	// (--unmanaged-nodes=cordon-drain); it runs no pods here (the evictions are the real
+	// drain helper's, over a clientset that holds none).
+	r.drainer = nodedrain.New(w.router, w.direct, k8sfake.NewSimpleClientset(), w.clock, w.recorder, w.log, nodedrain.Options{})
+	r.pipeline.WithNodeDrainer(drainHook{r.drainer, w})
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
-	r.marks = upcoming.New(w.router, w.router, w.router, w.log, nil)
+	r.marks = upcoming.New(w.router, w.direct, w.router, w.log, nil)
 	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl)
 	r.intake = intake.New(intake.Config{QueueURL: queueURL, DeadLetterQueueURL: dlqURL, Account: "111122223333", Region: "eu-west-1",
 		Workers: 1, Visibility: 30 * time.Second, HandleTimeout: time.Minute, MaxReceives: maxReceives}, w.queues, r.pipeline, r.metrics, nil, w.clock, w.log)
@@ -491,6 +554,7 @@ func (w *world) newReplica(name string) *replica {
 
 // lead makes r the elected leader (its controller's Start runs until it loses the lease).
 func (w *world) lead(r *replica) {
+	r.leads.Add(1)
 	clear(r.marked) // a new leader's controllers start from a full list
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
@@ -531,7 +595,22 @@ func (w *world) deliver(ctx context.Context, n int) (int, error) {
 // NodeClaim the controller watches (a record or a stamp) whose requeue time has come, and
 // every NodeClaim a release woke; then the periodic recheck of paced pools.
 func (w *world) reconcile(ctx context.Context) error {
-	r := w.leader
+	if z := w.zombie; z != nil {
+		// The old leader has not noticed yet that it lost the lease: its controllers act
+		// once more, beside the new leader's.
+		if err := w.reconcileReplica(ctx, z); err != nil {
+			return err
+		}
+	}
+	if err := w.reconcileReplica(ctx, w.leader); err != nil {
+		return err
+	}
+	return w.reconcileMarks(ctx)
+}
+
+// reconcileReplica plays one replica's leader-only controllers: deferrals, releases, reboots
+// in place, drains of unmanaged nodes.
+func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 	woken := map[string]bool{}
 	for drained := false; !drained; {
 		select {
@@ -578,17 +657,44 @@ func (w *world) reconcile(ctx context.Context) error {
 	if err := r.ctrl.ReleasePool(ctx, PoolKafka); err != nil && !apierrors.IsServiceUnavailable(err) {
 		return err
 	}
-	if err := w.reconcileInPlace(ctx); err != nil {
+	if err := w.reconcileInPlace(ctx, r); err != nil {
 		return err
 	}
-	return w.reconcileMarks(ctx)
+	if _, err := r.drainer.Pass(ctx); err != nil && !apierrors.IsServiceUnavailable(err) && !apierrors.IsConflict(err) {
+		return err
+	}
+	return nil
 }
 
-// noPods is the eviction of the simulation's nodes: they run no pods.
-type noPods struct{}
+// budgets is the eviction of the simulation's nodes for a reboot in place: each node's pod is
+// held by its PodDisruptionBudget for a few rounds (0 to 3, fixed by the node's name and boot,
+// so that one seed is one sequence), then evicted.
+type budgets struct {
+	mu      sync.Mutex
+	w       *world
+	refuses map[string]int // node/boot -> rounds still refused
+}
 
-func (noPods) Evict(context.Context, string, time.Time) (int, map[string]string, error) {
-	return 0, nil, nil
+func (b *budgets) Evict(ctx context.Context, node string, _ time.Time) (int, map[string]string, error) {
+	var n corev1.Node
+	if err := b.w.store.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+		return 0, nil, err
+	}
+	key := node + "/" + n.Status.NodeInfo.BootID
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	left, ok := b.refuses[key]
+	if !ok {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(key))
+		left = int(h.Sum32() % 4)
+	}
+	if left == 0 {
+		b.refuses[key] = 0
+		return 0, nil, nil
+	}
+	b.refuses[key] = left - 1
+	return 1, map[string]string{"kafka/broker-0": "Cannot evict pod as it would violate the pod's disruption budget."}, nil
 }
 
 // RebootInstances is EC2's reboot of an instance: its Node comes back with a new boot ID.
@@ -600,6 +706,24 @@ func (e *ec2Status) RebootInstances(_ context.Context, in *ec2.RebootInstancesIn
 	}
 	e.rebooted = append(e.rebooted, in.InstanceIds...)
 	return &ec2.RebootInstancesOutput{}, nil
+}
+
+// drainHook tells the world of each drain of an unmanaged node the pipeline begins.
+type drainHook struct {
+	d *nodedrain.Drainer
+	w *world
+}
+
+func (h drainHook) Begin(ctx context.Context, node *corev1.Node, dr nodedrain.Drain) (bool, error) {
+	already, err := h.d.Begin(ctx, node, dr)
+	if err == nil && !already && h.w.onCordon != nil {
+		h.w.onCordon(cluster.InstanceID(node.Spec.ProviderID))
+	}
+	return already, err
+}
+
+func (h drainHook) Cancel(ctx context.Context, node string, dr nodedrain.Drain) (bool, error) {
+	return h.d.Cancel(ctx, node, dr)
 }
 
 // beginHook tells the world of each reboot in place the pipeline begins.
@@ -620,16 +744,104 @@ func (b beginHook) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Eve
 	return already, err
 }
 
+// awsReboot is AWS carrying out a system reboot it scheduled: when, within the event's window,
+// and whether the Node shows it.
+type awsReboot struct {
+	after   time.Duration // after the event's start (within its two-hour window)
+	visible bool          // false: AWS's maintenance leaves no trace on the Node
+}
+
+// awsAct is one scheduled reboot AWS carried out: the instance, and whether its Node was out of
+// service then (cordoned, its reboot in place in progress), for the machine to check.
+type awsAct struct {
+	instance, eventID string
+	start             time.Time
+	outOfService      bool
+	why               string
+}
+
+// awsActs plays AWS carrying out the system reboots EC2 holds for the kafka instances whose
+// time has come, each at a drawn moment within its window (plan), and marks the event
+// completed. It returns what it did.
+func (w *world) awsActs(ctx context.Context, plan func(instance, eventID string) awsReboot) ([]awsAct, error) {
+	now := w.clock.Now()
+	type due struct {
+		inst, eid string
+		start     time.Time
+	}
+	var todo []due
+	w.ec2.mu.Lock()
+	insts := make([]string, 0, len(w.ec2.events))
+	for id := range w.ec2.events {
+		insts = append(insts, id)
+	}
+	sort.Strings(insts)
+	for _, id := range insts {
+		for _, ev := range w.ec2.events[id] {
+			if ev.Code == ec2types.EventCode(event.ScheduledSystemReboot) && !strings.HasPrefix(aws.ToString(ev.Description), "[") && !now.Before(aws.ToTime(ev.NotBefore)) {
+				todo = append(todo, due{id, aws.ToString(ev.InstanceEventId), aws.ToTime(ev.NotBefore)})
+			}
+		}
+	}
+	w.ec2.mu.Unlock()
+	var acts []awsAct
+	for _, d := range todo {
+		p := plan(d.inst, d.eid)
+		if now.Before(d.start.Add(p.after)) {
+			continue
+		}
+		w.ec2.mu.Lock()
+		for i, ev := range w.ec2.events[d.inst] {
+			if aws.ToString(ev.InstanceEventId) == d.eid {
+				ev.Description = aws.String("[Completed] " + aws.ToString(ev.Description))
+				w.ec2.events[d.inst][i] = ev
+			}
+		}
+		w.ec2.mu.Unlock()
+		claims, err := cluster.InstanceClaims(ctx, w.store, d.inst)
+		if err != nil {
+			return nil, err
+		}
+		if len(claims) == 0 {
+			continue // the instance is gone
+		}
+		nc := &claims[0]
+		if nc.Labels[karpv1.NodePoolLabelKey] != PoolKafka || !nc.DeletionTimestamp.IsZero() {
+			continue // drained or replaced: the model's deadline check speaks for it
+		}
+		var n corev1.Node
+		if err := w.store.Get(ctx, client.ObjectKey{Name: nc.Status.NodeName}, &n); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		st, ok, _ := inplace.Read(nc)
+		act := awsAct{instance: d.inst, eventID: d.eid, start: d.start, outOfService: n.Spec.Unschedulable && ok && !st.Over()}
+		act.why = fmt.Sprintf("cordoned %v, run %s", n.Spec.Unschedulable, encodeRun(st, ok))
+		acts = append(acts, act)
+		if p.visible {
+			if err := w.reboot(ctx, nc.Status.NodeName); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return acts, nil
+}
+
+func encodeRun(st inplace.State, ok bool) string {
+	if !ok {
+		return "none"
+	}
+	return fmt.Sprintf("%s of %s at %s (%s)", st.Step, st.EventID, st.Start.Format(time.RFC3339), st.Outcome)
+}
+
 // reconcileInPlace plays the leader's reboot-in-place controller over the NodeClaims that hold
 // a run (up to a few passes each: its waits are seconds, the simulation's tick minutes), and
-// AWS rebooting the instances whose maintenance has started (or that the router rebooted):
-// the Node comes back Ready with a new boot ID.
-func (w *world) reconcileInPlace(ctx context.Context) error {
+// EC2 rebooting the instances the router rebooted (RebootInstances): the Node comes back
+// Ready with a new boot ID. AWS's own reboots are awsActs.
+func (w *world) reconcileInPlace(ctx context.Context, r *replica) error {
 	var claims karpv1.NodeClaimList
 	if err := w.store.List(ctx, &claims); err != nil {
 		return err
 	}
-	now := w.clock.Now()
 	w.ec2.mu.Lock()
 	rebooted := w.ec2.rebooted
 	w.ec2.rebooted = nil
@@ -640,15 +852,13 @@ func (w *world) reconcileInPlace(ctx context.Context) error {
 		if err != nil || !ok || st.Over() {
 			continue
 		}
-		id := cluster.InstanceID(nc.Status.ProviderID)
-		if (!st.Start.IsZero() && !now.Before(st.Start) && w.booted[id] != st.EventID) || slices.Contains(rebooted, id) {
-			w.booted[id] = st.EventID
+		if id := cluster.InstanceID(nc.Status.ProviderID); slices.Contains(rebooted, id) {
 			if err := w.reboot(ctx, nc.Status.NodeName); err != nil {
 				return err
 			}
 		}
 		for range 4 {
-			res, err := w.leader.inPlace.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: nc.Name}})
+			res, err := r.inPlace.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: nc.Name}})
 			if err != nil {
 				if apierrors.IsServiceUnavailable(err) || apierrors.IsConflict(err) {
 					break
@@ -762,7 +972,7 @@ func (w *world) checkMarks(ctx context.Context) error {
 			return err
 		}
 		pool := nc.Labels[karpv1.NodePoolLabelKey]
-		want := upcoming.Desired(set, PoolAnnotations[pool][policy.AnnotationTaintUpcoming] == "true")
+		want := upcoming.DesiredFor(nc, set, PoolAnnotations[pool][policy.AnnotationTaintUpcoming] == "true")
 		if !nc.DeletionTimestamp.IsZero() {
 			want = upcoming.Marks{}
 		}
@@ -837,18 +1047,41 @@ func (w *world) karpenter(ctx context.Context, drop bool) error {
 
 // crash restarts the leader: a new process with empty memory, over the same cluster and queues.
 func (w *world) crash() {
+	w.endOverlap()
 	w.stop(w.leader)
 	w.leader = w.newReplica(w.leader.name + "'")
 	w.lead(w.leader)
 }
 
 // failover hands the lease to the standby, which has been running all along; the old
-// leader becomes the standby.
-func (w *world) failover() {
-	w.stop(w.leader)
-	w.summarise(w.leader) // a graceful stop tells what it held back
-	w.leader, w.standby = w.standby, w.leader
+// leader becomes the standby. With overlap the old leader has not noticed yet: it keeps
+// acting beside the new one until endOverlap (up to a lease period: the rest of this tick).
+func (w *world) failover(overlap bool) {
+	w.endOverlap()
+	old := w.leader
+	if !overlap {
+		w.stop(old)
+		w.summarise(old) // a graceful stop tells what it held back
+	}
+	w.leader, w.standby = w.standby, old
 	w.lead(w.leader)
+	if overlap {
+		w.zombie = old
+	}
+}
+
+// endOverlap stops the old leader that kept acting after a failover: it notices the loss of
+// its lease and exits (controller-runtime's manager ends the process), and is started again as
+// the standby, with empty memory.
+func (w *world) endOverlap() {
+	if z := w.zombie; z != nil {
+		w.zombie = nil
+		w.stop(z)
+		w.summarise(z)
+		if w.standby == z {
+			w.standby = w.newReplica(z.name + "'")
+		}
+	}
 }
 
 // instanceOf is the instance a forwarded body names (its one resource ARN).
