@@ -10,12 +10,16 @@ package intake
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
@@ -46,7 +50,16 @@ const (
 	AttrDetail          = "healthrouter.detail"
 	AttrSourceMessageID = "healthrouter.source-message-id"
 	AttrReceiveCount    = "healthrouter.receive-count"
+	// AttrOriginalSize and AttrBodySHA256 are set on a dead letter whose body was truncated
+	// to fit SQS's size limit: the size and the SHA-256 (hex) of the body as received.
+	AttrOriginalSize = "healthrouter.original-size"
+	AttrBodySHA256   = "healthrouter.body-sha256"
 )
+
+// maxMessageSize is SQS's limit of one message, its body and its attributes together: the
+// MaximumMessageSize of the Terraform module's queues (the AWS provider's default). SQS
+// allows more on a queue configured for it, never less, so a dead letter within it fits.
+const maxMessageSize = 256 * 1024
 
 // sqsAPI is the part of SQS the intake uses.
 type sqsAPI interface {
@@ -329,22 +342,9 @@ func (in *Intake) retry(m sqstypes.Message) finish {
 
 // deadLetter sends the message to the dead-letter queue with its reason, then deletes it.
 func (in *Intake) deadLetter(ctx context.Context, m sqstypes.Message, re *event.RejectError) error {
-	detail := re.Detail
-	if len(detail) > 1024 {
-		detail = detail[:1024]
-	}
-	body := aws.ToString(m.Body)
-	if body == "" {
-		body = "(empty message)" // SQS refuses an empty body
-	}
+	body, attrs := deadLetterMessage(m, re)
 	_, err := in.sqs.SendMessage(ctx, &sqs.SendMessageInput{
-		QueueUrl: aws.String(in.cfg.DeadLetterQueueURL), MessageBody: aws.String(body),
-		MessageAttributes: map[string]sqstypes.MessageAttributeValue{
-			AttrReason:          str(string(re.Reason)),
-			AttrDetail:          str(detail),
-			AttrSourceMessageID: str(aws.ToString(m.MessageId)),
-			AttrReceiveCount:    {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(receiveCount(m)))},
-		},
+		QueueUrl: aws.String(in.cfg.DeadLetterQueueURL), MessageBody: aws.String(body), MessageAttributes: attrs,
 	})
 	if err != nil {
 		// Not deleted: the message comes back and is dead-lettered then.
@@ -352,8 +352,52 @@ func (in *Intake) deadLetter(ctx context.Context, m sqstypes.Message, re *event.
 	}
 	in.metrics.DeadLettered.WithLabelValues(string(re.Reason)).Inc()
 	in.publisher.DeadLettered()
-	in.log.Warn("dead-lettered", "message", aws.ToString(m.MessageId), "reason", re.Reason, "detail", re.Detail)
+	in.log.Warn("dead-lettered", "message", aws.ToString(m.MessageId), "reason", re.Reason, "detail", aws.ToString(attrs[AttrDetail].StringValue))
 	return in.delete(m)(ctx)
+}
+
+// deadLetterMessage is the dead letter of m: its body and the reason's attributes. SQS counts
+// the attributes in its size limit, so a body that fitted the intake queue alone may not fit
+// beside them; it is then truncated (at a character boundary) to fit, and the attributes give
+// its original size and digest, and the detail says so: a dead letter SQS refused would leave
+// the message to churn until the redrive, which gives no reason.
+func deadLetterMessage(m sqstypes.Message, re *event.RejectError) (string, map[string]sqstypes.MessageAttributeValue) {
+	detail := re.Detail
+	if len(detail) > 1024 {
+		detail = strings.ToValidUTF8(detail[:1024], "")
+	}
+	body := aws.ToString(m.Body)
+	if body == "" {
+		body = "(empty message)" // SQS refuses an empty body
+	}
+	attrs := map[string]sqstypes.MessageAttributeValue{
+		AttrReason:          str(string(re.Reason)),
+		AttrDetail:          str(detail),
+		AttrSourceMessageID: str(aws.ToString(m.MessageId)),
+		AttrReceiveCount:    {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(receiveCount(m)))},
+	}
+	if len(body)+attributesSize(attrs) <= maxMessageSize {
+		return body, attrs
+	}
+	sum := sha256.Sum256([]byte(body))
+	attrs[AttrOriginalSize] = sqstypes.MessageAttributeValue{DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(len(body)))}
+	attrs[AttrBodySHA256] = str(hex.EncodeToString(sum[:]))
+	attrs[AttrDetail] = str(fmt.Sprintf("body truncated to fit SQS's size limit (original %d bytes, SHA-256 in %s); %s", len(body), AttrBodySHA256, detail))
+	n := maxMessageSize - attributesSize(attrs)
+	for n > 0 && !utf8.RuneStart(body[n]) {
+		n--
+	}
+	return body[:n], attrs
+}
+
+// attributesSize is what message attributes count towards SQS's size limit: each one's
+// name, data type and value.
+func attributesSize(attrs map[string]sqstypes.MessageAttributeValue) int {
+	size := 0
+	for name, a := range attrs {
+		size += len(name) + len(aws.ToString(a.DataType)) + len(aws.ToString(a.StringValue)) + len(a.BinaryValue)
+	}
+	return size
 }
 
 func (in *Intake) visibility(ctx context.Context, m sqstypes.Message, d time.Duration) error {
