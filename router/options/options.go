@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -112,6 +113,13 @@ const (
 	DefaultReceivers = 1
 )
 
+// OriginAny, as --account or --region, switches that half of the origin check off (the
+// intake's OriginAny).
+const OriginAny = "any"
+
+// accountID is an AWS account ID.
+var accountID = regexp.MustCompile(`^[0-9]{12}$`)
+
 // Run is the configuration of `health-router run`.
 type Run struct {
 	QueueURL           string
@@ -199,8 +207,8 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
 	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls), plus 25 ms per instance it names; past it the message is retried with backoff, and the retry skips the instances whose outcome is recorded")
-	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment); events from other regions are dead-lettered as foreign")
-	fs.StringVar(&o.Account, "account", "", "AWS account ID; when set, events from other accounts are dead-lettered as foreign")
+	fs.StringVar(&o.Region, "region", "", "AWS region (default: the AWS SDK's, from AWS_REGION or the profile); events of other regions are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every region")
+	fs.StringVar(&o.Account, "account", "", "AWS account ID (default: the router's own, from sts:GetCallerIdentity, which needs no permission); events of other accounts are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every account")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins such as moto_server); empty for AWS")
 	gateFlag = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true); keep them equal to Karpenter's")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
@@ -275,6 +283,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--max-receives %d: want 0 (never) or more", o.MaxReceives)
 	case o.AlertmanagerURL != "" && !validHTTPURL(o.AlertmanagerURL):
 		return o, fmt.Errorf("--alertmanager-url %q: want an http or https URL", o.AlertmanagerURL)
+	case o.Account != "" && o.Account != OriginAny && !accountID.MatchString(o.Account):
+		return o, fmt.Errorf("--account %q: want a 12-digit AWS account ID, %s, or empty for the router's own", o.Account, OriginAny)
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":

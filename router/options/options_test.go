@@ -150,3 +150,14 @@ func TestFlagSets(t *testing.T) {
 		t.Errorf("commands %q, want run doctor replay status", got)
 	}
 }
+
+// --account is a 12-digit ID, any (the check off), or empty (the router's own, from STS): a
+// typo would otherwise dead-letter every event as foreign.
+func TestRunAccount(t *testing.T) {
+	for account, ok := range map[string]bool{"": true, "any": true, "111122223333": true, "11112222333": false, "prod": false} {
+		_, err := ParseRun([]string{"--queue-url", "q", "--dead-letter-queue-url", "d", "--account", account}, func(string) string { return "" })
+		if (err == nil) != ok || (err != nil && !strings.Contains(err.Error(), "--account")) {
+			t.Errorf("--account %q: %v, want accepted: %v", account, err, ok)
+		}
+	}
+}
