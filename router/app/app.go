@@ -291,7 +291,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		}
 	}
 	in := intake.New(intake.Config{
-		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: account, Region: region,
+		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: account, Region: region, SenderIDs: o.SenderIDs,
 		Workers: o.Workers, Receivers: o.Receivers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout, MaxReceives: o.MaxReceives,
 	}, sqsClient, pipe, m, pub, clk, log)
 	if err := mgr.Add(in); err != nil {

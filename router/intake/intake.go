@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +76,10 @@ type Config struct {
 	DeadLetterQueueURL string
 	// Account and Region, when set, reject events from elsewhere as foreign.
 	Account, Region string
+	// SenderIDs, when set, are the only senders whose messages the intake acts on (SQS's
+	// SenderId: an IAM user's ID, or a role's ID, AROA..., which stands for every session of
+	// the role); a message of another sender is dead-lettered as foreign-sender.
+	SenderIDs []string
 	// Workers is how many messages are worked on at once.
 	Workers int
 	// Receivers is how many receive loops fill the workers: each has one ReceiveMessage in
@@ -194,7 +199,7 @@ func (in *Intake) receive(ctx, work context.Context, slots chan struct{}, share 
 		out, err := in.sqs.ReceiveMessage(work, &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(in.cfg.QueueURL), MaxNumberOfMessages: int32(n),
 			WaitTimeSeconds: int32(in.cfg.WaitTime / time.Second), VisibilityTimeout: int32(in.cfg.Visibility / time.Second),
-			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp, sqstypes.MessageSystemAttributeNameSenderId},
 			MessageAttributeNames:       []string{"All"},
 		})
 		var msgs []sqstypes.Message
@@ -287,7 +292,9 @@ func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 	// kinds AWS sends, and refuses the router's own (a forged "impaired" finding would have
 	// the instance it names drained).
 	ev, err := event.ParseReceived(body)
-	if err == nil {
+	if sender := m.Attributes[string(sqstypes.MessageSystemAttributeNameSenderId)]; !in.senderAllowed(sender) {
+		err = &event.RejectError{Reason: event.ReasonForeignSender, Detail: fmt.Sprintf("sent by %q, not one of --sender-ids", sender)}
+	} else if err == nil {
 		err = event.CheckOrigin(ev, in.cfg.Account, in.cfg.Region)
 	}
 	kind := string(ev.Kind)
@@ -322,6 +329,18 @@ func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 		in.publisher.Latency(lat)
 	}
 	return in.delete(m)
+}
+
+// senderAllowed says whether a message's SenderId is one of Config.SenderIDs (any, when
+// none are set). An ID without a colon (an IAM user's, or a role's) matches the sender itself
+// and every session of it (<role ID>:<session name>): the dispatcher's sessions are named
+// after the Lambda, a redrive's after whoever ran it.
+func (in *Intake) senderAllowed(sender string) bool {
+	if len(in.cfg.SenderIDs) == 0 {
+		return true
+	}
+	principal, _, _ := strings.Cut(sender, ":")
+	return sender != "" && (slices.Contains(in.cfg.SenderIDs, sender) || slices.Contains(in.cfg.SenderIDs, principal))
 }
 
 // delete deletes the message, sharing a DeleteMessageBatch with the messages finished at the
