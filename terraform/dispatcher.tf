@@ -145,6 +145,9 @@ resource "aws_lambda_function" "dispatcher" {
   environment {
     variables = {
       HEALTH_ROUTER_CLUSTER_QUEUES = jsonencode({ for cluster, q in local.dispatcher_queues : cluster => q.url })
+      # Where the Lambda records each delivery it could not make, per cluster (the role may
+      # send there already: ClusterQueues).
+      HEALTH_ROUTER_FAILURE_QUEUE = aws_sqs_queue.dispatcher_failures[0].url
     }
   }
 
@@ -153,8 +156,10 @@ resource "aws_lambda_function" "dispatcher" {
   tags = var.tags
 }
 
-# A handler error (SQS or EC2 failed) makes Lambda retry the async invocation; after the last
-# retry the event and the error go to the failure queue, so nothing is lost.
+# The Lambda records a failed delivery in the failure queue itself, per cluster; it fails the
+# invocation only when a retry duplicates nothing (an outage before any delivery) or the record
+# could not be made. Lambda then retries the async invocation; after the last retry the event
+# and the error go to the failure queue, so nothing is lost.
 resource "aws_lambda_function_event_invoke_config" "dispatcher" {
   count = var.dispatcher.enabled ? 1 : 0
 

@@ -96,7 +96,7 @@ resource "aws_cloudwatch_metric_alarm" "dispatcher_failures" {
   count = var.create_alarms && var.dispatcher.enabled ? 1 : 0
 
   alarm_name          = "${local.name}-dispatcher-failures"
-  alarm_description   = "health-router dispatcher: events the Lambda failed to route after its retries (or EventBridge failed to invoke it) are in the failure queue. Each message holds the event and the error; re-send the event to the right intake queue."
+  alarm_description   = "health-router dispatcher: deliveries the Lambda could not make (or events EventBridge could not invoke it with) are in the failure queue. A record of the Lambda holds the body to re-send and, in its attributes, the reason and the intake queue; a record in Lambda's format holds the event and the error."
   namespace           = "AWS/SQS"
   metric_name         = "ApproximateNumberOfMessagesVisible"
   dimensions          = { QueueName = aws_sqs_queue.dispatcher_failures[0].name }

@@ -1,5 +1,5 @@
 // Command image builds the health-router container image without a Docker daemon and without a
-// base image: a static binary (CGO off) per platform, the machine's CA bundle, a passwd entry for
+// base image: a static binary (CGO off) per platform, a CA bundle pinned by go.mod, a passwd entry for
 // the non-root user 65532, nothing else (no shell). The result is a multi-platform OCI image
 // index written as an OCI layout directory, or pushed to a registry.
 //
@@ -8,12 +8,16 @@
 //
 // The image is reproducible: every timestamp is SOURCE_DATE_EPOCH (the commit time, from the
 // Makefile), files are written in a fixed order with fixed owners and modes, and the binary is
-// built with -trimpath, so one commit gives one digest.
+// built with -trimpath, and the CA bundle is Mozilla's roots as the module
+// golang.org/x/crypto/x509roots/fallback holds them at the version go.mod pins, not the build
+// machine's (which differs with its ca-certificates), so one commit gives one digest on any
+// builder.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +38,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/crypto/x509roots/fallback/bundle"
 )
 
 // Where things are in the image.
@@ -84,7 +89,7 @@ func build(args []string) error {
 	fs.StringVar(&o.out, "out", "bin/image", "OCI layout directory to write (replaced)")
 	fs.StringVar(&o.pkg, "package", "./cmd/health-router", "the main package to build")
 	platforms := fs.String("platforms", "linux/amd64,linux/arm64", "comma-separated os/arch list")
-	fs.StringVar(&o.caBundle, "ca-bundle", caPath, "CA bundle to copy into the image (Debian's ca-certificates)")
+	fs.StringVar(&o.caBundle, "ca-bundle", "", "CA bundle file to put in the image instead of the one pinned by go.mod (golang.org/x/crypto/x509roots/fallback); the digest then depends on that file")
 	fs.StringVar(&o.version, "version", "dev", "org.opencontainers.image.version")
 	fs.StringVar(&o.revision, "revision", "", "org.opencontainers.image.revision: the commit (required)")
 	fs.StringVar(&o.source, "source", "https://github.com/health-router/health-router", "org.opencontainers.image.source")
@@ -110,9 +115,11 @@ func build(args []string) error {
 		}
 		o.platforms = append(o.platforms, v1.Platform{OS: osName, Architecture: arch})
 	}
-	ca, err := os.ReadFile(o.caBundle)
-	if err != nil {
-		return fmt.Errorf("reading the CA bundle (install Debian's ca-certificates): %w", err)
+	ca := pinnedBundle()
+	if o.caBundle != "" {
+		if ca, err = os.ReadFile(o.caBundle); err != nil {
+			return fmt.Errorf("reading --ca-bundle: %w", err)
+		}
 	}
 	idx, err := index(o, ca)
 	if err != nil {
@@ -134,6 +141,21 @@ func build(args []string) error {
 	}
 	fmt.Println(d)
 	return nil
+}
+
+// pinnedBundle is the image's CA bundle: the roots of golang.org/x/crypto/x509roots/fallback
+// (Mozilla's, as Go's fallback roots), PEM-encoded in the module's order. A root the module
+// distrusts after a date is left out: a PEM file cannot carry the date, and leaving it out is
+// the safe side (a certificate issued under it before the date fails; none of AWS's does).
+func pinnedBundle() []byte {
+	var b bytes.Buffer
+	for r := range bundle.Roots() {
+		if r.Constraint != nil {
+			continue
+		}
+		_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: r.Certificate}) // a bytes.Buffer does not fail
+	}
+	return b.Bytes()
 }
 
 // labels are the OCI annotations the image config and the index carry.

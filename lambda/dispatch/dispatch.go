@@ -3,7 +3,8 @@
 // the intake queue of the cluster that owns the instances it names. Ownership comes from the
 // instances' tags. A Health event naming instances of several clusters is split into one event
 // per cluster; an AMI state change, which names no instance, goes to every cluster; an event for
-// instances no configured cluster owns is dropped and counted.
+// instances no configured cluster owns is dropped and counted. A delivery that fails is
+// recorded, for its cluster alone, in the failure queue.
 package dispatch
 
 import (
@@ -14,11 +15,14 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
 	cwtypes "github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
 
 	"github.com/health-router/health-router/router/metrics"
 )
@@ -65,19 +69,25 @@ func ParseQueues(s string) (Queues, error) {
 	return q, nil
 }
 
+// FailureQueueEnv is the environment variable holding the URL of the failure queue, where the
+// dispatcher records each delivery it could not make; Terraform sets it.
+const FailureQueueEnv = "HEALTH_ROUTER_FAILURE_QUEUE"
+
 // Dispatcher routes one EventBridge event to the clusters' intake queues.
 type Dispatcher struct {
-	owners  ownerLookup
-	queue   queueAPI
-	metrics metricsAPI
-	queues  Queues
-	log     *slog.Logger
+	owners   ownerLookup
+	queue    queueAPI
+	metrics  metricsAPI
+	queues   Queues
+	failures string
+	log      *slog.Logger
 }
 
 // New returns a Dispatcher that finds owners with owners, sends with queue, counts with
-// metrics, and knows the clusters in queues.
-func New(owners ownerLookup, queue queueAPI, metrics metricsAPI, queues Queues, log *slog.Logger) *Dispatcher {
-	return &Dispatcher{owners: owners, queue: queue, metrics: metrics, queues: queues, log: log}
+// metrics, knows the clusters in queues, and records what it could not deliver in the
+// failures queue ("": none, every failure fails the invocation).
+func New(owners ownerLookup, queue queueAPI, metrics metricsAPI, queues Queues, failures string, log *slog.Logger) *Dispatcher {
+	return &Dispatcher{owners: owners, queue: queue, metrics: metrics, queues: queues, failures: failures, log: log}
 }
 
 // delivery is one message for one cluster's queue.
@@ -86,44 +96,147 @@ type delivery struct {
 	body    []byte
 }
 
-// Handle routes one event. It returns an error when a delivery failed or the owners could not
-// be found, so that Lambda retries the invocation and finally sends the event to the failure
-// destination. A retry may deliver again to clusters that already got the event: no worse than
-// EventBridge and standard SQS queues, which deliver at least once, so the router must treat a
-// repeated event ID as one event anyway. Events for instances no configured
-// cluster owns are dropped and counted, not failed: retrying cannot give them an owner.
+// Handle routes one event. A delivery that fails is recorded in the failure queue, for its
+// cluster alone, with the reason and the body to re-send; the invocation still succeeds, since
+// Lambda's retry of it would deliver again to every cluster that got the event. A permanent
+// error (no such queue, access denied, a KMS key refused, an unroutable event) is recorded at
+// once: retrying cannot mend it. Handle returns an error, for Lambda to retry the invocation
+// and finally send the event to its on-failure destination (the same queue), only when a retry
+// duplicates nothing and may succeed (nothing was delivered and every error may pass: an SQS
+// or EC2 outage), when there is no failure queue, or when recording in it failed: then a
+// retry may deliver again to clusters that already got the event, no worse than EventBridge
+// and standard SQS queues, which deliver at least once. Events for instances no configured
+// cluster owns are dropped and counted, not failed: nothing can give them an owner.
 func (d *Dispatcher) Handle(ctx context.Context, body json.RawMessage) error {
 	ev, err := parseEnvelope(body)
 	if err != nil {
-		return fmt.Errorf("unroutable event: %w", err)
+		return d.recordAll(ctx, ev, body, reasonUnroutable, fmt.Errorf("unroutable event: %w", err))
 	}
 	log := d.log.With("event_id", ev.id, "kind", string(ev.kind))
 
 	deliveries, dropped, err := d.plan(ctx, ev)
 	if err != nil {
-		return fmt.Errorf("routing event %s: %w", ev.id, err)
+		err = fmt.Errorf("routing event %s: %w", ev.id, err)
+		var u unroutableError
+		switch {
+		case errors.As(err, &u):
+			return d.recordAll(ctx, ev, body, reasonUnroutable, err)
+		case isPermanent(err):
+			return d.recordAll(ctx, ev, body, reasonPermanent, err)
+		}
+		return err // nothing was delivered: Lambda's retry duplicates nothing
 	}
 	for _, id := range dropped {
 		log.Info("dropping instance no configured cluster owns", "instance", id)
 	}
 
 	routed := map[string]int{}
-	var errs []error
+	var failed []failedDelivery
 	for _, dl := range deliveries {
 		_, err := d.queue.SendMessage(ctx, &sqs.SendMessageInput{
 			QueueUrl:    aws.String(d.queues[dl.cluster]),
 			MessageBody: aws.String(string(dl.body)),
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("sending event %s to cluster %s: %w", ev.id, dl.cluster, err))
+			failed = append(failed, failedDelivery{delivery: dl, err: fmt.Errorf("sending event %s to cluster %s: %w", ev.id, dl.cluster, err)})
 			continue
 		}
 		routed[dl.cluster]++
 		log.Info("routed", "cluster", dl.cluster)
 	}
 	d.count(ctx, log, routed, len(dropped))
+	if len(failed) == 0 {
+		return nil
+	}
+	allTransient := !slices.ContainsFunc(failed, func(f failedDelivery) bool { return isPermanent(f.err) })
+	if d.failures == "" || (len(routed) == 0 && allTransient) {
+		var errs []error
+		for _, f := range failed {
+			errs = append(errs, f.err)
+		}
+		return errors.Join(errs...)
+	}
+	var errs []error
+	for _, f := range failed {
+		r := reasonTransient
+		if isPermanent(f.err) {
+			r = reasonPermanent
+		}
+		if err := d.record(ctx, ev, f.cluster, f.body, r, f.err); err != nil {
+			errs = append(errs, f.err, err)
+			continue
+		}
+		log.Warn("delivery failed; recorded in the failure queue", "cluster", f.cluster, "reason", r, "error", f.err)
+	}
 	return errors.Join(errs...)
 }
+
+// failedDelivery is a delivery SQS refused or did not answer.
+type failedDelivery struct {
+	delivery
+	err error
+}
+
+// recordAll records an event that reached no cluster; without a failure queue it returns
+// cause, for Lambda's on-failure destination.
+func (d *Dispatcher) recordAll(ctx context.Context, ev envelope, body []byte, r reason, cause error) error {
+	if d.failures == "" {
+		return cause
+	}
+	if err := d.record(ctx, ev, "", body, r, cause); err != nil {
+		return errors.Join(cause, err)
+	}
+	d.log.Warn("event not routed; recorded in the failure queue", "event_id", ev.id, "reason", r, "error", cause)
+	return nil
+}
+
+// maxDetail bounds the error text in a failure record (SQS counts attributes in its 256 KiB).
+const maxDetail = 1024
+
+// record sends body, which cluster ("" for none) did not get, to the failure queue with the
+// reason: an operator re-sends the body to the queue named in AttrQueueURL.
+func (d *Dispatcher) record(ctx context.Context, ev envelope, cluster string, body []byte, r reason, cause error) error {
+	detail := cause.Error()
+	if len(detail) > maxDetail {
+		detail = detail[:maxDetail]
+	}
+	attrs := map[string]sqstypes.MessageAttributeValue{
+		AttrReason:  attr(string(r)),
+		AttrDetail:  attr(detail),
+		AttrEventID: attr(ev.id),
+	}
+	var ae smithy.APIError
+	if errors.As(cause, &ae) {
+		attrs[AttrErrorCode] = attr(ae.ErrorCode())
+	}
+	if cluster != "" {
+		attrs[AttrCluster] = attr(cluster)
+		attrs[AttrQueueURL] = attr(d.queues[cluster])
+	}
+	if len(body) == 0 {
+		body = []byte("(empty event)") // SQS refuses an empty body
+	}
+	_, err := d.queue.SendMessage(ctx, &sqs.SendMessageInput{
+		QueueUrl: aws.String(d.failures), MessageBody: aws.String(string(body)), MessageAttributes: attrs,
+	})
+	if err != nil {
+		return fmt.Errorf("recording event %s in the failure queue: %w", ev.id, err)
+	}
+	return nil
+}
+
+func attr(s string) sqstypes.MessageAttributeValue {
+	if s == "" {
+		s = "-" // SQS refuses an empty attribute value
+	}
+	return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
+}
+
+// unroutableError is an event the dispatcher cannot route, whatever it retries.
+type unroutableError struct{ err error }
+
+func (e unroutableError) Error() string { return e.err.Error() }
+func (e unroutableError) Unwrap() error { return e.err }
 
 // plan decides which cluster gets which body, and which instances nobody owns.
 func (d *Dispatcher) plan(ctx context.Context, ev envelope) ([]delivery, []string, error) {
@@ -136,12 +249,12 @@ func (d *Dispatcher) plan(ctx context.Context, ev envelope) ([]delivery, []strin
 		}
 		return out, nil, nil
 	case kindUnknown:
-		return nil, nil, fmt.Errorf("no route for source %q detail-type %q", ev.source, ev.detailType)
+		return nil, nil, unroutableError{fmt.Errorf("no route for source %q detail-type %q", ev.source, ev.detailType)}
 	}
 
 	ids := ev.instances()
 	if len(ids) == 0 {
-		return nil, nil, fmt.Errorf("%s event names no instance", ev.kind)
+		return nil, nil, unroutableError{fmt.Errorf("%s event names no instance", ev.kind)}
 	}
 	owners, err := d.owners.Owners(ctx, ids)
 	if err != nil {
@@ -163,7 +276,7 @@ func (d *Dispatcher) plan(ctx context.Context, ev envelope) ([]delivery, []strin
 		body := ev.raw
 		if len(byCluster) > 1 || len(dropped) > 0 {
 			if body, err = ev.restrictTo(byCluster[cluster]); err != nil {
-				return nil, nil, err
+				return nil, nil, unroutableError{err}
 			}
 		}
 		out = append(out, delivery{cluster: cluster, body: body})
@@ -200,4 +313,54 @@ func (d *Dispatcher) count(ctx context.Context, log *slog.Logger, routed map[str
 	if err != nil {
 		log.Warn("publishing dispatcher metrics failed", "error", err)
 	}
+}
+
+// Message attributes of a failure record.
+const (
+	AttrReason    = "healthrouter.reason"
+	AttrDetail    = "healthrouter.detail"
+	AttrErrorCode = "healthrouter.error-code"
+	AttrCluster   = "healthrouter.cluster"
+	AttrQueueURL  = "healthrouter.queue-url"
+	AttrEventID   = "healthrouter.event-id"
+)
+
+// reason says why a delivery is in the failure queue.
+type reason string
+
+const (
+	reasonUnroutable reason = "unroutable"
+	reasonPermanent  reason = "permanent-error"
+	reasonTransient  reason = "transient-error"
+)
+
+// permanentCodes are the SQS and EC2 error codes (in both of SQS's protocols) that a retry
+// does not mend: the queue is gone, the role may not send or describe, the body is refused.
+var permanentCodes = map[string]bool{
+	"AWS.SimpleQueueService.NonExistentQueue": true,
+	"QueueDoesNotExist":                       true,
+	"AccessDenied":                            true,
+	"AccessDeniedException":                   true,
+	"InvalidMessageContents":                  true,
+	"InvalidParameterValue":                   true, // a body over the size limit
+	"InvalidAddress":                          true,
+	"InvalidSecurity":                         true,
+	"UnsupportedOperation":                    true,
+	"UnauthorizedOperation":                   true, // EC2
+	"AuthFailure":                             true, // EC2
+}
+
+// isPermanent says whether err is an AWS error a retry does not mend. A KMS error is one
+// (the key policy or the key's state refuses), unless it is throttling. An error with no AWS
+// code (no answer, a timeout) may pass.
+func isPermanent(err error) bool {
+	var ae smithy.APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	code := ae.ErrorCode()
+	if strings.HasPrefix(code, "KMS.") || strings.HasPrefix(code, "Kms") {
+		return !strings.Contains(code, "Throttl")
+	}
+	return permanentCodes[code]
 }

@@ -3,8 +3,11 @@ package dispatch
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/smithy-go"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/health-router/health-router/router/metrics"
@@ -34,6 +38,7 @@ type world struct {
 	beta     string // instance tagged kubernetes.io/cluster/beta=owned
 	unowned  string // instance with no cluster tag
 	queues   Queues
+	failures string // the failure queue's URL
 	describe *countingEC2
 	clock    *clocktesting.FakeClock
 }
@@ -53,6 +58,7 @@ func newWorld(t *testing.T) *world {
 	w.beta = w.runInstance(t, ctx, map[string]string{"kubernetes.io/cluster/beta": "owned", "Name": "beta-node"})
 	w.unowned = w.runInstance(t, ctx, map[string]string{"Name": "bastion"})
 	w.queues = Queues{"alpha": w.createQueue(t, ctx, "hr-alpha"), "beta": w.createQueue(t, ctx, "hr-beta")}
+	w.failures = w.createQueue(t, ctx, "hr-dispatcher-failures")
 	return w
 }
 
@@ -84,7 +90,7 @@ func (w *world) createQueue(t *testing.T, ctx context.Context, name string) stri
 
 func (w *world) dispatcher(queues Queues) *Dispatcher {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return New(NewOwnerCache(w.describe, w.clock), w.sqs, w.cw, queues, log)
+	return New(NewOwnerCache(w.describe, w.clock), w.sqs, w.cw, queues, w.failures, log)
 }
 
 // received drains a queue and returns the bodies.
@@ -256,19 +262,157 @@ func TestAMIStateChangeIsBroadcast(t *testing.T) {
 	}
 }
 
-func TestSQSFailureReturnsError(t *testing.T) {
-	w := newWorld(t)
-	gone := strings.Replace(w.queues["beta"], "hr-beta", "hr-deleted", 1)
-	queues := Queues{"alpha": w.queues["alpha"], "beta": gone}
-	ev := fixture(t, "ami-state-change.json")
+// failed is one message of the failure queue.
+type failed struct {
+	body  string
+	attrs map[string]string
+}
 
-	err := w.dispatcher(queues).Handle(context.Background(), ev)
-	if err == nil || !strings.Contains(err.Error(), "cluster beta") {
-		t.Fatalf("Handle = %v, want an error naming cluster beta so Lambda retries", err)
+// failures drains the failure queue.
+func (w *world) failed(t *testing.T) []failed {
+	t.Helper()
+	out, err := w.sqs.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
+		QueueUrl: aws.String(w.failures), MaxNumberOfMessages: 10, MessageAttributeNames: []string{"All"},
+	})
+	if err != nil {
+		t.Fatalf("ReceiveMessage: %v", err)
 	}
-	// The healthy cluster still got its copy; the retry may send it again (at-least-once, as SQS is).
-	if got := w.received(t, w.queues["alpha"]); len(got) != 1 {
-		t.Errorf("alpha got %d messages, want 1", len(got))
+	var got []failed
+	for _, m := range out.Messages {
+		f := failed{body: aws.ToString(m.Body), attrs: map[string]string{}}
+		for k, v := range m.MessageAttributes {
+			f.attrs[k] = aws.ToString(v.StringValue)
+		}
+		got = append(got, f)
+	}
+	slices.SortFunc(got, func(a, b failed) int { return strings.Compare(a.attrs[AttrCluster], b.attrs[AttrCluster]) })
+	return got
+}
+
+// routedQueue sends to the queues in down through a client whose endpoint nobody listens on
+// (a transient failure, as an outage is), and to the others through moto.
+type routedQueue struct {
+	up, down queueAPI
+	downURLs []string
+}
+
+func (r routedQueue) SendMessage(ctx context.Context, in *sqs.SendMessageInput, opts ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
+	if slices.Contains(r.downURLs, aws.ToString(in.QueueUrl)) {
+		return r.down.SendMessage(ctx, in, opts...)
+	}
+	return r.up.SendMessage(ctx, in, opts...)
+}
+
+// A failed delivery to one cluster is recorded in the failure queue, for that cluster only,
+// with its reason; it does not fail the invocation, whose retry would deliver again to the
+// clusters that got the event. A permanent error (no such queue, access denied) is never
+// retried. Only when nothing was delivered and every error may pass is the invocation failed,
+// for Lambda to retry without a duplicate.
+func TestFailedDeliveriesGoToTheFailureQueuePerCluster(t *testing.T) {
+	type want struct {
+		err      bool
+		alpha    int      // messages alpha gets
+		failures []string // per failure-queue message: cluster/reason
+	}
+	for _, tc := range []struct {
+		name            string
+		missing, downed []string // clusters whose queue does not exist / cannot be reached
+		noFailureQueue  bool
+		event           string // "" for the AMI broadcast
+		want            want
+	}{
+		{name: "no such queue for one cluster", missing: []string{"beta"},
+			want: want{alpha: 1, failures: []string{"beta/" + string(reasonPermanent)}}},
+		{name: "no such queue for every cluster", missing: []string{"alpha", "beta"},
+			want: want{failures: []string{"alpha/" + string(reasonPermanent), "beta/" + string(reasonPermanent)}}},
+		{name: "one cluster's queue unreachable after another got it", downed: []string{"beta"},
+			want: want{alpha: 1, failures: []string{"beta/" + string(reasonTransient)}}},
+		{name: "every queue unreachable: Lambda retries, nothing was delivered twice", downed: []string{"alpha", "beta"},
+			want: want{err: true}},
+		{name: "missing and unreachable", missing: []string{"alpha"}, downed: []string{"beta"},
+			want: want{failures: []string{"alpha/" + string(reasonPermanent), "beta/" + string(reasonTransient)}}},
+		{name: "unroutable event is not retried", event: `{"id":"x","source":"aws.autoscaling","detail-type":"EC2 Instance-terminate Lifecycle Action","detail":{}}`,
+			want: want{failures: []string{"/" + string(reasonUnroutable)}}},
+		{name: "failure queue unreachable: the invocation fails, nothing is lost", missing: []string{"beta"}, noFailureQueue: true,
+			want: want{err: true, alpha: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			queues := maps.Clone(w.queues)
+			for _, c := range tc.missing {
+				queues[c] = strings.Replace(queues[c], "hr-"+c, "hr-deleted-"+c, 1)
+			}
+			down := sqs.NewFromConfig(aws.Config{Region: motoserver.Region, Credentials: w.sqs.Options().Credentials, RetryMaxAttempts: 1},
+				func(o *sqs.Options) { o.BaseEndpoint = aws.String("http://127.0.0.1:1") })
+			rq := routedQueue{up: w.sqs, down: down}
+			for _, c := range tc.downed {
+				rq.downURLs = append(rq.downURLs, queues[c])
+			}
+			failures := w.failures
+			if tc.noFailureQueue {
+				failures = strings.Replace(failures, "hr-dispatcher-failures", "hr-deleted-failures", 1)
+			}
+			d := New(NewOwnerCache(w.describe, w.clock), rq, w.cw, queues, failures, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			ev := fixture(t, "ami-state-change.json")
+			if tc.event != "" {
+				ev = json.RawMessage(tc.event)
+			}
+
+			err := d.Handle(context.Background(), ev)
+			if (err != nil) != tc.want.err {
+				t.Fatalf("Handle = %v, want error: %v", err, tc.want.err)
+			}
+			if got := w.received(t, w.queues["alpha"]); len(got) != tc.want.alpha {
+				t.Errorf("alpha got %d messages, want %d", len(got), tc.want.alpha)
+			}
+			var got []string
+			for _, f := range w.failed(t) {
+				got = append(got, f.attrs[AttrCluster]+"/"+f.attrs[AttrReason])
+				if f.body != string(ev) {
+					t.Errorf("failure record body = %.80q, want the event to re-send", f.body)
+				}
+				if f.attrs[AttrDetail] == "" || f.attrs[AttrEventID] == "" {
+					t.Errorf("failure record has no detail or event ID: %v", f.attrs)
+				}
+				if c := f.attrs[AttrCluster]; c != "" && f.attrs[AttrQueueURL] != queues[c] {
+					t.Errorf("failure record for %s names queue %q, want %q", c, f.attrs[AttrQueueURL], queues[c])
+				}
+				if f.attrs[AttrReason] == string(reasonPermanent) && !strings.Contains(f.attrs[AttrErrorCode], "NonExistentQueue") && !strings.Contains(f.attrs[AttrErrorCode], "QueueDoesNotExist") {
+					t.Errorf("permanent failure's error code = %q, want the queue's absence", f.attrs[AttrErrorCode])
+				}
+			}
+			if !slices.Equal(got, tc.want.failures) {
+				t.Errorf("failure queue holds %v, want %v", got, tc.want.failures)
+			}
+		})
+	}
+}
+
+// isPermanent is table-tested on the codes SQS and EC2 answer with, in both SQS protocols.
+func TestPermanentErrors(t *testing.T) {
+	for code, want := range map[string]bool{
+		"AWS.SimpleQueueService.NonExistentQueue": true,
+		"QueueDoesNotExist":                       true,
+		"AccessDenied":                            true,
+		"AccessDeniedException":                   true,
+		"InvalidMessageContents":                  true,
+		"KMS.AccessDeniedException":               true,
+		"KmsAccessDenied":                         true,
+		"KmsDisabled":                             true,
+		"UnauthorizedOperation":                   true,
+		"RequestThrottled":                        false,
+		"ThrottlingException":                     false,
+		"KmsThrottled":                            false,
+		"InternalError":                           false,
+		"ServiceUnavailable":                      false,
+	} {
+		err := fmt.Errorf("sending: %w", &smithy.GenericAPIError{Code: code, Message: "m"})
+		if got := isPermanent(err); got != want {
+			t.Errorf("isPermanent(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if isPermanent(errors.New("dial tcp 127.0.0.1:1: connection refused")) {
+		t.Error("a connection error is permanent, want transient")
 	}
 }
 
@@ -277,7 +421,7 @@ func TestEC2FailureReturnsError(t *testing.T) {
 	// An EC2 endpoint nobody listens on: the call fails as a real outage would.
 	down := ec2.NewFromConfig(aws.Config{Region: motoserver.Region, Credentials: w.ec2.Options().Credentials, RetryMaxAttempts: 1},
 		func(o *ec2.Options) { o.BaseEndpoint = aws.String("http://127.0.0.1:1") })
-	d := New(NewOwnerCache(down, w.clock), w.sqs, w.cw, w.queues, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d := New(NewOwnerCache(down, w.clock), w.sqs, w.cw, w.queues, w.failures, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	err := d.Handle(context.Background(), fixture(t, "spot-interruption.json", "INSTANCE", w.alpha))
 	if err == nil || !strings.Contains(err.Error(), "describing instances") {
 		t.Fatalf("Handle = %v, want the DescribeInstances error", err)
@@ -287,16 +431,35 @@ func TestEC2FailureReturnsError(t *testing.T) {
 	}
 }
 
-func TestUnroutableEventsFail(t *testing.T) {
+// An event the dispatcher cannot route is recorded in the failure queue at once, not retried;
+// without a failure queue it fails the invocation, for Lambda's on-failure destination.
+func TestUnroutableEventsAreRecordedNotRetried(t *testing.T) {
 	w := newWorld(t)
-	d := w.dispatcher(w.queues)
-	for name, ev := range map[string]json.RawMessage{
+	events := map[string]json.RawMessage{
 		"not json":      json.RawMessage(`{"id":`),
 		"asg lifecycle": fixture(t, "asg-lifecycle.json", "INSTANCE", w.alpha),
 		"no instance":   json.RawMessage(`{"id":"x","source":"aws.ec2","detail-type":"EC2 Instance Rebalance Recommendation","detail":{}}`),
-	} {
-		if err := d.Handle(context.Background(), ev); err == nil {
-			t.Errorf("%s: Handle = nil, want an error so the event reaches the failure queue", name)
+	}
+	d := w.dispatcher(w.queues)
+	for name, ev := range events {
+		if err := d.Handle(context.Background(), ev); err != nil {
+			t.Errorf("%s: Handle = %v, want it recorded in the failure queue and no retry", name, err)
+		}
+	}
+	got := w.failed(t)
+	if len(got) != len(events) {
+		t.Errorf("failure queue holds %d records, want %d", len(got), len(events))
+	}
+	for _, f := range got {
+		if f.attrs[AttrReason] != string(reasonUnroutable) {
+			t.Errorf("record of %.40q has reason %q, want %s", f.body, f.attrs[AttrReason], reasonUnroutable)
+		}
+	}
+
+	noFailureQueue := New(NewOwnerCache(w.describe, w.clock), w.sqs, w.cw, w.queues, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for name, ev := range events {
+		if err := noFailureQueue.Handle(context.Background(), ev); err == nil {
+			t.Errorf("%s without a failure queue: Handle = nil, want an error so the event reaches the on-failure destination", name)
 		}
 	}
 	for name, url := range w.queues {

@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/schemas"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
 	"github.com/aws/smithy-go/middleware"
 	"github.com/aws/smithy-go/transport/http/protocol/awsquery"
@@ -78,7 +79,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		config.WithAPIOptions([]func(*middleware.Stack) error{awscalls.Middleware(calls, func(api string) { publisher.AWSCallError(api) })}),
 		config.WithRetryMaxAttempts(5),
 	}
-	if o.Region != "" {
+	if o.Region != "" && o.Region != options.OriginAny {
 		loaders = append(loaders, config.WithRegion(o.Region))
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx, loaders...)
@@ -89,6 +90,12 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		awsCfg.BaseEndpoint = aws.String(o.AWSEndpointURL)
 	}
 	sqsClient, ec2Client := sqs.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg)
+	// The account and region events must come from: a guard against misconfiguration.
+	account, region, err := intake.ResolveOrigin(ctx, sts.NewFromConfig(awsCfg), o.Account, o.Region, awsCfg.Region)
+	if err != nil {
+		return err
+	}
+	log.Info("accepting events of", "account", cmp.Or(account, "any"), "region", cmp.Or(region, "any"))
 	clk := clock.RealClock{}
 	if o.CloudWatchMetrics {
 		cw := cloudwatch.NewFromConfig(awsCfg, func(co *cloudwatch.Options) {
@@ -293,13 +300,13 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		// Karpenter's own poller is off (its role is denied ec2:DescribeInstanceStatus): the
 		// router polls instead, and its findings take the same pipeline as the queue's events.
 		p := poller.New(ec2Client, poller.NewClusterInstances(mgr.GetCache()), pipe, clk, log.With("component", "poller"), reg,
-			poller.Options{Interval: o.InstanceStatusInterval, Account: o.Account, Region: awsCfg.Region}).WithHeldImpaired(deferrals)
+			poller.Options{Interval: o.InstanceStatusInterval, Account: account, Region: awsCfg.Region}).WithHeldImpaired(deferrals)
 		if err := mgr.Add(p); err != nil { // leader only
 			return err
 		}
 	}
 	in := intake.New(intake.Config{
-		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: o.Account, Region: o.Region,
+		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: account, Region: region, SenderIDs: o.SenderIDs,
 		Workers: o.Workers, Receivers: o.Receivers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout, MaxReceives: o.MaxReceives,
 	}, sqsClient, pipe, m, pub, clk, log)
 	if err := mgr.Add(in); err != nil {

@@ -149,6 +149,7 @@ const (
 	// Reasons the intake gives when carrying an event out fails for good.
 	ReasonUnrecordable     Reason = "unrecordable"      // its outcome cannot be recorded on the NodeClaim (refused by the API server for size)
 	ReasonRetriesExhausted Reason = "retries-exhausted" // failed on every one of --max-receives deliveries (the detail says the last error)
+	ReasonForeignSender    Reason = "foreign-sender"    // sent by a principal not in --sender-ids (the detail names it)
 )
 
 // RejectError is the outcome of a message the router cannot act on.

@@ -10,12 +10,17 @@ package intake
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
@@ -46,7 +51,16 @@ const (
 	AttrDetail          = "healthrouter.detail"
 	AttrSourceMessageID = "healthrouter.source-message-id"
 	AttrReceiveCount    = "healthrouter.receive-count"
+	// AttrOriginalSize and AttrBodySHA256 are set on a dead letter whose body was truncated
+	// to fit SQS's size limit: the size and the SHA-256 (hex) of the body as received.
+	AttrOriginalSize = "healthrouter.original-size"
+	AttrBodySHA256   = "healthrouter.body-sha256"
 )
+
+// maxMessageSize is SQS's limit of one message, its body and its attributes together: the
+// MaximumMessageSize of the Terraform module's queues (the AWS provider's default). SQS
+// allows more on a queue configured for it, never less, so a dead letter within it fits.
+const maxMessageSize = 256 * 1024
 
 // sqsAPI is the part of SQS the intake uses.
 type sqsAPI interface {
@@ -62,6 +76,10 @@ type Config struct {
 	DeadLetterQueueURL string
 	// Account and Region, when set, reject events from elsewhere as foreign.
 	Account, Region string
+	// SenderIDs, when set, are the only senders whose messages the intake acts on (SQS's
+	// SenderId: an IAM user's ID, or a role's ID, AROA..., which stands for every session of
+	// the role); a message of another sender is dead-lettered as foreign-sender.
+	SenderIDs []string
 	// Workers is how many messages are worked on at once.
 	Workers int
 	// Receivers is how many receive loops fill the workers: each has one ReceiveMessage in
@@ -181,7 +199,7 @@ func (in *Intake) receive(ctx, work context.Context, slots chan struct{}, share 
 		out, err := in.sqs.ReceiveMessage(work, &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(in.cfg.QueueURL), MaxNumberOfMessages: int32(n),
 			WaitTimeSeconds: int32(in.cfg.WaitTime / time.Second), VisibilityTimeout: int32(in.cfg.Visibility / time.Second),
-			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp, sqstypes.MessageSystemAttributeNameSenderId},
 			MessageAttributeNames:       []string{"All"},
 		})
 		var msgs []sqstypes.Message
@@ -274,7 +292,9 @@ func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 	// kinds AWS sends, and refuses the router's own (a forged "impaired" finding would have
 	// the instance it names drained).
 	ev, err := event.ParseReceived(body)
-	if err == nil {
+	if sender := m.Attributes[string(sqstypes.MessageSystemAttributeNameSenderId)]; !in.senderAllowed(sender) {
+		err = &event.RejectError{Reason: event.ReasonForeignSender, Detail: fmt.Sprintf("sent by %q, not one of --sender-ids", sender)}
+	} else if err == nil {
 		err = event.CheckOrigin(ev, in.cfg.Account, in.cfg.Region)
 	}
 	kind := string(ev.Kind)
@@ -311,6 +331,18 @@ func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 	return in.delete(m)
 }
 
+// senderAllowed says whether a message's SenderId is one of Config.SenderIDs (any, when
+// none are set). An ID without a colon (an IAM user's, or a role's) matches the sender itself
+// and every session of it (<role ID>:<session name>): the dispatcher's sessions are named
+// after the Lambda, a redrive's after whoever ran it.
+func (in *Intake) senderAllowed(sender string) bool {
+	if len(in.cfg.SenderIDs) == 0 {
+		return true
+	}
+	principal, _, _ := strings.Cut(sender, ":")
+	return sender != "" && (slices.Contains(in.cfg.SenderIDs, sender) || slices.Contains(in.cfg.SenderIDs, principal))
+}
+
 // delete deletes the message, sharing a DeleteMessageBatch with the messages finished at the
 // same time.
 func (in *Intake) delete(m sqstypes.Message) finish {
@@ -329,22 +361,9 @@ func (in *Intake) retry(m sqstypes.Message) finish {
 
 // deadLetter sends the message to the dead-letter queue with its reason, then deletes it.
 func (in *Intake) deadLetter(ctx context.Context, m sqstypes.Message, re *event.RejectError) error {
-	detail := re.Detail
-	if len(detail) > 1024 {
-		detail = detail[:1024]
-	}
-	body := aws.ToString(m.Body)
-	if body == "" {
-		body = "(empty message)" // SQS refuses an empty body
-	}
+	body, attrs := deadLetterMessage(m, re)
 	_, err := in.sqs.SendMessage(ctx, &sqs.SendMessageInput{
-		QueueUrl: aws.String(in.cfg.DeadLetterQueueURL), MessageBody: aws.String(body),
-		MessageAttributes: map[string]sqstypes.MessageAttributeValue{
-			AttrReason:          str(string(re.Reason)),
-			AttrDetail:          str(detail),
-			AttrSourceMessageID: str(aws.ToString(m.MessageId)),
-			AttrReceiveCount:    {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(receiveCount(m)))},
-		},
+		QueueUrl: aws.String(in.cfg.DeadLetterQueueURL), MessageBody: aws.String(body), MessageAttributes: attrs,
 	})
 	if err != nil {
 		// Not deleted: the message comes back and is dead-lettered then.
@@ -352,8 +371,52 @@ func (in *Intake) deadLetter(ctx context.Context, m sqstypes.Message, re *event.
 	}
 	in.metrics.DeadLettered.WithLabelValues(string(re.Reason)).Inc()
 	in.publisher.DeadLettered()
-	in.log.Warn("dead-lettered", "message", aws.ToString(m.MessageId), "reason", re.Reason, "detail", re.Detail)
+	in.log.Warn("dead-lettered", "message", aws.ToString(m.MessageId), "reason", re.Reason, "detail", aws.ToString(attrs[AttrDetail].StringValue))
 	return in.delete(m)(ctx)
+}
+
+// deadLetterMessage is the dead letter of m: its body and the reason's attributes. SQS counts
+// the attributes in its size limit, so a body that fitted the intake queue alone may not fit
+// beside them; it is then truncated (at a character boundary) to fit, and the attributes give
+// its original size and digest, and the detail says so: a dead letter SQS refused would leave
+// the message to churn until the redrive, which gives no reason.
+func deadLetterMessage(m sqstypes.Message, re *event.RejectError) (string, map[string]sqstypes.MessageAttributeValue) {
+	detail := re.Detail
+	if len(detail) > 1024 {
+		detail = strings.ToValidUTF8(detail[:1024], "")
+	}
+	body := aws.ToString(m.Body)
+	if body == "" {
+		body = "(empty message)" // SQS refuses an empty body
+	}
+	attrs := map[string]sqstypes.MessageAttributeValue{
+		AttrReason:          str(string(re.Reason)),
+		AttrDetail:          str(detail),
+		AttrSourceMessageID: str(aws.ToString(m.MessageId)),
+		AttrReceiveCount:    {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(receiveCount(m)))},
+	}
+	if len(body)+attributesSize(attrs) <= maxMessageSize {
+		return body, attrs
+	}
+	sum := sha256.Sum256([]byte(body))
+	attrs[AttrOriginalSize] = sqstypes.MessageAttributeValue{DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(len(body)))}
+	attrs[AttrBodySHA256] = str(hex.EncodeToString(sum[:]))
+	attrs[AttrDetail] = str(fmt.Sprintf("body truncated to fit SQS's size limit (original %d bytes, SHA-256 in %s); %s", len(body), AttrBodySHA256, detail))
+	n := maxMessageSize - attributesSize(attrs)
+	for n > 0 && !utf8.RuneStart(body[n]) {
+		n--
+	}
+	return body[:n], attrs
+}
+
+// attributesSize is what message attributes count towards SQS's size limit: each one's
+// name, data type and value.
+func attributesSize(attrs map[string]sqstypes.MessageAttributeValue) int {
+	size := 0
+	for name, a := range attrs {
+		size += len(name) + len(aws.ToString(a.DataType)) + len(aws.ToString(a.StringValue)) + len(a.BinaryValue)
+	}
+	return size
 }
 
 func (in *Intake) visibility(ctx context.Context, m sqstypes.Message, d time.Duration) error {

@@ -40,7 +40,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: MessagesReceived, Help: "Intake messages received, by event kind (unknown for those that do not parse).",
 		}, []string{LabelKind}),
 		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MessagesDeadLettered, Help: "Intake messages sent to the dead-letter queue, by reason (the parser's, plus unrecordable and retries-exhausted).",
+			Name: MessagesDeadLettered, Help: "Intake messages sent to the dead-letter queue, by reason (the parser's, plus unrecordable, retries-exhausted and foreign-sender).",
 		}, []string{LabelReason}),
 		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: EventLatency, Help: "Seconds from the event's time to its outcome being done (signalled, ignored, skipped), for events not deferred.",

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -114,6 +115,16 @@ const (
 	DefaultReceivers = 1
 )
 
+// OriginAny, as --account or --region, switches that half of the origin check off (the
+// intake's OriginAny).
+const OriginAny = "any"
+
+// senderID is an SQS SenderId: an IAM user's or role's unique ID, or a role's with a session.
+var senderID = regexp.MustCompile(`^[A-Z0-9]{4,128}(:[\w+=,.@-]{1,64})?$`)
+
+// accountID is an AWS account ID.
+var accountID = regexp.MustCompile(`^[0-9]{12}$`)
+
 // Run is the configuration of `health-router run`.
 type Run struct {
 	QueueURL           string
@@ -122,12 +133,14 @@ type Run struct {
 	Signal             signal.Mode
 	Workers            int
 	// Receivers is how many SQS receive loops fill the Workers (intake.Config.Receivers).
-	Receivers      int
-	Visibility     time.Duration
-	WaitTime       time.Duration
-	HandleTimeout  time.Duration
-	Region         string
-	Account        string
+	Receivers     int
+	Visibility    time.Duration
+	WaitTime      time.Duration
+	HandleTimeout time.Duration
+	Region        string
+	Account       string
+	// SenderIDs are the only SQS senders the intake acts on (intake.Config.SenderIDs).
+	SenderIDs      []string
 	AWSEndpointURL string
 	Gates          featuregate.MutableFeatureGate
 	Kubeconfig     string
@@ -208,8 +221,19 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
 	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls), plus 25 ms per instance it names; past it the message is retried with backoff, and the retry skips the instances whose outcome is recorded")
-	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment); events from other regions are dead-lettered as foreign")
-	fs.StringVar(&o.Account, "account", "", "AWS account ID; when set, events from other accounts are dead-lettered as foreign")
+	fs.StringVar(&o.Region, "region", "", "AWS region (default: the AWS SDK's, from AWS_REGION or the profile); events of other regions are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every region")
+	fs.StringVar(&o.Account, "account", "", "AWS account ID (default: the router's own, from sts:GetCallerIdentity, which needs no permission); events of other accounts are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every account")
+	fs.Func("sender-ids", "comma-separated SQS SenderIds the intake acts on; a message of another sender is dead-lettered as foreign-sender (default: any sender, the queue policy decides). A role's ID (AROA..., from aws iam get-role) stands for every session of the role; see running.md for EventBridge's", func(v string) error {
+		o.SenderIDs = nil
+		for _, id := range strings.Split(v, ",") {
+			id = strings.TrimSpace(id)
+			if !senderID.MatchString(id) {
+				return fmt.Errorf("%q is not an SQS SenderId (AIDA..., AROA... or AROA...:session)", id)
+			}
+			o.SenderIDs = append(o.SenderIDs, id)
+		}
+		return nil
+	})
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins such as moto_server); empty for AWS")
 	gateFlag = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true); keep them equal to Karpenter's")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
@@ -297,6 +321,8 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--max-receives %d: want 0 (never) or more", o.MaxReceives)
 	case o.AlertmanagerURL != "" && !validHTTPURL(o.AlertmanagerURL):
 		return o, fmt.Errorf("--alertmanager-url %q: want an http or https URL", o.AlertmanagerURL)
+	case o.Account != "" && o.Account != OriginAny && !accountID.MatchString(o.Account):
+		return o, fmt.Errorf("--account %q: want a 12-digit AWS account ID, %s, or empty for the router's own", o.Account, OriginAny)
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":

@@ -2,6 +2,7 @@ package options
 
 import (
 	"flag"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +181,40 @@ func TestFlagSets(t *testing.T) {
 	}
 	if got := strings.Join(names, " "); got != "run doctor replay status" {
 		t.Errorf("commands %q, want run doctor replay status", got)
+	}
+}
+
+// --account is a 12-digit ID, any (the check off), or empty (the router's own, from STS): a
+// typo would otherwise dead-letter every event as foreign.
+func TestRunAccount(t *testing.T) {
+	for account, ok := range map[string]bool{"": true, "any": true, "111122223333": true, "11112222333": false, "prod": false} {
+		_, err := ParseRun([]string{"--queue-url", "q", "--dead-letter-queue-url", "d", "--account", account}, func(string) string { return "" })
+		if (err == nil) != ok || (err != nil && !strings.Contains(err.Error(), "--account")) {
+			t.Errorf("--account %q: %v, want accepted: %v", account, err, ok)
+		}
+	}
+}
+
+func TestRunSenderIDs(t *testing.T) {
+	for value, want := range map[string][]string{
+		"":                                 nil,
+		"AIDAEVENTBRIDGE":                  {"AIDAEVENTBRIDGE"},
+		"AIDAEVENTBRIDGE, AROADISPATCHER":  {"AIDAEVENTBRIDGE", "AROADISPATCHER"},
+		"AROADISPATCHER:hr-prod-dispatch1": {"AROADISPATCHER:hr-prod-dispatch1"},
+	} {
+		o, err := ParseRun([]string{"--queue-url", "q", "--dead-letter-queue-url", "d"}, func(k string) string {
+			if k == "HEALTH_ROUTER_SENDER_IDS" {
+				return value
+			}
+			return ""
+		})
+		if err != nil || !slices.Equal(o.SenderIDs, want) {
+			t.Errorf("HEALTH_ROUTER_SENDER_IDS=%q: %v %v, want %v", value, o.SenderIDs, err, want)
+		}
+	}
+	for _, bad := range []string{"AIDA,,AROA", "arn:aws:iam::111122223333:role/x", "AIDA X"} {
+		if _, err := ParseRun([]string{"--queue-url", "q", "--dead-letter-queue-url", "d", "--sender-ids", bad}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "sender-ids") {
+			t.Errorf("--sender-ids %q: %v, want an error naming the flag", bad, err)
+		}
 	}
 }

@@ -48,10 +48,12 @@ func WrittenKeys() []Written {
 		{Key: upcoming.TaintKey, On: "Node taint (`PreferNoSchedule`, value: the event kind)",
 			Doc: "in a pool annotated `" + policy.AnnotationTaintUpcoming + "=true`, while the node has a pending outcome: new pods prefer other nodes, nothing is evicted for it; removed with the label"},
 		{Key: intake.AttrReason, On: "dead-letter message attribute",
-			Doc: "why the router could not act on the message: the parser's reason (`malformed`, `unknown-kind`, `unsupported`, `invalid`, `foreign`, `oversized`), `unrecordable` or `retries-exhausted`"},
-		{Key: intake.AttrDetail, On: "dead-letter message attribute", Doc: "the reason in words (for `retries-exhausted`, the last error)"},
+			Doc: "why the router could not act on the message: the parser's reason (`malformed`, `unknown-kind`, `unsupported`, `invalid`, `foreign`, `oversized`), `unrecordable`, `retries-exhausted`, or `foreign-sender` (a SenderId not in `--sender-ids`)"},
+		{Key: intake.AttrDetail, On: "dead-letter message attribute", Doc: "the reason in words (for `retries-exhausted`, the last error); it begins `body truncated` when the body was cut to fit SQS's size limit"},
 		{Key: intake.AttrSourceMessageID, On: "dead-letter message attribute", Doc: "the SQS message ID of the message in the intake queue"},
 		{Key: intake.AttrReceiveCount, On: "dead-letter message attribute", Doc: "how many times the intake queue delivered it"},
+		{Key: intake.AttrOriginalSize, On: "dead-letter message attribute", Doc: "only when the body was truncated (body and attributes must fit SQS's 256 KiB): the size in bytes of the body as received"},
+		{Key: intake.AttrBodySHA256, On: "dead-letter message attribute", Doc: "only when the body was truncated: the SHA-256 (hex) of the body as received"},
 	}
 }
 

@@ -376,8 +376,12 @@ func (s *SQS) operate(q *sqsQueue, op string, in sqsInput) (any, *sqsError) {
 }
 
 func (s *SQS) send(q *sqsQueue, now time.Time, body string, delaySeconds *int, attrs json.RawMessage) (id, sum string, err *sqsError) {
-	if body == "" || len(body) > 256*1024 {
-		return "", "", errInvalid("the message body must be 1 byte to 256 KiB")
+	if body == "" {
+		return "", "", errInvalid("the message body must not be empty")
+	}
+	// SQS counts the attributes in the limit: each one's name, data type and value.
+	if size := len(body) + attributesSize(attrs); size > MaxMessageSize {
+		return "", "", errInvalid("One or more parameters are invalid. Reason: Message must be shorter than %d bytes (body and attributes: %d).", MaxMessageSize, size)
 	}
 	delay := q.delay
 	if delaySeconds != nil {
@@ -399,6 +403,27 @@ func (s *SQS) send(q *sqsQueue, now time.Time, body string, delaySeconds *int, a
 	}
 	h := md5.Sum([]byte(body))
 	return m.id, hex.EncodeToString(h[:]), nil
+}
+
+// MaxMessageSize is the limit of a message, body and attributes, as the Terraform module's
+// queues have it (262,144 bytes, the AWS provider's default).
+const MaxMessageSize = 256 * 1024
+
+// attributesSize is what message attributes count towards MaxMessageSize.
+func attributesSize(raw json.RawMessage) int {
+	var attrs map[string]struct {
+		DataType    string
+		StringValue string
+		BinaryValue []byte
+	}
+	if len(raw) == 0 || json.Unmarshal(raw, &attrs) != nil {
+		return 0
+	}
+	n := 0
+	for name, a := range attrs {
+		n += len(name) + len(a.DataType) + len(a.StringValue) + len(a.BinaryValue)
+	}
+	return n
 }
 
 // remove deletes the message a receipt handle (of any of its receives) names.

@@ -193,6 +193,11 @@ func TestSQSRefusals(t *testing.T) {
 			_, err := c.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle, VisibilityTimeout: 5})
 			return err
 		}, "AWS.SimpleQueueService.MessageNotInflight"},
+		{"body and attributes over the size limit", func() error {
+			_, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(url), MessageBody: aws.String(strings.Repeat("x", MaxMessageSize-10)),
+				MessageAttributes: map[string]sqstypes.MessageAttributeValue{"reason": {DataType: aws.String("String"), StringValue: aws.String("malformed")}}})
+			return err
+		}, "InvalidParameterValue"},
 		{"wait over 20 s", func() error {
 			_, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), WaitTimeSeconds: 21})
 			return err

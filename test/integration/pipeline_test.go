@@ -191,7 +191,7 @@ func (s *stage) routerStoppable(mode signal.Mode, opts ...func(*options.Run)) (s
 	s.t.Helper()
 	o := options.Run{
 		QueueURL: s.intakeURL, DeadLetterQueueURL: s.dlqURL, Signal: mode, Workers: 4,
-		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 3 * time.Second, Region: harness.Region, AWSEndpointURL: s.moto,
+		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 3 * time.Second, Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: s.moto,
 		Gates: checks.NewFeatureGates(), MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
 		KubeClientQPS: 200, KubeClientBurst: 300, InstanceParallelism: 16, ForwardConfirmTimeout: 20 * time.Second,
 	}

@@ -115,7 +115,7 @@ func startRouter(t testing.TB, name string, mode signal.Mode, opts ...func(*opti
 	o := options.Run{
 		QueueURL: intake, DeadLetterQueueURL: queue(t, name+"-dlq"), Signal: mode, Workers: 10,
 		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 5 * time.Second,
-		Region: harness.Region, AWSEndpointURL: stage.Moto, Gates: checks.NewFeatureGates(),
+		Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: stage.Moto, Gates: checks.NewFeatureGates(),
 		MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
 	}
 	if mode == signal.ModeForward {

@@ -351,7 +351,7 @@ func (b *bench) router(name string, cfg *rest.Config) (intake string, stop func(
 		QueueURL: intake, DeadLetterQueueURL: dlq, KarpenterQueueURL: b.stage.QueueURL, Signal: signal.ModeForward,
 		Workers: options.DefaultWorkers, Receivers: options.DefaultReceivers,
 		Visibility: 30 * time.Second, WaitTime: 20 * time.Second, HandleTimeout: time.Minute,
-		Region: harness.Region, AWSEndpointURL: b.stage.Endpoint, Gates: checks.NewFeatureGates(),
+		Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: b.stage.Endpoint, Gates: checks.NewFeatureGates(),
 		MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
 	}
 	ctx, cancel := context.WithCancel(b.ctx)

@@ -38,7 +38,7 @@ func startRouter(ctx context.Context, bin, kubeconfig, queueURL, dlqURL, motoURL
 	p := &routerProc{metrics: freePort(), probe: freePort(), done: make(chan error, 1)}
 	p.cmd = exec.CommandContext(ctx, bin, "run",
 		"--queue-url", queueURL, "--dead-letter-queue-url", dlqURL, "--signal", "delete-nodeclaim",
-		"--kubeconfig", kubeconfig, "--leader-elect=false", "--aws-endpoint-url", motoURL, "--region", "eu-west-1",
+		"--kubeconfig", kubeconfig, "--leader-elect=false", "--aws-endpoint-url", motoURL, "--region", "eu-west-1", "--account", "any",
 		"--feature-gates", "ReservedCapacity=false", "--wait-time", "1s", "--visibility-timeout", "10s", "--log-level", "error",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", p.metrics), "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", p.probe),
 		"--kube-client-qps", fmt.Sprint(f.qps), "--kube-client-burst", fmt.Sprint(f.burst), "--instance-parallelism", fmt.Sprint(f.parallel))

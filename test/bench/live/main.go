@@ -825,7 +825,7 @@ func (b *bench) routerRun(ctx context.Context, kube client.Client, uids map[stri
 	o := options.Run{
 		QueueURL: intakeURL, DeadLetterQueueURL: dlqURL, Signal: signal.ModeDeleteNodeClaim,
 		Workers: options.DefaultWorkers, Receivers: options.DefaultReceivers,
-		Visibility: 30 * time.Second, WaitTime: time.Second, HandleTimeout: 2 * time.Minute, Region: harness.Region, AWSEndpointURL: motoURL,
+		Visibility: 30 * time.Second, WaitTime: time.Second, HandleTimeout: 2 * time.Minute, Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: motoURL,
 		Gates: gates, MetricsBindAddress: "0", HealthProbeBindAddress: fmt.Sprintf("127.0.0.1:%d", probe), ShutdownTimeout: 10 * time.Second,
 		KubeClientQPS: b.f.qps, KubeClientBurst: b.f.burst, InstanceParallelism: b.f.parallel,
 	}

@@ -104,7 +104,7 @@ func runWithKarpenter(root string) error {
 	}
 	o := options.Run{
 		QueueURL: aws.ToString(intake.QueueUrl), DeadLetterQueueURL: aws.ToString(dlq.QueueUrl), KarpenterQueueURL: stage.QueueURL, Signal: signal.ModeForward,
-		Workers: 4, Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 10 * time.Second, Region: harness.Region, AWSEndpointURL: stage.Moto,
+		Workers: 4, Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 10 * time.Second, Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: stage.Moto,
 		Gates: checks.NewFeatureGates(), MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
 	}
 	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": harness.Region} {

@@ -152,7 +152,7 @@ func run() error {
 	_ = gates.Set("ReservedCapacity=false")
 	o := options.Run{
 		QueueURL: intakeURL, DeadLetterQueueURL: dlqURL, Signal: signal.ModeDeleteNodeClaim, Workers: 4,
-		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 30 * time.Second, Region: region, AWSEndpointURL: motoURL,
+		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 30 * time.Second, Region: region, Account: options.OriginAny, AWSEndpointURL: motoURL,
 		Gates: gates, MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
 	}
 	routerCtx, stopRouter := context.WithCancel(ctx)
