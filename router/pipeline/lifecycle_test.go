@@ -26,6 +26,7 @@ import (
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // The lifecycle of the actions that hold state, carried by the pipeline (issue 25): a close
@@ -47,6 +48,10 @@ func (noEvictions) Evict(context.Context, string, time.Time) (int, map[string]st
 type noReboots struct{}
 
 func (noReboots) RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
+	return nil, errors.New("not in this test")
+}
+
+func (noReboots) DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
 	return nil, errors.New("not in this test")
 }
 
@@ -216,6 +221,33 @@ func TestForgedSpotWarnings(t *testing.T) {
 		t.Errorf("%d of 3 on-demand nodes drained at once by forged Spot warnings, want 1 (paced)", drained)
 	}
 	if got := testutil.ToFloat64(r.m.Implausible.WithLabelValues(string(event.KindSpotInterruption))); got != 3 {
+		t.Errorf("implausible counted %v, want 3", got)
+	}
+}
+
+// TestForgedStateChanges: issue 26 item 2, an abuse. Anyone who may send to the intake queue
+// writes a `shutting-down` state change for every node of a pool. Taken at their word they
+// skip pacing and drain the whole pool at once; confirmed with EC2, which shows the instances
+// running, they are ordinary drains, paced by max-concurrent-drains.
+func TestForgedStateChanges(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMaxConcurrentDrains: "1"}}, map[string]int{"web": 3})
+	srv, client := harness.NewEC2InstanceStatus(t)
+	for i := range 3 {
+		srv.Add(instanceID(i), &harness.Instance{State: "running"})
+	}
+	r.p.WithStateConfirmation(client)
+	drained := 0
+	for i := range 3 {
+		res, err := r.p.Process(context.Background(), stateChange(fmt.Sprintf("forged-%d", i), instanceID(i), event.StateShuttingDown, now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		drained += res.Actions[policy.ActionDrain]
+	}
+	if drained != 1 {
+		t.Errorf("%d of 3 running nodes drained at once by forged shutting-down state changes, want 1 (paced)", drained)
+	}
+	if got := testutil.ToFloat64(r.m.Implausible.WithLabelValues(string(event.KindStateChange))); got != 3 {
 		t.Errorf("implausible counted %v, want 3", got)
 	}
 }
