@@ -16,7 +16,7 @@ const (
 	AlreadyRecorded      = "health_router_decision_already_recorded_total"     // instances of a redelivered event whose outcome was recorded
 	ForwardUnconfirmed   = "health_router_signal_forward_unconfirmed_total"    // forwards Karpenter did not act on; the NodeClaim was deleted instead
 	Redecisions          = "health_router_deferral_redecisions_total"          // labels: hold
-	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts, repair-cutoff); drains a gate held
+	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts, repair-cutoff, urgent-breaker); drains a gate held
 	Unmanaged            = "health_router_decision_unmanaged_total"            // labels: kind, action; events for nodes Karpenter does not manage
 	Implausible          = "health_router_decision_implausible_total"          // labels: kind; urgent events that do not fit their node (a Spot warning for an on-demand node), decided as ordinary drains
 	Reschedules          = "health_router_reschedules_total"                   // label: result; scheduled events moved into a pool's window

@@ -67,7 +67,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Redecisions, Help: "Deferrals decided again when due or released, by what they waited for (hold).",
 		}, []string{LabelHold}),
 		GateHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off), by gate (pdb, alerts, repair-cutoff).",
+			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off, an urgent drain over the pool's urgent-drain breaker), by gate (pdb, alerts, repair-cutoff, urgent-breaker).",
 		}, []string{LabelGate}),
 		Implausible: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Implausible, Help: "Urgent events that do not fit the node they name (a Spot interruption warning for a node that is not Spot, a capacity-reservation interruption for one that is not reserved), by kind: decided as ordinary drains, paced and gated, and never forwarded to Karpenter.",

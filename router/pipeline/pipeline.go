@@ -580,8 +580,11 @@ func (p *Pipeline) count(ev event.Event, o engine.Outcome) {
 	if o.Resolved.Node != nil && o.Resolved.NodeClaim == nil {
 		p.metrics.Unmanaged.WithLabelValues(string(ev.Kind), string(d.Action)).Inc()
 	}
-	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts || d.Hold == policy.HoldRepairCutoff) {
+	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts || d.Hold == policy.HoldRepairCutoff || d.Hold == policy.HoldUrgentBreaker) {
 		p.metrics.GateHolds.WithLabelValues(string(d.Hold)).Inc()
+	}
+	if d.Action == policy.ActionDefer && d.Hold == policy.HoldUrgentBreaker {
+		p.signal.UrgentDrainsHeld(o.Resolved, ev, d)
 	}
 }
 
