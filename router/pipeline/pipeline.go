@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
 	"k8s.io/utils/clock"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -85,13 +86,14 @@ type Pipeline struct {
 	clock     clock.PassiveClock
 	log       *slog.Logger
 	parallel  int
-	nodes     NodeDrainer    // nil: unmanaged nodes are not drained
-	notify    Notifier       // nil: no notifications
-	pods      PodNotifier    // nil: the pods are not told
-	resched   Rescheduler    // nil: no event is moved
-	inPlace   InPlacer       // nil: a reboot in place is replaced instead
-	holders   []Holder       // every action that holds state: a close reaches each
-	states    InstanceStates // nil: an urgent state change is taken at its word
+	nodes     NodeDrainer        // nil: unmanaged nodes are not drained
+	notify    Notifier           // nil: no notifications
+	pods      PodNotifier        // nil: the pods are not told
+	resched   Rescheduler        // nil: no event is moved
+	inPlace   InPlacer           // nil: a reboot in place is replaced instead
+	holders   []Holder           // every action that holds state: a close reaches each
+	states    InstanceStates     // nil: an urgent state change is taken at its word
+	stateOf   singleflight.Group // one DescribeInstanceStatus at a time per instance (a shutting-down and its terminated arrive together)
 	fresh     client.Reader
 	cluster   string
 }
@@ -433,12 +435,18 @@ func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, 
 // the instance: terminated a while ago). An answer without the instance or its state is an
 // error: nothing was confirmed.
 func (p *Pipeline) instanceState(ctx context.Context, id string) (ec2types.InstanceStateName, error) {
-	out, err := p.states.DescribeInstanceStatus(ctx, &ec2.DescribeInstanceStatusInput{InstanceIds: []string{id}, IncludeAllInstances: aws.Bool(true)})
+	v, err, _ := p.stateOf.Do(id, func() (any, error) {
+		return p.states.DescribeInstanceStatus(ctx, &ec2.DescribeInstanceStatusInput{InstanceIds: []string{id}, IncludeAllInstances: aws.Bool(true)})
+	})
+	out, _ := v.(*ec2.DescribeInstanceStatusOutput)
 	if err != nil {
 		if ae := smithy.APIError(nil); errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound" {
 			return "", nil
 		}
 		return "", fmt.Errorf("describing the status of instance %s: %w", id, err)
+	}
+	if out == nil {
+		return "", fmt.Errorf("describing the status of instance %s: no answer", id)
 	}
 	for _, st := range out.InstanceStatuses {
 		if aws.ToString(st.InstanceId) == id && st.InstanceState != nil && st.InstanceState.Name != "" {
