@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -109,7 +110,14 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		restCfg.QPS, restCfg.Burst = options.DefaultKubeClientQPS, options.DefaultKubeClientBurst
 	}
 	trim := cluster.NewTrimmer()
-	var kubeClient client.Client // the manager's client, for the calendar handler made before it
+	metricsOpts := metricsserver.Options{BindAddress: o.MetricsBindAddress}
+	if o.MetricsSecure {
+		// HTTPS (a self-signed certificate unless one is given), and a caller the API server
+		// authenticates (TokenReview) and authorizes for GET /metrics (SubjectAccessReview):
+		// Karpenter's and kubebuilder's scaffold.
+		metricsOpts.SecureServing = true
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme: scheme,
 		Cache:  CacheOptions(scheme, trim),
@@ -120,16 +128,23 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		// The planned-maintenance calendar is served beside /metrics (read on each request).
-		Metrics: metricsserver.Options{BindAddress: o.MetricsBindAddress, ExtraHandlers: map[string]http.Handler{
-			calendar.Path: calendar.Handler(calendarReader{&kubeClient}, clk)}},
+		// Nothing but /metrics: the calendar names nodes and events, and has a listener of its
+		// own, off unless --calendar-bind-address asks for it.
+		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  o.HealthProbeBindAddress,
 		GracefulShutdownTimeout: &o.ShutdownTimeout,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	kubeClient = mgr.GetClient()
+	if o.CalendarBindAddress != "" {
+		// Every replica serves it, from its own cache (read on each request).
+		clog := log.With("component", "calendar")
+		h := calendar.Handler(mgr.GetClient(), clk, calendar.HandlerOptions{Log: clog})
+		if err := mgr.Add(calendar.NewServer(o.CalendarBindAddress, h, clog)); err != nil {
+			return err
+		}
+	}
 	if err := cluster.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -363,18 +378,6 @@ type leaderRunnable func(context.Context) error
 
 func (f leaderRunnable) Start(ctx context.Context) error { return f(ctx) }
 func (f leaderRunnable) NeedLeaderElection() bool        { return true }
-
-// calendarReader reads through the manager's client once the manager exists: the metrics
-// server (and its calendar handler) is configured before it.
-type calendarReader struct{ c *client.Client }
-
-func (r calendarReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	return (*r.c).Get(ctx, key, obj, opts...)
-}
-
-func (r calendarReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	return (*r.c).List(ctx, list, opts...)
-}
 
 // CacheOptions are the options of the router's cache: it caches what it reads, not what
 // Kubernetes stores (see router/cluster). The live bench (test/bench/live) builds the same

@@ -193,14 +193,30 @@ func New(horizon time.Duration) *Calendar {
 // the Calendar first wrote the event as it is now (RFC 5545 3.8.7.2: without METHOD, DTSTAMP
 // is when the information was last revised), so an unchanged feed is byte for byte the same.
 func (c *Calendar) Build(rep status.Report) *ics.Calendar {
+	cal, _ := c.build(rep, 0)
+	return cal
+}
+
+// build is Build keeping the soonest maxEvents entries (all when maxEvents is not positive);
+// it returns how many it left out, which the calendar's description tells its reader.
+func (c *Calendar) build(rep status.Report, maxEvents int) (*ics.Calendar, int) {
 	entries := Entries(rep, c.horizon)
+	omitted := 0
+	if maxEvents > 0 && len(entries) > maxEvents {
+		// Entries are soonest first: what is left out is what is furthest away.
+		omitted, entries = len(entries)-maxEvents, entries[:maxEvents]
+	}
 	revs := c.revise(rep, entries)
 
 	cal := ics.NewCalendarFor("health-router")
 	cal.SetProductId(ProductID)
 	cal.SetCalscale("GREGORIAN")
 	cal.SetXWRCalName("health-router maintenance")
-	cal.SetXWRCalDesc("Drains the router plans and the NodePools' maintenance windows")
+	desc := "Drains the router plans and the NodePools' maintenance windows"
+	if omitted > 0 {
+		desc += fmt.Sprintf(" (the soonest %d shown; %d later ones left out: ask for one pool with ?nodepool=)", maxEvents, omitted)
+	}
+	cal.SetXWRCalDesc(desc)
 	// Clients poll a subscribed feed at this interval (Outlook reads X-PUBLISHED-TTL).
 	cal.SetRefreshInterval("PT15M")
 	cal.SetXPublishedTTL("PT15M")
@@ -220,16 +236,24 @@ func (c *Calendar) Build(rep status.Report) *ics.Calendar {
 		// Maintenance is not the reader's busy time.
 		ev.SetTimeTransparency(ics.TransparencyTransparent)
 	}
-	return cal
+	return cal, omitted
 }
 
 // Write writes rep's calendar to w.
 func (c *Calendar) Write(w io.Writer, rep status.Report) error {
+	_, err := c.WriteLimited(w, rep, 0)
+	return err
+}
+
+// WriteLimited writes rep's calendar to w with its soonest maxEvents events (all when
+// maxEvents is not positive), and returns how many it left out.
+func (c *Calendar) WriteLimited(w io.Writer, rep status.Report, maxEvents int) (int, error) {
+	cal, omitted := c.build(rep, maxEvents)
 	// RFC 5545 ends lines with CRLF; the library's default is the platform's newline.
-	if err := c.Build(rep).SerializeTo(w, ics.WithNewLineWindows); err != nil {
-		return fmt.Errorf("writing the calendar: %w", err)
+	if err := cal.SerializeTo(w, ics.WithNewLineWindows); err != nil {
+		return omitted, fmt.Errorf("writing the calendar: %w", err)
 	}
-	return nil
+	return omitted, nil
 }
 
 // revise returns the revision of every entry, counting a change of an entry's content (start,

@@ -379,7 +379,9 @@ var next = map[Step][]Step{
 	StepEvict:    {StepEvict, StepReboot, StepAwait, StepFallback},
 	StepReboot:   {StepReboot, StepAwait, StepFallback},
 	StepAwait:    {StepAwait, StepReady, StepUncordon, StepFallback},
-	StepReady:    {StepReady, StepUncordon, StepFallback},
+	StepReady:    {StepReady, StepAwait, StepUncordon, StepFallback}, // back to await: a blip before AWS's reboot
+	StepWait:     {StepWait, StepCordon},
+	StepRelease:  {StepRelease, StepWait},
 	StepUncordon: {StepUncordon, StepDone},
 	StepFallback: {StepFallback},
 	StepDone:     {StepDone},

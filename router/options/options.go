@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -134,8 +136,15 @@ type Run struct {
 	LeaderElectionNamespace string
 	LeaderElectionID        string
 	MetricsBindAddress      string
-	HealthProbeBindAddress  string
-	ShutdownTimeout         time.Duration
+	// MetricsSecure serves /metrics over HTTPS to callers the API server authenticates
+	// (TokenReview) and authorizes for GET /metrics (SubjectAccessReview), as Karpenter's and
+	// kubebuilder's scaffolds do; off, over plain HTTP to anyone who reaches the port.
+	MetricsSecure bool
+	// CalendarBindAddress is where the maintenance calendar (router/calendar) is served, on a
+	// listener of its own; empty: it is not served.
+	CalendarBindAddress    string
+	HealthProbeBindAddress string
+	ShutdownTimeout        time.Duration
 
 	CloudWatchMetrics  bool
 	CloudWatchInterval time.Duration
@@ -208,6 +217,8 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "health-router.healthrouter.io", "name of the leader election Lease")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; 0 to disable")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", false, "serve /metrics over HTTPS (a self-signed certificate) to callers the API server authenticates (TokenReview) and authorizes for GET on the non-resource URL /metrics (SubjectAccessReview); needs create on tokenreviews and subjectaccessreviews. Off: plain HTTP, no authentication")
+	fs.StringVar(&o.CalendarBindAddress, "calendar-bind-address", "", "address (host:port) of the maintenance calendar, GET /calendar.ics, on a listener of its own with no authentication: it names nodes, events and drain times, so keep it inside the cluster (a NetworkPolicy) and never expose it publicly; empty: not served")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready once the cache of Nodes, NodeClaims, NodePools, EC2NodeClasses and PodDisruptionBudgets is synced)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for in-flight messages")
 	fs.BoolVar(&o.CloudWatchMetrics, "cloudwatch-metrics", false, "publish the dashboard metrics to CloudWatch (namespace HealthRouter), from the leader only")
@@ -231,6 +242,17 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
 	headers = fs.String("webhook-headers", "", "headers of every webhook request, name=value,name=value (e.g. Authorization=Bearer <token>); values cannot contain commas")
 	return fs, mode, gateFlag, level, headers
+}
+
+// validBindAddress says whether v is host:port with a port (the host may be empty: every
+// interface).
+func validBindAddress(v string) bool {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil || port == "" {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 0 && n <= 65535
 }
 
 func validHTTPURL(v string) bool {
@@ -297,6 +319,12 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 		return o, fmt.Errorf("--handle-timeout %s: want at least 1s", o.HandleTimeout)
 	case o.ShutdownTimeout <= 0:
 		return o, fmt.Errorf("--shutdown-timeout %s: want a positive duration", o.ShutdownTimeout)
+	case o.CalendarBindAddress != "" && !validBindAddress(o.CalendarBindAddress):
+		return o, fmt.Errorf("--calendar-bind-address %q: want host:port, such as :8082", o.CalendarBindAddress)
+	case o.CalendarBindAddress != "" && o.CalendarBindAddress == o.MetricsBindAddress:
+		return o, fmt.Errorf("--calendar-bind-address %q: the calendar has a listener of its own, apart from --metrics-bind-address", o.CalendarBindAddress)
+	case o.CalendarBindAddress != "" && o.CalendarBindAddress == o.HealthProbeBindAddress:
+		return o, fmt.Errorf("--calendar-bind-address %q: the calendar has a listener of its own, apart from --health-probe-bind-address", o.CalendarBindAddress)
 	}
 	switch signal.Mode(*mode) {
 	case "":

@@ -87,6 +87,34 @@ func TestParseRun(t *testing.T) {
 	}
 }
 
+// TestParseRunExposure: the calendar is off and /metrics unauthenticated unless asked for,
+// from the command line or the environment.
+func TestParseRunExposure(t *testing.T) {
+	req := []string{"--queue-url", "q", "--dead-letter-queue-url", "dlq"}
+	for _, tt := range []struct {
+		name     string
+		args     []string
+		env      map[string]string
+		calendar string
+		secure   bool
+	}{
+		{name: "defaults", args: req},
+		{name: "the calendar on its port", args: append(req, "--calendar-bind-address", ":8082"), calendar: ":8082"},
+		{name: "the calendar on loopback", args: append(req, "--calendar-bind-address", "127.0.0.1:8082"), calendar: "127.0.0.1:8082"},
+		{name: "from the environment", args: req, env: map[string]string{"HEALTH_ROUTER_CALENDAR_BIND_ADDRESS": ":9000", "HEALTH_ROUTER_METRICS_SECURE": "true"}, calendar: ":9000", secure: true},
+		{name: "metrics secure", args: append(req, "--metrics-secure"), secure: true},
+	} {
+		o, err := ParseRun(tt.args, env(tt.env))
+		if err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+			continue
+		}
+		if o.CalendarBindAddress != tt.calendar || o.MetricsSecure != tt.secure {
+			t.Errorf("%s: calendar %q, metrics secure %v; want %q, %v", tt.name, o.CalendarBindAddress, o.MetricsSecure, tt.calendar, tt.secure)
+		}
+	}
+}
+
 func TestParseRunErrorsNameTheFlag(t *testing.T) {
 	req := []string{"--queue-url", "q", "--dead-letter-queue-url", "dlq"}
 	for _, tt := range []struct {
@@ -109,6 +137,10 @@ func TestParseRunErrorsNameTheFlag(t *testing.T) {
 		{append(req, "--workers", "4", "--receivers", "5"), "--receivers"},
 		{append(req, "--pod-events-per-event", "-1"), "--pod-events-per-event"},
 		{append(req, "--log-level", "loud"), "--log-level"},
+		{append(req, "--calendar-bind-address", "8082"), "--calendar-bind-address"},
+		{append(req, "--calendar-bind-address", ":http-alt"), "--calendar-bind-address"},
+		{append(req, "--calendar-bind-address", ":8080"), "--metrics-bind-address"},
+		{append(req, "--calendar-bind-address", ":8081"), "--health-probe-bind-address"},
 	} {
 		_, err := ParseRun(tt.args, env(nil))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {

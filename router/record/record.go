@@ -286,16 +286,6 @@ func lateAfterClose(c Record, ev event.Event, key string) bool {
 	return false
 }
 
-// StaleStop reports whether ev is a stop of the instance (stopping or stopped) that happened
-// before the latest `running` the router handled: the instance has run since, and the stop is
-// over whatever order the events arrived in.
-func (s Set) StaleStop(ev event.Event) bool {
-	if ev.Kind != event.KindStateChange || (ev.State != event.StateStopping && ev.State != event.StateStopped) {
-		return false
-	}
-	return !s.Running.IsZero() && !ev.Time.After(s.Running)
-}
-
 // Put records r (a deferral of its event): it replaces the record of the same event (unless
 // that one has ended: it stays ended), and
 // supersedes the active records it replaces: the same key (an older update of the same

@@ -183,37 +183,6 @@ func TestOneMaintenanceTwoSources(t *testing.T) {
 	}
 }
 
-// TestStaleStop: a stop handled after the `running` that followed it is over.
-func TestStaleStop(t *testing.T) {
-	state := func(id string, st event.InstanceState, at time.Time) event.Event {
-		return event.Event{ID: id, Kind: event.KindStateChange, State: st, Time: at}
-	}
-	var s Set
-	s.Put(Record{EventID: "stop-0", Key: "stop-0", Kind: event.KindStateChange, State: StateDeferred})
-	cancelled, _ := s.Cancel(state("run", event.StateRunning, t0), true)
-	if fmt.Sprint(cancelled) != "[stop-0]" || !s.Running.Equal(t0) {
-		t.Fatalf("running: cancelled %v, running %s", cancelled, s.Running)
-	}
-	for _, tt := range []struct {
-		ev    event.Event
-		stale bool
-	}{
-		{state("late", event.StateStopped, t0.Add(-time.Minute)), true},
-		{state("same-second", event.StateStopping, t0), true},
-		{state("later", event.StateStopped, t0.Add(time.Minute)), false},
-		{state("spot", event.StateShuttingDown, t0.Add(-time.Minute)), false},
-	} {
-		if got := s.StaleStop(tt.ev); got != tt.stale {
-			t.Errorf("%s: stale %v, want %v", tt.ev.ID, got, tt.stale)
-		}
-	}
-	// An older running does not move the marker back.
-	s.Cancel(state("old-run", event.StateRunning, t0.Add(-time.Hour)), true)
-	if !s.Running.Equal(t0) {
-		t.Errorf("running moved back to %s", s.Running)
-	}
-}
-
 func TestDrainedEndsEveryRecord(t *testing.T) {
 	s := Set{Records: []Record{
 		{EventID: "window", Key: "arn:1", State: StateDeferred, Reason: "waiting for the window"},

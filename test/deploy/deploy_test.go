@@ -25,6 +25,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -175,6 +176,9 @@ type manifests struct {
 	roleBinding        rbacv1.RoleBinding
 	serviceMonitor     *unstructured.Unstructured
 	grafanaDashboard   *corev1.ConfigMap
+	// metricsReader is the ClusterRole to bind to a scraper (metrics.secure only).
+	metricsReader *rbacv1.ClusterRole
+	networkPolicy *networkingv1.NetworkPolicy
 }
 
 // decode renders the chart (with the given helm arguments, default: ci/default-values.yaml)
@@ -203,6 +207,11 @@ func decode(t *testing.T, args ...string) manifests {
 			into = &m.service
 		case "ClusterRole":
 			into = &m.clusterRole
+			if strings.HasSuffix(u.GetName(), "-metrics-reader") {
+				seen[kind]-- // a second ClusterRole, of another purpose
+				m.metricsReader = &rbacv1.ClusterRole{}
+				into = m.metricsReader
+			}
 		case "ClusterRoleBinding":
 			into = &m.clusterRoleBinding
 		case "Role":
@@ -215,6 +224,9 @@ func decode(t *testing.T, args ...string) manifests {
 		case "ConfigMap":
 			m.grafanaDashboard = &corev1.ConfigMap{}
 			into = m.grafanaDashboard
+		case "NetworkPolicy":
+			m.networkPolicy = &networkingv1.NetworkPolicy{}
+			into = m.networkPolicy
 		default:
 			t.Fatalf("the chart renders a %s (%s) this test does not know: add its checks", kind, u.GetName())
 		}

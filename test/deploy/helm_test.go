@@ -17,7 +17,7 @@ import (
 // TestLint runs `helm lint --strict` with the defaults and with every chart-testing values set.
 func TestLint(t *testing.T) {
 	args := [][]string{nil}
-	for _, name := range []string{"default", "irsa", "pod-identity", "servicemonitor", "custom-settings", "grafana-dashboard"} {
+	for _, name := range []string{"default", "irsa", "pod-identity", "servicemonitor", "custom-settings", "grafana-dashboard", "locked-down"} {
 		args = append(args, []string{"-f", ciValues(t, name)})
 	}
 	for _, a := range args {
@@ -157,6 +157,8 @@ func TestValuesSets(t *testing.T) {
 			"HEALTH_ROUTER_LOG_LEVEL":                 "debug",
 			"HEALTH_ROUTER_METRICS_BIND_ADDRESS":      ":9090",
 			"HEALTH_ROUTER_HEALTH_PROBE_BIND_ADDRESS": ":8081",
+			"HEALTH_ROUTER_METRICS_SECURE":            "true",
+			"HEALTH_ROUTER_CALENDAR_BIND_ADDRESS":     ":9092",
 		}
 		if got := env(ctr); !maps.Equal(got, want) {
 			t.Errorf("environment:\n got %v\nwant %v", got, want)
@@ -258,6 +260,11 @@ func TestRefused(t *testing.T) {
 		{"unknown log level", []string{"-f", "DEFAULT", "--set", "logLevel=verbose"}, "logLevel"},
 		{"bad digest", []string{"-f", "DEFAULT", "--set", "image.digest=latest"}, "digest"},
 		{"dashboard in a namespace that cannot be", []string{"-f", "DEFAULT", "--set", "grafanaDashboard.namespace=Monitoring"}, "grafanaDashboard/namespace"},
+		{"calendar on the metrics port", []string{"-f", "DEFAULT", "--set", "calendar.enabled=true", "--set", "calendar.port=8080"}, "calendar.port must differ"},
+		{"calendar on the health port", []string{"-f", "DEFAULT", "--set", "calendar.enabled=true", "--set", "calendar.port=8081"}, "calendar.port must differ"},
+		{"calendar peers not a list", []string{"-f", "DEFAULT", "--set", "networkPolicy.calendar.from=everyone"}, "from"},
+		{"metrics.secure not a bool", []string{"-f", "DEFAULT", "--set-string", "metrics.secure=yes"}, "secure"},
+		{"typo'd network policy key", []string{"-f", "DEFAULT", "--set", "networkPolicy.enable=true"}, "additional properties 'enable' not allowed"},
 	} {
 		args := make([]string, len(tt.args))
 		for i, a := range tt.args {

@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -57,6 +58,11 @@ func TestAgainstAPIServer(t *testing.T) {
 		t.Fatalf("creating Namespace %s: %v", namespace, err)
 	}
 	t.Run("dry-run apply", func(t *testing.T) { dryRunApply(t, c, objs, warnings) })
+	t.Run("dry-run apply, locked down", func(t *testing.T) {
+		// The NetworkPolicy, the metrics-reader ClusterRole, the calendar's ports (the
+		// ServiceMonitor's CRD comes with the install below).
+		dryRunApply(t, c, mustTemplate(t, "-f", ciValues(t, "locked-down"), "--set", "serviceMonitor.enabled=false"), warnings)
+	})
 	t.Run("Pod Security warns", func(t *testing.T) {
 		// The warning check of the dry run can fail: a privilege-escalating pod template draws one.
 		bad := mustTemplate(t, "-f", ciValues(t, "default"), "--set", "containerSecurityContext.allowPrivilegeEscalation=true")
@@ -210,9 +216,40 @@ func lifecycle(t *testing.T, cfg *rest.Config, c client.Client) {
 		t.Errorf("after the IRSA upgrade the ServiceAccount's role-arn annotation is %q", got)
 	}
 
+	// Locked down: the server grants the metrics server its reviews, and holds the
+	// NetworkPolicy and the metrics-reader ClusterRole.
+	notes = helm("upgrade", release, chartDir(t), "-f", ciValues(t, "locked-down"))
+	for _, want := range []string{"port-forward service/" + release + " 8082:calendar", "never expose it publicly", "--clusterrole=" + release + "-metrics-reader"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("the locked-down upgrade's NOTES do not say %q:\n%s", want, notes)
+		}
+	}
+	user := fmt.Sprintf("system:serviceaccount:%s:%s", namespace, release)
+	for _, ra := range []authorizationv1.ResourceAttributes{
+		{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"},
+		{Verb: "create", Group: "authorization.k8s.io", Resource: "subjectaccessreviews"},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}, ResourceAttributes: &ra}}
+		if err := c.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if !sar.Status.Allowed {
+			t.Errorf("with metrics.secure, %s may not %s %s.%s (%s)", user, ra.Verb, ra.Resource, ra.Group, sar.Status.Reason)
+		}
+	}
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release}}
+	reader := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: release + "-metrics-reader"}}
+	for _, obj := range []client.Object{np, reader} {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			t.Errorf("after the locked-down upgrade: %T %s: %v", obj, obj.GetName(), err)
+		}
+	}
+
 	// Uninstall removes what the chart made, the cluster-scoped RBAC included.
 	helm("uninstall", release)
 	for _, obj := range []client.Object{
+		np, reader,
 		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release}},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: release}},

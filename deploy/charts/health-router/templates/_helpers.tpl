@@ -159,6 +159,17 @@ rendered: the router's default applies.
   value: {{ printf ":%d" (int .Values.metrics.port) | quote }}
 - name: HEALTH_ROUTER_HEALTH_PROBE_BIND_ADDRESS
   value: {{ printf ":%d" (int .Values.healthProbe.port) | quote }}
+{{- if .Values.metrics.secure }}
+- name: HEALTH_ROUTER_METRICS_SECURE
+  value: "true"
+{{- end }}
+{{- if .Values.calendar.enabled }}
+{{- if has (int .Values.calendar.port) (list (int .Values.metrics.port) (int .Values.healthProbe.port)) }}
+{{- fail "calendar.port must differ from metrics.port and healthProbe.port: the calendar has a listener of its own" }}
+{{- end }}
+- name: HEALTH_ROUTER_CALENDAR_BIND_ADDRESS
+  value: {{ printf ":%d" (int .Values.calendar.port) | quote }}
+{{- end }}
 # The Lease lives next to the pods, where the chart's Role allows it.
 - name: HEALTH_ROUTER_LEADER_ELECTION_NAMESPACE
   valueFrom:
