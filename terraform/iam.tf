@@ -91,8 +91,10 @@ locals {
       },
       {
         # The router's instance-status poller takes over from Karpenter's (which the
-        # karpenter_deny_instance_status policy below switches off): read-only, and the one
-        # action it needs; DescribeInstanceStatus supports no resource-level scoping.
+        # karpenter_deny_instance_status policy below switches off). The same read confirms an
+        # urgent shutting-down/terminated state change before a drain (the instance's state),
+        # and a reboot in place's maintenance before RebootInstances (its scheduled events):
+        # read-only; DescribeInstanceStatus supports no resource-level scoping.
         Sid       = "InstanceStatusPoller"
         Effect    = "Allow"
         Action    = "ec2:DescribeInstanceStatus"

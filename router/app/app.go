@@ -217,8 +217,10 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	}
 	// Scheduled events of pools annotated healthrouter.io/reschedule=true move into their window
 	// (refused without ec2:ModifyInstanceEventStartTime: the ordinary policy applies).
+	// An urgent state change (shutting-down, terminated) is confirmed with EC2's
+	// DescribeInstanceStatus before the node is drained at once.
 	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism).WithRescheduler(reschedule.NewEvents(ec2Client)).
-		WithFreshReads(mgr.GetAPIReader())
+		WithFreshReads(mgr.GetAPIReader()).WithStateConfirmation(ec2Client)
 	var cs kubernetes.Interface // evictions (kubectl's drain helper): cordon-drain, reboot in place
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain || o.RebootInPlace {
 		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {

@@ -179,12 +179,20 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 	}
 	var d policy.Decision
 	reserved := false
-	if tg.Found && tg.NodePool != "" && policy.Paced(ev, tg.Policy) {
-		// The pool's size and drains in flight matter only here; deciding and reserving a
-		// slot happen under the pool's lock.
+	if tg.Found && tg.NodePool != "" && (policy.Paced(ev, tg.Policy) || policy.Breaks(ev, tg.Policy)) {
+		// The pool's size, drains in flight and urgent drains matter only here; deciding and
+		// reserving a slot (and, for an urgent drain, noting it for the breaker) happen under
+		// the pool's lock, so that instances decided in parallel never pass the breaker.
 		var err error
-		reserved, err = e.pacer.decide(ctx, tg.NodePool, tg.NodeClaim, ev.Kind == event.KindInstanceStatus, now, func(v poolView) bool {
-			tg.PoolNodes, tg.DrainsInFlight, tg.Impaired = v.Nodes, v.InFlight, v.Impaired
+		kind := drainPaced
+		switch {
+		case ev.Kind == event.KindInstanceStatus:
+			kind = drainRepair
+		case ev.Urgent():
+			kind = drainUrgent
+		}
+		reserved, err = e.pacer.decide(ctx, tg.NodePool, tg.NodeClaim, kind, now, func(v poolView) bool {
+			tg.PoolNodes, tg.DrainsInFlight, tg.Impaired, tg.UrgentDrains = v.Nodes, v.InFlight, v.Impaired, v.Urgent
 			d = policy.Decide(ev, tg, now)
 			return d.Action == policy.ActionDrain
 		})

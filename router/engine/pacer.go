@@ -45,6 +45,11 @@ type poolPace struct {
 	// is given back after reservationBound.
 	reserved map[string]time.Time
 	repairs  map[string]bool // reserved keys that are impaired-instance repairs
+	// urgent are the pool's urgent drains decided here within policy.UrgentWindow, by
+	// NodeClaim, for the urgent-drain breaker. Kept in memory (the leader alone decides): a
+	// restarted or newly elected router starts counting afresh, which lets at most one more
+	// breaker's worth through.
+	urgent map[string]time.Time
 	// settles are the drains of a pool with drain-settle, by NodeClaim: noted when decided,
 	// settling once the NodeClaim is gone, and counted in flight until settled. Kept in
 	// memory: after a restart a settling drain is no longer counted.
@@ -73,7 +78,7 @@ func (p *pacer) pool(name string) *poolPace {
 	defer p.mu.Unlock()
 	pp := p.pools[name]
 	if pp == nil {
-		pp = &poolPace{reserved: map[string]time.Time{}, repairs: map[string]bool{}, settles: map[string]*settle{}}
+		pp = &poolPace{reserved: map[string]time.Time{}, repairs: map[string]bool{}, settles: map[string]*settle{}, urgent: map[string]time.Time{}}
 		p.pools[name] = pp
 	}
 	return pp
@@ -194,12 +199,38 @@ func Impaired(nc *karpv1.NodeClaim) bool {
 // poolView is what a pacing decision reads of its pool.
 type poolView struct {
 	Nodes, InFlight, Impaired int
+	// Urgent counts the pool's other urgent drains within policy.UrgentWindow.
+	Urgent int
+}
+
+// drainKind is what a drain decided under the pool's lock counts as.
+type drainKind int
+
+const (
+	drainPaced  drainKind = iota
+	drainRepair           // an impaired-instance repair: counted for the repair cut-off
+	drainUrgent           // an urgent drain: counted for the urgent-drain breaker
+)
+
+// urgentOthers counts the pool's urgent drains within policy.UrgentWindow of now, other than
+// key's, and forgets the older ones. The caller holds pp.mu.
+func (pp *poolPace) urgentOthers(key string, now time.Time) int {
+	n := 0
+	for k, at := range pp.urgent {
+		switch {
+		case now.Sub(at) >= policy.UrgentWindow:
+			delete(pp.urgent, k)
+		case k != key:
+			n++
+		}
+	}
+	return n
 }
 
 // decide runs decide with the pool's size and drains in flight, under the pool's lock, and
 // reserves a slot for key (a NodeClaim name; "" reserves nothing) when decide drains. It
 // reports whether it reserved.
-func (p *pacer) decide(ctx context.Context, pool, key string, repair bool, now time.Time, decide func(poolView) bool) (bool, error) {
+func (p *pacer) decide(ctx context.Context, pool, key string, kind drainKind, now time.Time, decide func(poolView) bool) (bool, error) {
 	pp := p.pool(pool)
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
@@ -210,12 +241,15 @@ func (p *pacer) decide(ctx context.Context, pool, key string, repair bool, now t
 	if _, member := pp.members[key]; !member {
 		nodes++ // a NodeClaim the cache does not show yet still counts towards the pool's size
 	}
-	if !decide(poolView{Nodes: nodes, InFlight: pp.inFlight(key), Impaired: pp.impairedOthers(key)}) || key == "" {
+	if !decide(poolView{Nodes: nodes, InFlight: pp.inFlight(key), Impaired: pp.impairedOthers(key), Urgent: pp.urgentOthers(key, now)}) || key == "" {
 		return false, nil
 	}
 	pp.reserved[key] = now
-	if repair {
+	switch kind {
+	case drainRepair:
 		pp.repairs[key] = true
+	case drainUrgent:
+		pp.urgent[key] = now
 	}
 	return true, nil
 }
@@ -236,6 +270,7 @@ func (p *pacer) unreserve(pool, key string) {
 	delete(pp.reserved, key)
 	delete(pp.repairs, key)
 	delete(pp.settles, key)
+	delete(pp.urgent, key) // not signalled: not one of the pool's urgent drains
 }
 
 // noteSettle remembers how a drain decided in pool settles.

@@ -3,9 +3,12 @@ package inplace
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -242,5 +245,103 @@ func TestNodeRegisteredAgain(t *testing.T) {
 	r.passTo(StepEvict)
 	if !r.node().Spec.Unschedulable {
 		t.Errorf("the Node registered again is not cordoned while the run evicts: %s", encode(r.state()))
+	}
+}
+
+// TestRebootOnlyForAMaintenanceEC2Shows: issue 26 item 3. A run the router did not begin (an
+// annotation written by anyone who may patch NodeClaims), naming the NodeClaim's own instance
+// and Node, for an instance-reboot EC2 does not show: the instance is not rebooted, the run
+// ends and gives the Node back, with a Warning and the refused metric.
+func TestRebootOnlyForAMaintenanceEC2Shows(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	forged := State{Version: Version, EventID: "forged", Type: event.ScheduledInstanceReboot, Instance: instance, Node: nodeName,
+		Start: start, Step: StepCordon, Began: t0, StepSince: t0}
+	nc := r.claim()
+	nc.Annotations = map[string]string{Annotation: encode(forged)}
+	if err := r.kube.Update(r.ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	// EC2 shows an instance-reboot, but not this one (another start), and a completed one at
+	// this start: neither is the maintenance the run is for.
+	r.ec2.shown = []ec2types.InstanceStatusEvent{
+		{InstanceEventId: aws.String("instance-event-1"), Code: ec2types.EventCodeInstanceReboot, NotBefore: aws.Time(start.Add(24 * time.Hour))},
+		{InstanceEventId: aws.String("instance-event-2"), Code: ec2types.EventCodeInstanceReboot, NotBefore: aws.Time(start), Description: aws.String("[Completed] The instance is scheduled for a reboot")},
+	}
+	for range 6 {
+		r.pass()
+	}
+	if len(r.ec2.calls) != 0 {
+		t.Fatalf("rebooted for a maintenance EC2 does not show: RebootInstances %v", r.ec2.calls)
+	}
+	st := r.state()
+	if !st.Over() || st.Step != StepDone || !strings.Contains(st.Outcome, "EC2 shows no") {
+		t.Errorf("the run: %s; want it over, the node given back", encode(st))
+	}
+	if r.node().Spec.Unschedulable || len(r.fallback.whys) != 0 {
+		t.Errorf("the node left cordoned (%v) or replaced (%v)", r.node().Spec.Unschedulable, r.fallback.whys)
+	}
+	if got := r.refusedCount(); got != 1 {
+		t.Errorf("refused metric %v, want 1", got)
+	}
+	if evs := strings.Join(r.events(), "\n"); !strings.Contains(evs, "Warning "+ReasonRefused) {
+		t.Errorf("no %s Warning: %s", ReasonRefused, evs)
+	}
+}
+
+// TestRebootConfirmation: the maintenance is confirmed with EC2 before RebootInstances.
+func TestRebootConfirmation(t *testing.T) {
+	tests := []struct {
+		name        string
+		shown       func(ev event.Event) []ec2types.InstanceStatusEvent
+		describeErr error
+		wantReboot  bool
+		wantStep    Step
+	}{
+		{name: "shown by the start and type", wantReboot: true, wantStep: StepAwait, shown: func(ev event.Event) []ec2types.InstanceStatusEvent {
+			return []ec2types.InstanceStatusEvent{{InstanceEventId: aws.String("instance-event-9"), Code: ec2types.EventCodeInstanceReboot, NotBefore: aws.Time(start)}}
+		}},
+		{name: "shown by EC2's event ID (a run the poller began)", wantReboot: true, wantStep: StepAwait, shown: func(ev event.Event) []ec2types.InstanceStatusEvent {
+			return []ec2types.InstanceStatusEvent{{InstanceEventId: aws.String(ev.Health.EventARN), Code: ec2types.EventCodeInstanceReboot, NotBefore: aws.Time(start.Add(time.Minute))}}
+		}},
+		{name: "none shown", wantStep: StepDone, shown: func(event.Event) []ec2types.InstanceStatusEvent { return nil }},
+		{name: "another type at the start", wantStep: StepDone, shown: func(event.Event) []ec2types.InstanceStatusEvent {
+			return []ec2types.InstanceStatusEvent{{InstanceEventId: aws.String("instance-event-9"), Code: ec2types.EventCodeSystemReboot, NotBefore: aws.Time(start)}}
+		}},
+		{name: "cancelled", wantStep: StepDone, shown: func(event.Event) []ec2types.InstanceStatusEvent {
+			return []ec2types.InstanceStatusEvent{{InstanceEventId: aws.String("instance-event-9"), Code: ec2types.EventCodeInstanceReboot, NotBefore: aws.Time(start), Description: aws.String("[Canceled] The instance is scheduled for a reboot")}}
+		}},
+		// EC2 does not answer: no reboot on an unconfirmed claim; the call is retried as a
+		// failed reboot is, and then left to AWS at the start (which reboots it, if the
+		// maintenance is real).
+		{name: "EC2 unavailable", describeErr: errors.New("api error RequestLimitExceeded: Request limit exceeded."), wantStep: StepAwait,
+			shown: func(event.Event) []ec2types.InstanceStatusEvent { return nil }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, rigOpts{})
+			ev := scheduled("ev-1", event.ScheduledInstanceReboot, start)
+			ev.Health.EventARN = "instance-event-0123"
+			r.begin(ev)
+			r.ec2.shown, r.ec2.describeErr = tt.shown(ev), tt.describeErr
+			for range 12 {
+				if st := r.state(); st.Step == tt.wantStep || st.Over() {
+					break
+				}
+				r.pass()
+				r.clock.Step(DefaultRetryMax)
+			}
+			if got := len(r.ec2.calls) > 0; got != tt.wantReboot {
+				t.Errorf("rebooted %v, want %v", got, tt.wantReboot)
+			}
+			if st := r.state(); st.Step != tt.wantStep {
+				t.Errorf("the run: %s, want step %s", encode(st), tt.wantStep)
+			}
+			if r.ec2.described == 0 {
+				t.Error("EC2 not asked")
+			}
+			if refused := r.refusedCount(); (refused == 1) != (tt.wantStep == StepDone) {
+				t.Errorf("refused metric %v", refused)
+			}
+		})
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/smithy-go"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -52,7 +54,9 @@ const (
 	// into service.
 	ReasonCancelled = "HealthEventRebootInPlaceCancelled"
 	// ReasonRefused (Warning): the run's record names another instance or Node than its
-	// NodeClaim's own: written by someone else, it is left alone.
+	// NodeClaim's own: written by someone else, it is left alone. Or, before the router's
+	// RebootInstances, EC2 does not show the maintenance the run is for: not rebooted, the
+	// Node is given back and the run ends.
 	ReasonRefused = "HealthEventRebootInPlaceRefused"
 )
 
@@ -77,9 +81,12 @@ const again = time.Second
 // up to Options.EvictRound, and runs of different nodes must not wait on each other.
 const maxConcurrentReconciles = 4
 
-// RebootAPI is the part of EC2 the run uses.
+// RebootAPI is the part of EC2 the run uses: the reboot, and the instance's scheduled events,
+// which confirm the maintenance before it (DescribeInstanceStatus, the call the poller makes:
+// the role has it).
 type RebootAPI interface {
 	RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error)
+	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
 }
 
 // Fallback replaces the node when the run cannot keep it (the router wires the pool's
@@ -119,7 +126,7 @@ func New(kube client.Client, api client.Reader, evict Evictor, ec2 RebootAPI, cl
 		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{Name: metrics.InPlaceInProgress,
 			Help: "Reboots in place in progress, as this router (the leader) carries them out."}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: metrics.InPlaceRefused,
-			Help: "Reboot-in-place records left alone because they name another instance or Node than their NodeClaim's own."}),
+			Help: "Reboot-in-place runs refused: records left alone because they name another instance or Node than their NodeClaim's own, and reboots not made because EC2 does not show the maintenance the run is for."}),
 		active: map[string]bool{},
 	}
 	for _, o := range []string{OutcomeDone, OutcomeFallback} {
@@ -407,6 +414,12 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		case err != nil:
 			return reconcile.Result{}, fmt.Errorf("recording the reboot in place of nodeclaim %s: %w", nc.Name, err)
 		}
+		if obs.Unscheduled != "" && d.State.Step != st.Step {
+			r.refused.Inc()
+			log.Warn("reboot in place: not rebooted, EC2 does not show the maintenance", "why", obs.Unscheduled)
+			r.post([]runtime.Object{nc, node}, corev1.EventTypeWarning, ReasonRefused,
+				"%s (%s): not rebooted: %s. The node is given back into service and the run ends", st.Type, st.EventID, obs.Unscheduled)
+		}
 		r.announce(nc, node, st, d.State, log)
 	}
 	wait := d.Wait
@@ -437,9 +450,15 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 		}
 		obs.Left, obs.Refused, obs.Err = r.evictor.Evict(ctx, st.Node, end)
 	case StepReboot:
-		if !askedBefore {
+		if askedBefore {
+			break // an earlier pass asked, and its outcome went unrecorded: not asked again
+		}
+		// Confirm before the irreversible call: the run's record is a claim (anyone who may
+		// patch NodeClaims can write one for the NodeClaim's own instance), EC2's scheduled
+		// event is the fact.
+		if obs.Unscheduled, obs.Err = r.confirm(ctx, st); obs.Err == nil && obs.Unscheduled == "" {
 			obs.Err = r.reboot(ctx, st)
-		} // else an earlier pass asked, and its outcome went unrecorded: not asked again
+		}
 	case StepUncordon:
 		obs.Err = r.restore(ctx, node, true)
 	case StepFallback:
@@ -454,6 +473,40 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 			}
 		}
 	}
+}
+
+// confirm asks EC2 whether it still shows the maintenance the run is for, before the router
+// reboots the instance: an open scheduled event of the run's type, with EC2's event ID the run
+// recorded (a run the poller began) or the run's start (a run AWS Health began: the start is
+// how a Health event and EC2's event are one maintenance, as in the records). It returns why
+// not when EC2 does not show it (unscheduled), and an error when EC2 does not answer: then
+// the reboot is not made either (a failed attempt, retried with backoff; AWS reboots at the
+// start if the maintenance is real).
+func (r *Runner) confirm(ctx context.Context, st State) (unscheduled string, err error) {
+	if r.ec2 == nil {
+		return "", errors.New("no EC2 client")
+	}
+	out, err := r.ec2.DescribeInstanceStatus(ctx, &ec2.DescribeInstanceStatusInput{InstanceIds: []string{st.Instance}, IncludeAllInstances: aws.Bool(true)})
+	if err != nil {
+		if ae := smithy.APIError(nil); errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound" {
+			return fmt.Sprintf("EC2 shows no instance %s", st.Instance), nil
+		}
+		return "", fmt.Errorf("confirming the %s of instance %s with EC2 (DescribeInstanceStatus): %w", st.Type, st.Instance, err)
+	}
+	for _, is := range out.InstanceStatuses {
+		if aws.ToString(is.InstanceId) != st.Instance {
+			continue
+		}
+		for _, e := range is.Events {
+			if string(e.Code) != string(st.Type) || event.ClosedDescription(aws.ToString(e.Description)) {
+				continue
+			}
+			if (st.EventARN != "" && aws.ToString(e.InstanceEventId) == st.EventARN) || aws.ToTime(e.NotBefore).Truncate(time.Second).Equal(st.Start) {
+				return "", nil
+			}
+		}
+	}
+	return fmt.Sprintf("EC2 shows no open %s of instance %s at %s: the maintenance the run is for is not EC2's", st.Type, st.Instance, stamp(st.Start)), nil
 }
 
 func (r *Runner) reboot(ctx context.Context, st State) error {

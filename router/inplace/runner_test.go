@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -73,10 +75,39 @@ func (f *fakeEvictor) Evict(_ context.Context, node string, deadline time.Time) 
 	return r.left, r.refused, r.err
 }
 
-// fakeEC2 fails its first failures calls.
+// fakeEC2 fails its first failures RebootInstances calls, and shows the scheduled events of
+// shown for the instance (the rig's begin adds the event it begins with: EC2 shows the
+// maintenance the run is for); describeErr fails DescribeInstanceStatus.
 type fakeEC2 struct {
-	failures int
-	calls    [][]string
+	failures    int
+	calls       [][]string
+	shown       []ec2types.InstanceStatusEvent
+	describeErr error
+	described   int
+}
+
+func (f *fakeEC2) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeInstanceStatusInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
+	f.described++
+	if f.describeErr != nil {
+		return nil, f.describeErr
+	}
+	out := &ec2.DescribeInstanceStatusOutput{}
+	for _, id := range in.InstanceIds {
+		if id == instance {
+			out.InstanceStatuses = append(out.InstanceStatuses, ec2types.InstanceStatus{InstanceId: aws.String(id), Events: f.shown,
+				InstanceState: &ec2types.InstanceState{Name: ec2types.InstanceStateNameRunning}})
+		}
+	}
+	return out, nil
+}
+
+// show has EC2 show ev's maintenance for the instance, as EC2 holds a scheduled event.
+func (f *fakeEC2) show(ev event.Event) {
+	if ev.Health == nil {
+		return
+	}
+	f.shown = append(f.shown, ec2types.InstanceStatusEvent{InstanceEventId: aws.String("instance-event-" + ev.ID), Code: ec2types.EventCode(ev.Health.Scheduled),
+		Description: aws.String("The instance is scheduled for " + string(ev.Health.Scheduled)), NotBefore: aws.Time(ev.Deadline)})
 }
 
 func (f *fakeEC2) RebootInstances(_ context.Context, in *ec2.RebootInstancesInput, _ ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
@@ -158,6 +189,7 @@ func (r *rig) newRunner() *Runner {
 
 func (r *rig) begin(ev event.Event) bool {
 	r.t.Helper()
+	r.ec2.show(ev)
 	already, err := r.runner.Begin(r.ctx, r.claim(), ev)
 	if err != nil {
 		r.t.Fatalf("Begin: %v", err)

@@ -176,6 +176,9 @@ type Observation struct {
 	// StepEvict: the pods the round left, and those a PodDisruptionBudget refused.
 	Left    int
 	Refused map[string]string
+	// StepReboot: why the reboot was not made: EC2 does not show the maintenance the run
+	// is for ("" when it does, or did not answer: then Err).
+	Unscheduled string
 }
 
 // Decision is the outcome of a pass: the run's state to record, and when to look again.
@@ -293,6 +296,13 @@ func evictNext(st State, obs Observation, now time.Time, o Options) Decision {
 }
 
 func rebootNext(st State, obs Observation, now time.Time, o Options) Decision {
+	if obs.Unscheduled != "" {
+		// Nothing to reboot for: the Node is given back, and the run ends.
+		st = advance(st, StepUncordon, now)
+		st.RebootAsked = time.Time{}
+		st.Why = truncate("not rebooted: "+obs.Unscheduled, lastErrorMax)
+		return Decision{State: st}
+	}
 	if obs.Err == nil {
 		asked := st.RebootAsked
 		if asked.IsZero() {

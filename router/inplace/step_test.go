@@ -130,6 +130,9 @@ func TestNext(t *testing.T) {
 		// StepReboot
 		{name: "reboot: called: wait for the reboot, from the call, boot ID noted", st: run(reboot, StepReboot), obs: Observation{Node: ready}, now: rebooted,
 			want: with(run(reboot, StepReboot), func(s *State) { s.Step, s.StepSince, s.Rebooted, s.BootID = StepAwait, rebooted, rebooted, "boot-1" }), wantWait: DefaultPoll},
+		{name: "reboot: EC2 does not show the maintenance: not rebooted, the Node given back", st: with(run(reboot, StepReboot), func(s *State) { s.RebootAsked = rebooted }),
+			obs: Observation{Node: ready, Unscheduled: "EC2 shows no open instance-reboot"}, now: rebooted,
+			want: with(run(reboot, StepReboot), func(s *State) { s.Step, s.StepSince = StepUncordon, rebooted }), why: "not rebooted: EC2 shows no open instance-reboot"},
 		{name: "reboot: the call failed: retried", st: run(reboot, StepReboot), obs: Observation{Node: ready, Err: errAPI}, now: rebooted,
 			want: with(run(reboot, StepReboot), func(s *State) { s.Attempts, s.LastError = 1, errAPI.Error() }), wantWait: DefaultRetryMin},
 		{name: "reboot: RebootAttempts failures: AWS reboots at the start, the run waits for that",

@@ -16,10 +16,11 @@ const (
 	AlreadyRecorded      = "health_router_decision_already_recorded_total"     // instances of a redelivered event whose outcome was recorded
 	ForwardUnconfirmed   = "health_router_signal_forward_unconfirmed_total"    // forwards Karpenter did not act on; the NodeClaim was deleted instead
 	Redecisions          = "health_router_deferral_redecisions_total"          // labels: hold
-	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts, repair-cutoff); drains a gate held
+	GateHolds            = "health_router_gates_holds_total"                   // labels: gate (pdb, alerts, repair-cutoff, urgent-breaker); drains a gate held
 	Unmanaged            = "health_router_decision_unmanaged_total"            // labels: kind, action; events for nodes Karpenter does not manage
 	Implausible          = "health_router_decision_implausible_total"          // labels: kind; urgent events that do not fit their node (a Spot warning for an on-demand node), decided as ordinary drains
 	Reschedules          = "health_router_reschedules_total"                   // label: result; scheduled events moved into a pool's window
+	StateConfirmations   = "health_router_decision_state_confirmations_total"  // label: result (confirmed, contradicted, unavailable); urgent state changes checked against EC2
 	RecordsUnreadable    = "health_router_records_unreadable_total"            // NodeClaim records this router cannot read (kept as they are)
 	WakesDropped         = "health_router_deferral_wakes_dropped_total"        // releases not queued (the wake queue was full); the recheck covers them
 	EventsHeld           = "health_router_instance_events_held_total"          // label: reason; instances whose decision Events were summed up per pool
@@ -44,7 +45,7 @@ const (
 	// Reboots in place (router/inplace).
 	InPlaceRuns       = "health_router_inplace_runs_total"       // labels: outcome (done, fallback); runs ended
 	InPlaceInProgress = "health_router_inplace_runs_in_progress" // gauge: runs this router (the leader) carries out
-	InPlaceRefused    = "health_router_inplace_refused_total"    // runs left alone: their record names another instance or node than their NodeClaim's
+	InPlaceRefused    = "health_router_inplace_refused_total"    // runs refused: their record names another instance or node than their NodeClaim's, or EC2 does not show their maintenance
 )
 
 // Prometheus label names.

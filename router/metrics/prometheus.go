@@ -21,9 +21,11 @@ type Router struct {
 	// Unmanaged counts events for nodes Karpenter does not manage, by kind and action.
 	Unmanaged *prometheus.CounterVec
 	// Implausible counts urgent events that do not fit their node, by kind.
-	Implausible       *prometheus.CounterVec
-	RecordsUnreadable prometheus.Counter
-	WakesDropped      prometheus.Counter
+	Implausible *prometheus.CounterVec
+	// StateConfirmations counts urgent state changes checked against EC2, by result.
+	StateConfirmations *prometheus.CounterVec
+	RecordsUnreadable  prometheus.Counter
+	WakesDropped       prometheus.Counter
 	// EventsHeld counts the instances whose decision Events went over
 	// --instance-events-per-second, by Event reason; they are told in a summary per pool.
 	EventsHeld *prometheus.CounterVec
@@ -65,11 +67,14 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Redecisions, Help: "Deferrals decided again when due or released, by what they waited for (hold).",
 		}, []string{LabelHold}),
 		GateHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off), by gate (pdb, alerts, repair-cutoff).",
+			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off, an urgent drain over the pool's urgent-drain breaker), by gate (pdb, alerts, repair-cutoff, urgent-breaker).",
 		}, []string{LabelGate}),
 		Implausible: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Implausible, Help: "Urgent events that do not fit the node they name (a Spot interruption warning for a node that is not Spot, a capacity-reservation interruption for one that is not reserved), by kind: decided as ordinary drains, paced and gated, and never forwarded to Karpenter.",
 		}, []string{LabelKind}),
+		StateConfirmations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: StateConfirmations, Help: "Urgent instance state changes (shutting-down, terminated) checked against EC2's DescribeInstanceStatus before they are trusted, by result: confirmed (EC2 shows the instance not running, or no longer knows it), contradicted (EC2 shows it running or pending: decided as an ordinary drain, counted in health_router_decision_implausible_total too) or unavailable (EC2 did not answer: acted on as claimed, with a warning).",
+		}, []string{LabelResult}),
 		Unmanaged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Unmanaged, Help: "Decisions for nodes Karpenter does not manage (a Node without a NodeClaim), by kind and action (skip under --unmanaged-nodes=ignore, drain under cordon-drain).",
 		}, []string{LabelKind, LabelAction}),
@@ -86,7 +91,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Reschedules, Help: "Scheduled events of pools annotated healthrouter.io/reschedule=true the router tried to move into the pool's window, by result: moved, in-window (already there), not-moved (no deadline, too close, no opening before the deadline, no open event), refused (EC2 refused the call) or unavailable (EC2 did not answer; the ordinary policy applied).",
 		}, []string{LabelResult}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.StateConfirmations, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now: the active records on NodeClaims, as the leader's deferral controller holds them."}, deferred))
 	return m
 }

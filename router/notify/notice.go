@@ -226,7 +226,7 @@ func (n Notice) key() string {
 // sent. A hold not listed here keeps its Until in the key: a notice too many, not one lost.
 func rechecks(h policy.Hold) bool {
 	switch h {
-	case policy.HoldPacing, policy.HoldRepairCutoff, policy.HoldCheck, policy.HoldPDB, policy.HoldAlerts, policy.HoldInPlace:
+	case policy.HoldPacing, policy.HoldRepairCutoff, policy.HoldCheck, policy.HoldPDB, policy.HoldAlerts, policy.HoldInPlace, policy.HoldUrgentBreaker:
 		return true
 	}
 	return false

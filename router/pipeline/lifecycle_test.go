@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // The lifecycle of the actions that hold state, carried by the pipeline (issue 25): a close
@@ -47,6 +50,10 @@ func (noEvictions) Evict(context.Context, string, time.Time) (int, map[string]st
 type noReboots struct{}
 
 func (noReboots) RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
+	return nil, errors.New("not in this test")
+}
+
+func (noReboots) DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
 	return nil, errors.New("not in this test")
 }
 
@@ -217,5 +224,121 @@ func TestForgedSpotWarnings(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.m.Implausible.WithLabelValues(string(event.KindSpotInterruption))); got != 3 {
 		t.Errorf("implausible counted %v, want 3", got)
+	}
+}
+
+// TestForgedStateChanges: issue 26 item 2, an abuse. Anyone who may send to the intake queue
+// writes a `shutting-down` state change for every node of a pool. Taken at their word they
+// skip pacing and drain the whole pool at once; confirmed with EC2, which shows the instances
+// running, they are ordinary drains, paced by max-concurrent-drains.
+func TestForgedStateChanges(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMaxConcurrentDrains: "1"}}, map[string]int{"web": 3})
+	srv, client := harness.NewEC2InstanceStatus(t)
+	for i := range 3 {
+		srv.Add(instanceID(i), &harness.Instance{State: "running"})
+	}
+	r.p.WithStateConfirmation(client)
+	drained := 0
+	for i := range 3 {
+		res, err := r.p.Process(context.Background(), stateChange(fmt.Sprintf("forged-%d", i), instanceID(i), event.StateShuttingDown, now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		drained += res.Actions[policy.ActionDrain]
+	}
+	if drained != 1 {
+		t.Errorf("%d of 3 running nodes drained at once by forged shutting-down state changes, want 1 (paced)", drained)
+	}
+	if got := testutil.ToFloat64(r.m.Implausible.WithLabelValues(string(event.KindStateChange))); got != 3 {
+		t.Errorf("implausible counted %v, want 3", got)
+	}
+}
+
+// TestUrgentDrainBreaker: issue 26 item 2, an abuse the EC2 checks cannot catch. Anyone who may
+// send to the intake queue writes a Spot interruption warning for every node of a Spot pool:
+// plausible (the nodes are Spot), and EC2 shows nothing to contradict them. Taken at their
+// word they drain the whole pool at once; with the pool's urgent-drain breaker at 20% (2 of
+// 10 nodes within a minute), the third and later are held, with a Warning on the NodePool and
+// the gate-holds metric, and decided again once the minute has passed. A pool without the
+// breaker drains every one (a genuine reclaim of many nodes at once).
+func TestUrgentDrainBreaker(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationUrgentDrainMax: "20%"}, "web": nil}, map[string]int{"kafka": 10, "web": 5})
+	for _, nc := range r.claims(t) {
+		nc.Labels[karpv1.CapacityTypeLabelKey] = karpv1.CapacityTypeSpot
+		if err := r.kube.Update(context.Background(), &nc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drained := map[string]int{}
+	for i := range 15 {
+		pool := "kafka"
+		if i >= 10 {
+			pool = "web"
+		}
+		res, err := r.p.Process(context.Background(), spot(fmt.Sprintf("storm-%d", i), instanceID(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		drained[pool] += res.Actions[policy.ActionDrain]
+	}
+	if drained["kafka"] != 2 || drained["web"] != 5 {
+		t.Fatalf("drained %v at once by a storm of Spot warnings, want kafka 2 (its breaker), web 5 (none)", drained)
+	}
+	if got := testutil.ToFloat64(r.m.GateHolds.WithLabelValues(string(policy.HoldUrgentBreaker))); got != 8 {
+		t.Errorf("gate holds{urgent-breaker} %v, want 8", got)
+	}
+	warned := false
+	for _, e := range drainEvents(r.recorder) {
+		warned = warned || (strings.Contains(e, "Warning HealthRouterUrgentDrainsHeld") && strings.Contains(e, "2 of 10 nodes drained for urgent events"))
+	}
+	if !warned {
+		t.Error("no Warning on the NodePool")
+	}
+	var held *karpv1.NodeClaim
+	for _, nc := range r.claims(t) {
+		if rs := record.Records(&nc); len(rs) == 1 && rs[0].Hold == policy.HoldUrgentBreaker {
+			if !rs[0].Until.Equal(now.Add(policy.UrgentRecheck)) {
+				t.Errorf("held until %s, want %s", rs[0].Until, now.Add(policy.UrgentRecheck))
+			}
+			held = nc.DeepCopy()
+		}
+	}
+	if held == nil {
+		t.Fatal("no deferral held by the breaker")
+	}
+	// Within the minute: held again. Past it: the breaker has closed, and the drain goes.
+	r.p.clock.(*clocktesting.FakeClock).Step(policy.UrgentRecheck)
+	if d, err := r.p.Redecide(context.Background(), held, record.Records(held)[0]); err != nil || d.Hold != policy.HoldUrgentBreaker {
+		t.Errorf("within the minute: %s %s (%v), want held", d.Action, d.Hold, err)
+	}
+	r.p.clock.(*clocktesting.FakeClock).Step(policy.UrgentWindow)
+	if d, err := r.p.Redecide(context.Background(), held, record.Records(held)[0]); err != nil || d.Action != policy.ActionDrain {
+		t.Errorf("past the minute: %s %s (%v), want a drain", d.Action, d.Hold, err)
+	}
+}
+
+// TestUrgentDrainBreakerConcurrent: urgent warnings decided at once (concurrent workers) never
+// pass the breaker: deciding and noting an urgent drain happen under the pool's lock.
+func TestUrgentDrainBreakerConcurrent(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationUrgentDrainMax: "2"}}, map[string]int{"kafka": 10})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	drained := 0
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := r.p.Process(context.Background(), spot(fmt.Sprintf("storm-%d", i), instanceID(i)))
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			drained += res.Actions[policy.ActionDrain]
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if drained != 2 {
+		t.Errorf("%d drained by 10 concurrent warnings, want 2", drained)
 	}
 }

@@ -16,11 +16,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/smithy-go"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
 	"k8s.io/utils/clock"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -81,12 +86,14 @@ type Pipeline struct {
 	clock     clock.PassiveClock
 	log       *slog.Logger
 	parallel  int
-	nodes     NodeDrainer // nil: unmanaged nodes are not drained
-	notify    Notifier    // nil: no notifications
-	pods      PodNotifier // nil: the pods are not told
-	resched   Rescheduler // nil: no event is moved
-	inPlace   InPlacer    // nil: a reboot in place is replaced instead
-	holders   []Holder    // every action that holds state: a close reaches each
+	nodes     NodeDrainer        // nil: unmanaged nodes are not drained
+	notify    Notifier           // nil: no notifications
+	pods      PodNotifier        // nil: the pods are not told
+	resched   Rescheduler        // nil: no event is moved
+	inPlace   InPlacer           // nil: a reboot in place is replaced instead
+	holders   []Holder           // every action that holds state: a close reaches each
+	states    InstanceStates     // nil: an urgent state change is taken at its word
+	stateOf   singleflight.Group // one DescribeInstanceStatus at a time per instance (a shutting-down and its terminated arrive together)
 	fresh     client.Reader
 	cluster   string
 }
@@ -150,6 +157,29 @@ func drainOf(ev event.Event, deadline time.Time) nodedrain.Drain {
 		}
 	}
 	return dr
+}
+
+// InstanceStates is the part of EC2 the pipeline confirms an urgent state change with: the
+// poller's DescribeInstanceStatus, which with IncludeAllInstances reports the instance's
+// state (the router's role has it; ec2:DescribeInstances it has not).
+type InstanceStates interface {
+	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
+}
+
+// Results of an urgent state change's confirmation, as the state-confirmations metric labels
+// them.
+const (
+	StateConfirmed    = "confirmed"
+	StateContradicted = "contradicted"
+	StateUnavailable  = "unavailable"
+)
+
+// WithStateConfirmation has the pipeline confirm each urgent state change (shutting-down,
+// terminated) of a cluster node with EC2 (api) before it drains the node at once: a queue
+// message is a claim. See confirmState.
+func (p *Pipeline) WithStateConfirmation(api InstanceStates) *Pipeline {
+	p.states = api
+	return p
 }
 
 // Rescheduler finds an instance's scheduled event in EC2 and moves it (reschedule.Events).
@@ -295,6 +325,7 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		return "", true, nil
 	}
 	ev = p.plausible(ev, resolved, log)
+	ev, unconfirmed := p.confirmState(ctx, ev, id, resolved, log)
 	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", log)
 	if err != nil || skipped {
 		return "", skipped, err
@@ -304,6 +335,9 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		if o, gone, err = p.refresh(ctx, ev, o, redecide, log); err != nil || gone {
 			return "", gone, err
 		}
+	}
+	if unconfirmed != "" {
+		o.Decision.Warnings = append(o.Decision.Warnings, unconfirmed)
 	}
 	d := o.Decision
 	if out != nil {
@@ -359,6 +393,67 @@ func (p *Pipeline) plausible(ev event.Event, res cluster.Resolved, log *slog.Log
 		log.Warn("implausible urgent event: decided as an ordinary drain", "nodeclaim", nc.Name, "capacity_type", ct, "why", ev.Implausible)
 	}
 	return ev
+}
+
+// confirmState checks an urgent state change (shutting-down, terminated) of a cluster node
+// against EC2 before it is trusted: taken at its word it drains the node at once, past
+// pacing, gates and deferral. EC2 showing the instance running or pending contradicts it (a
+// forged message, or one so stale that the instance runs again): it is marked Implausible,
+// decided as an ordinary drain as a forged Spot warning is, with the implausible metric and a
+// warning. EC2 showing it in any other state, or no longer knowing it
+// (InvalidInstanceID.NotFound: terminated a while ago), confirms it.
+//
+// EC2 not answering (throttled, down, or the call refused) does not lose the event: it is
+// acted on as claimed, and unconfirmed says so for the decision's warnings. That is the safe
+// side for the case that matters: an instance really shutting down is gone within minutes,
+// and holding its drain for EC2 (a retry with backoff) drains nothing before it goes; a forged
+// event acted on while EC2 is down drains one node through Karpenter, gracefully, and the
+// pool's urgent-drain breaker bounds how many (healthrouter.io/urgent-drain-max).
+func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, res cluster.Resolved, log *slog.Logger) (_ event.Event, unconfirmed string) {
+	if p.states == nil || ev.Kind != event.KindStateChange || !ev.Urgent() || !res.Found() {
+		return ev, ""
+	}
+	state, err := p.instanceState(ctx, id)
+	switch {
+	case err != nil:
+		p.metrics.StateConfirmations.WithLabelValues(StateUnavailable).Inc()
+		log.Warn("urgent state change not confirmed: EC2 did not answer; acted on as claimed", "state", ev.State, "error", err)
+		return ev, fmt.Sprintf("the %s state was not confirmed with EC2 (%v): acted on as claimed, the instance may be going away", ev.State, err)
+	case state == ec2types.InstanceStateNameRunning || state == ec2types.InstanceStateNamePending:
+		p.metrics.StateConfirmations.WithLabelValues(StateContradicted).Inc()
+		p.metrics.Implausible.WithLabelValues(string(ev.Kind)).Inc()
+		ev.Implausible = fmt.Sprintf("a %s state change for an instance EC2 shows %s", ev.State, state)
+		ev.Deadline = time.Time{}
+		log.Warn("implausible urgent event: decided as an ordinary drain", "state", ev.State, "ec2_state", state, "why", ev.Implausible)
+		return ev, ""
+	}
+	p.metrics.StateConfirmations.WithLabelValues(StateConfirmed).Inc()
+	return ev, ""
+}
+
+// instanceState returns the instance's state as EC2 reports it ("" when EC2 no longer knows
+// the instance: terminated a while ago). An answer without the instance or its state is an
+// error: nothing was confirmed.
+func (p *Pipeline) instanceState(ctx context.Context, id string) (ec2types.InstanceStateName, error) {
+	v, err, _ := p.stateOf.Do(id, func() (any, error) {
+		return p.states.DescribeInstanceStatus(ctx, &ec2.DescribeInstanceStatusInput{InstanceIds: []string{id}, IncludeAllInstances: aws.Bool(true)})
+	})
+	out, _ := v.(*ec2.DescribeInstanceStatusOutput)
+	if err != nil {
+		if ae := smithy.APIError(nil); errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound" {
+			return "", nil
+		}
+		return "", fmt.Errorf("describing the status of instance %s: %w", id, err)
+	}
+	if out == nil {
+		return "", fmt.Errorf("describing the status of instance %s: no answer", id)
+	}
+	for _, st := range out.InstanceStatuses {
+		if aws.ToString(st.InstanceId) == id && st.InstanceState != nil && st.InstanceState.Name != "" {
+			return st.InstanceState.Name, nil
+		}
+	}
+	return "", fmt.Errorf("describing the status of instance %s: EC2's answer has no state for it", id)
 }
 
 // skip reports whether ev's outcome for the NodeClaim was recorded before (a redelivery, the
@@ -493,8 +588,11 @@ func (p *Pipeline) count(ev event.Event, o engine.Outcome) {
 	if o.Resolved.Node != nil && o.Resolved.NodeClaim == nil {
 		p.metrics.Unmanaged.WithLabelValues(string(ev.Kind), string(d.Action)).Inc()
 	}
-	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts || d.Hold == policy.HoldRepairCutoff) {
+	if d.Action == policy.ActionDefer && (d.Hold == policy.HoldPDB || d.Hold == policy.HoldAlerts || d.Hold == policy.HoldRepairCutoff || d.Hold == policy.HoldUrgentBreaker) {
 		p.metrics.GateHolds.WithLabelValues(string(d.Hold)).Inc()
+	}
+	if d.Action == policy.ActionDefer && d.Hold == policy.HoldUrgentBreaker {
+		p.signal.UrgentDrainsHeld(o.Resolved, ev, d)
 	}
 }
 

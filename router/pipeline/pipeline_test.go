@@ -597,3 +597,76 @@ func drainEvents(rec *events.FakeRecorder) []string {
 		}
 	}
 }
+
+// TestStateConfirmation: an urgent state change is confirmed with EC2 (DescribeInstanceStatus,
+// served by the stand-in) before it drains at once. In a pool that defers, an urgent drain
+// goes now and an ordinary one is deferred: the outcome shows which the event was taken for.
+func TestStateConfirmation(t *testing.T) {
+	tests := []struct {
+		name       string
+		state      event.InstanceState // the event's
+		ec2        string              // what EC2 shows; "" for an instance EC2 does not know
+		fail       int
+		denied     bool
+		wantAction policy.Action
+		wantResult string
+		wantWarn   string
+	}{
+		{name: "shutting-down, EC2 shows it shutting down", state: event.StateShuttingDown, ec2: "shutting-down", wantAction: policy.ActionDrain, wantResult: StateConfirmed},
+		{name: "terminated, EC2 shows it terminated", state: event.StateTerminated, ec2: "terminated", wantAction: policy.ActionDrain, wantResult: StateConfirmed},
+		{name: "terminated, EC2 no longer knows it", state: event.StateTerminated, wantAction: policy.ActionDrain, wantResult: StateConfirmed},
+		{name: "shutting-down, EC2 shows it stopping", state: event.StateShuttingDown, ec2: "stopping", wantAction: policy.ActionDrain, wantResult: StateConfirmed},
+		{name: "shutting-down, EC2 shows it running", state: event.StateShuttingDown, ec2: "running", wantAction: policy.ActionDefer, wantResult: StateContradicted,
+			wantWarn: "a shutting-down state change for an instance EC2 shows running: not trusted as urgent"},
+		{name: "terminated, EC2 shows it pending", state: event.StateTerminated, ec2: "pending", wantAction: policy.ActionDefer, wantResult: StateContradicted,
+			wantWarn: "a terminated state change for an instance EC2 shows pending"},
+		{name: "EC2 fails: acted on as claimed", state: event.StateShuttingDown, ec2: "running", fail: 1, wantAction: policy.ActionDrain, wantResult: StateUnavailable,
+			wantWarn: "the shutting-down state was not confirmed with EC2"},
+		{name: "EC2 refuses: acted on as claimed", state: event.StateTerminated, ec2: "running", denied: true, wantAction: policy.ActionDrain, wantResult: StateUnavailable,
+			wantWarn: "UnauthorizedOperation"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h"}},
+				map[string]int{"kafka": 1})
+			srv, client := harness.NewEC2InstanceStatus(t)
+			if tt.ec2 != "" {
+				srv.Add(instanceID(0), &harness.Instance{State: tt.ec2})
+			}
+			srv.Fail = tt.fail
+			if tt.denied {
+				srv.Denied = map[string]bool{"DescribeInstanceStatus": true}
+			}
+			r.p.WithStateConfirmation(client)
+			var d policy.Decision
+			ev := stateChange("sc", instanceID(0), tt.state, now)
+			_, _, err := r.p.instance(context.Background(), ev, instanceID(0), newSummary(false), "", &d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Action != tt.wantAction {
+				t.Errorf("action %s (%s), want %s", d.Action, d.Reason, tt.wantAction)
+			}
+			if got := testutil.ToFloat64(r.m.StateConfirmations.WithLabelValues(tt.wantResult)); got != 1 {
+				t.Errorf("state confirmations{result=%s} = %v", tt.wantResult, got)
+			}
+			warnings := strings.Join(d.Warnings, "; ")
+			if strings.Contains(warnings, "EC2") != (tt.wantWarn != "") || !strings.Contains(warnings, tt.wantWarn) {
+				t.Errorf("warnings %q, want %q", warnings, tt.wantWarn)
+			}
+			_, _, asked, includeAll := srv.Stats()
+			if len(asked) != 1 || !includeAll[0] {
+				t.Errorf("DescribeInstanceStatus calls %v (IncludeAllInstances %v), want one with all instances", asked, includeAll)
+			}
+			// The instance-status findings and running/stopped changes are not asked about.
+			r2 := newRig(t, map[string]map[string]string{"kafka": nil}, map[string]int{"kafka": 1})
+			r2.p.WithStateConfirmation(client)
+			if _, err := r2.p.Process(context.Background(), stateChange("run", instanceID(0), event.StateRunning, now)); err != nil {
+				t.Fatal(err)
+			}
+			if calls, _, _, _ := srv.Stats(); calls != 1 {
+				t.Errorf("%d DescribeInstanceStatus calls; a running state change needs none", calls)
+			}
+		})
+	}
+}

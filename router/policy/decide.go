@@ -39,7 +39,16 @@ const (
 	// HoldInPlace: a reboot in place of another maintenance runs on the node (one run at a
 	// time); decided again when it may have ended.
 	HoldInPlace Hold = "in-place"
+	// HoldUrgentBreaker: the pool's urgent-drain breaker (urgent-drain-max) is open: more of
+	// the pool was drained for urgent events within UrgentWindow than it allows; decided
+	// again after UrgentRecheck.
+	HoldUrgentBreaker Hold = "urgent-breaker"
 )
+
+// UrgentRecheck is how soon an urgent drain held by the pool's breaker is decided again:
+// within a Spot warning's two minutes, so that a genuine one still drains once the storm's
+// minute has passed.
+const UrgentRecheck = 30 * time.Second
 
 // InPlaceRecheck is how soon a reboot in place held by another run on its node is decided
 // again: a run's steps are minutes apart.
@@ -71,6 +80,9 @@ type Target struct {
 	// Impaired counts the pool's other nodes the router holds or replaces as impaired, for
 	// the repair cut-off of an instance-status event.
 	Impaired int
+	// UrgentDrains counts the pool's other nodes drained for urgent events within
+	// UrgentWindow, for the urgent-drain breaker.
+	UrgentDrains int
 	// RunningSince is the latest `running` state change handled for the instance.
 	RunningSince time.Time
 	// Unmanaged is set for a Node without a NodeClaim: the cluster's --unmanaged-nodes
@@ -173,9 +185,11 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 			return d.with(ActionIgnore, "%s: %s", chose, urgentWhat(ev))
 		case ActionDefer:
 			d.Warnings = append(d.Warnings, fmt.Sprintf("%s cannot be deferred: %s", ev.Kind, urgentWhat(ev)))
-			return d.with(ActionDrain, "%s overridden: %s, draining now", chose, urgentWhat(ev))
+			d = d.with(ActionDrain, "%s overridden: %s, draining now", chose, urgentWhat(ev))
+		default:
+			d = d.with(ActionDrain, "%s: %s", chose, urgentWhat(ev))
 		}
-		return d.with(ActionDrain, "%s: %s", chose, urgentWhat(ev))
+		return urgentBreaker(d, tg, now)
 	}
 
 	if ev.Kind == event.KindInstanceStatus {
@@ -281,6 +295,30 @@ func decideImpaired(d Decision, ev event.Event, tg Target, now time.Time, action
 		return d
 	}
 	return pace(d, ev, tg, now)
+}
+
+// urgentBreaker holds an urgent drain while the pool's urgent-drain breaker is open: more of
+// the pool drained for urgent events within UrgentWindow than urgent-drain-max allows. A storm
+// of urgent events over one pool is what a forged or replayed batch looks like (and what an
+// EC2 outage that leaves state changes unconfirmed lets through); a genuine Spot reclaim of
+// many nodes looks the same, which is why the breaker is the pool owner's choice.
+func urgentBreaker(d Decision, tg Target, now time.Time) Decision {
+	limit, on := tg.Policy.UrgentLimit(tg.PoolNodes)
+	if !on || tg.Unmanaged != "" || tg.UrgentDrains+1 <= limit {
+		return d
+	}
+	d.Action, d.Until, d.Hold = ActionDefer, now.Add(UrgentRecheck), HoldUrgentBreaker
+	d.Warnings = append(d.Warnings, fmt.Sprintf("urgent drains stopped in this pool: %d of %d nodes drained for urgent events within %s, over its breaker of %d (%s=%s)",
+		tg.UrgentDrains, tg.PoolNodes, short(UrgentWindow), limit, AnnotationUrgentDrainMax, tg.Policy.UrgentDrainMax.String()))
+	d.Reason = fmt.Sprintf("%s; held by the urgent-drain breaker (%s of the pool: %d nodes within %s) while %d of %d nodes were drained for urgent events; re-checked at %s",
+		d.Reason, tg.Policy.UrgentDrainMax.String(), limit, short(UrgentWindow), tg.UrgentDrains, tg.PoolNodes, stamp(d.Until))
+	return d
+}
+
+// Breaks reports whether an urgent drain of ev is subject to the pool's urgent-drain breaker:
+// the engine then decides it with the pool's size and urgent drains (under the pool's lock).
+func Breaks(ev event.Event, p Policy) bool {
+	return ev.Urgent() && p.UrgentDrainMax != nil
 }
 
 func orUnknown(s string) string {

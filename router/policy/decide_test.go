@@ -488,3 +488,57 @@ func TestRebootInPlaceMarked(t *testing.T) {
 		t.Errorf("instance-reboot: %+v", p)
 	}
 }
+
+// TestUrgentBreaker: the pool's urgent-drain breaker holds an urgent drain once the pool's
+// urgent drains within UrgentWindow reach urgent-drain-max; without the annotation none is
+// held; an invalid value is a problem and holds at the recommended value.
+func TestUrgentBreaker(t *testing.T) {
+	spot := instanceEvent(event.KindSpotInterruption, "")
+	shutting := instanceEvent(event.KindStateChange, event.StateShuttingDown)
+	retire := scheduled(event.ScheduledInstanceRetirement, now.Add(72*time.Hour))
+	pool := func(ann map[string]string, nodes, urgent int) Target {
+		tg := target(ann)
+		tg.PoolNodes, tg.UrgentDrains = nodes, urgent
+		return tg
+	}
+	tests := []struct {
+		name    string
+		ev      event.Event
+		tg      Target
+		action  Action
+		hold    Hold
+		problem string
+	}{
+		{"no breaker: a storm drains", spot, pool(nil, 10, 9), ActionDrain, "", ""},
+		{"within the breaker", spot, pool(map[string]string{AnnotationUrgentDrainMax: "20%"}, 10, 1), ActionDrain, "", ""},
+		{"at the breaker: held", spot, pool(map[string]string{AnnotationUrgentDrainMax: "20%"}, 10, 2), ActionDefer, HoldUrgentBreaker, ""},
+		{"a percentage rounds up", spot, pool(map[string]string{AnnotationUrgentDrainMax: "20%"}, 6, 1), ActionDrain, "", ""},
+		{"a count", shutting, pool(map[string]string{AnnotationUrgentDrainMax: "3"}, 100, 3), ActionDefer, HoldUrgentBreaker, ""},
+		{"zero holds every urgent drain", spot, pool(map[string]string{AnnotationUrgentDrainMax: "0"}, 10, 0), ActionDefer, HoldUrgentBreaker, ""},
+		{"a defer pool's urgent drain is held too", spot, pool(map[string]string{AnnotationAction: "defer", AnnotationUrgentDrainMax: "1"}, 10, 1), ActionDefer, HoldUrgentBreaker, ""},
+		{"an ignore pool ignores", spot, pool(map[string]string{AnnotationAction: "ignore", AnnotationUrgentDrainMax: "0"}, 10, 5), ActionIgnore, "", ""},
+		{"not urgent: not the breaker's", retire, pool(map[string]string{AnnotationUrgentDrainMax: "0"}, 10, 5), ActionDrain, "", ""},
+		{"an implausible event is not urgent", func() event.Event { e := spot; e.Implausible = "forged"; e.Deadline = time.Time{}; return e }(),
+			pool(map[string]string{AnnotationUrgentDrainMax: "0"}, 10, 5), ActionDrain, "", ""},
+		{"invalid: the recommended 20%", spot, pool(map[string]string{AnnotationUrgentDrainMax: "lots"}, 10, 2), ActionDefer, HoldUrgentBreaker, "holds urgent drains past 20%"},
+		{"invalid: within the recommended 20%", spot, pool(map[string]string{AnnotationUrgentDrainMax: "12.5%"}, 10, 1), ActionDrain, "", "the recommended value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(tt.ev, tt.tg, now)
+			if d.Action != tt.action || d.Hold != tt.hold {
+				t.Errorf("got %s hold %q (%s), want %s %q", d.Action, d.Hold, d.Reason, tt.action, tt.hold)
+			}
+			if d.Hold == HoldUrgentBreaker && (!d.Until.Equal(now.Add(UrgentRecheck)) || !strings.Contains(d.Reason, "urgent-drain breaker") || len(d.Warnings) == 0) {
+				t.Errorf("a breaker hold rechecks at %s with a reason and a warning: until %s, %q, %v", now.Add(UrgentRecheck), d.Until, d.Reason, d.Warnings)
+			}
+			problems := strings.Join(tt.tg.Policy.Problems, "; ")
+			if (tt.problem == "") != (problems == "") || !strings.Contains(problems, tt.problem) {
+				t.Errorf("problems %q, want %q", problems, tt.problem)
+			}
+			if Breaks(tt.ev, tt.tg.Policy) != (tt.tg.Policy.UrgentDrainMax != nil && tt.ev.Urgent()) {
+				t.Error("Breaks disagrees")
+			}
+		})
+	}
+}

@@ -39,7 +39,21 @@ const (
 	// has a deadline into the pool's maintenance window (EC2 ModifyInstanceEventStartTime).
 	// It needs a maintenance window: without one it is ignored, and listed in Problems.
 	AnnotationReschedule = Prefix + "reschedule"
+	// AnnotationUrgentDrainMax is the pool's urgent-drain breaker: once this many of the
+	// pool's nodes (a percentage, rounded up, or a count) were drained for urgent events (Spot
+	// and capacity-reservation interruptions, shutting-down or terminated instances) within
+	// UrgentWindow, the pool's further urgent drains are held. Unset: no breaker.
+	AnnotationUrgentDrainMax = Prefix + "urgent-drain-max"
 )
+
+// RecommendedUrgentDrainMax is the urgent-drain breaker a pool gets for an invalid
+// urgent-drain-max (the owner asked for a breaker: none would be "unlimited"), and the value
+// the docs recommend for pools whose nodes are not Spot.
+var RecommendedUrgentDrainMax = intstr.FromString("20%")
+
+// UrgentWindow is how far back the urgent-drain breaker counts a pool's urgent drains: AWS's
+// warnings come two minutes ahead, so a storm of them shows within a minute.
+const UrgentWindow = time.Minute
 
 // Defaults of the repair cut-off: Karpenter's 20%, and at most 10 nodes of any one pool.
 var (
@@ -138,6 +152,8 @@ type Policy struct {
 	// RepairMaxUnhealthy and RepairMaxUnhealthyCap are the impaired-instance repair cut-off.
 	RepairMaxUnhealthy    intstr.IntOrString
 	RepairMaxUnhealthyCap int
+	// UrgentDrainMax is the urgent-drain breaker; nil: none.
+	UrgentDrainMax *intstr.IntOrString
 	// TaintUpcoming is healthrouter.io/taint-upcoming.
 	TaintUpcoming bool
 	// Reschedule is healthrouter.io/reschedule: move scheduled events into Window. It is
@@ -266,6 +282,13 @@ func FromAnnotations(annotations map[string]string) Policy {
 			} else {
 				invalid("want a whole number of nodes, 0 or more", fmt.Sprintf("the default cap %d applies", DefaultRepairMaxUnhealthyCap))
 			}
+		case key == AnnotationUrgentDrainMax:
+			n, err := parseCountOrPercent(v)
+			if err != nil {
+				invalid(err.Error(), fmt.Sprintf("the breaker holds urgent drains past %s of the pool, the recommended value (no breaker would be unlimited)", RecommendedUrgentDrainMax.String()))
+				n = RecommendedUrgentDrainMax
+			}
+			p.UrgentDrainMax = &n
 		case key == AnnotationReschedule:
 			if b, err := strconv.ParseBool(v); err == nil {
 				p.Reschedule = b
@@ -552,6 +575,22 @@ func (p Policy) DrainLimit(poolNodes int) (int, bool) {
 		// Unreachable from FromAnnotations, which takes whole counts and percentages only; a
 		// Policy built otherwise fails safe: one drain at a time.
 		return 1, true
+	}
+	return n, true
+}
+
+// UrgentLimit returns how many of a pool's nodes may be drained for urgent events within
+// UrgentWindow before the breaker holds the next: UrgentDrainMax of poolNodes (a percentage
+// rounds up); on is false when the pool has no breaker.
+func (p Policy) UrgentLimit(poolNodes int) (n int, on bool) {
+	if p.UrgentDrainMax == nil {
+		return 0, false
+	}
+	n, err := intstr.GetScaledValueFromIntOrPercent(p.UrgentDrainMax, poolNodes, true)
+	if err != nil {
+		// Unreachable from FromAnnotations; a Policy built otherwise gets the recommended value.
+		def := RecommendedUrgentDrainMax
+		n, _ = intstr.GetScaledValueFromIntOrPercent(&def, poolNodes, true)
 	}
 	return n, true
 }

@@ -63,6 +63,9 @@ const (
 	ReasonRecordUnreadable   = "HealthRouterRecordUnreadable"
 	ReasonNotManaged         = "HealthEventNotManaged"
 	ReasonRescheduled        = "HealthEventRescheduled"
+	// ReasonUrgentDrainsHeld (Warning, on the NodePool): the pool's urgent-drain breaker holds
+	// an urgent drain.
+	ReasonUrgentDrainsHeld = "HealthRouterUrgentDrainsHeld"
 )
 
 // ErrNotManaged marks an instance whose Node has no NodeClaim: Karpenter does not manage it
@@ -540,6 +543,16 @@ func (s *Signaller) Rescheduled(res cluster.Resolved, ev event.Event, how string
 	if res.Node != nil {
 		s.recorder.Eventf(res.Node, nil, corev1.EventTypeNormal, ReasonRescheduled, "Reschedule", "%s (%s): %s", ev.Kind, ev.ID, how)
 	}
+}
+
+// UrgentDrainsHeld posts a Warning Event on the NodePool: its urgent-drain breaker holds an
+// urgent drain (d, HoldUrgentBreaker). Posted for every hold, bulk or not: the recorder folds
+// a storm's Events into one series on the pool.
+func (s *Signaller) UrgentDrainsHeld(res cluster.Resolved, ev event.Event, d policy.Decision) {
+	if res.NodePool == nil {
+		return
+	}
+	s.recorder.Eventf(res.NodePool, nil, corev1.EventTypeWarning, ReasonUrgentDrainsHeld, "Hold", "%s (%s) for %s held: %s", ev.Kind, ev.ID, d.InstanceID, strings.Join(d.Warnings, "; "))
 }
 
 // noteLimit is the longest Event note the API server accepts (events.k8s.io/v1): it refuses

@@ -52,7 +52,8 @@ type setup struct {
 	clock    *clocktesting.FakeClock
 	recorder *events.FakeRecorder
 	calls    *harness.Counter
-	ec2      *ec2.Client
+	ec2      ec2Split
+	status   *harness.EC2InstanceStatus
 	log      *slog.Logger
 	runner   *inplace.Runner
 
@@ -75,8 +76,9 @@ func newSetup(t *testing.T) *setup {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	calls := &harness.Counter{}
-	s := &setup{t: t, ctx: ctx, clock: clocktesting.NewFakeClock(t0), calls: calls, log: log,
-		ec2: ec2.NewFromConfig(harness.AWSConfig(calls), func(o *ec2.Options) { o.BaseEndpoint = aws.String(motoURL) })}
+	status, statusClient := harness.NewEC2InstanceStatus(t)
+	s := &setup{t: t, ctx: ctx, clock: clocktesting.NewFakeClock(t0), calls: calls, log: log, status: status,
+		ec2: ec2Split{Client: ec2.NewFromConfig(harness.AWSConfig(calls), func(o *ec2.Options) { o.BaseEndpoint = aws.String(motoURL) }), status: statusClient}}
 	s.restart()
 	return s
 }
@@ -89,6 +91,18 @@ func (s *setup) restart() {
 	s.recorder = events.NewFakeRecorder(100)
 	evictor := inplace.NewDrainEvictor(cs, s.log, inplace.WithClock(s.clock), inplace.WithMaxRound(evictRound))
 	s.runner = inplace.New(direct, direct, evictor, s.ec2, s.clock, s.recorder, s.log, nil, s.fallback, inplace.Options{EvictRound: evictRound})
+}
+
+// ec2Split is the suite's EC2: moto for the instances and RebootInstances, and
+// harness.EC2InstanceStatus for DescribeInstanceStatus (moto reports no scheduled events),
+// with which the run confirms its maintenance before it reboots.
+type ec2Split struct {
+	*ec2.Client
+	status *ec2.Client
+}
+
+func (e ec2Split) DescribeInstanceStatus(ctx context.Context, in *ec2.DescribeInstanceStatusInput, opts ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
+	return e.status.DescribeInstanceStatus(ctx, in, opts...)
 }
 
 func (s *setup) fallback(_ context.Context, nc *karpv1.NodeClaim, st inplace.State, why string) error {
@@ -126,8 +140,13 @@ func (s *setup) passTo(claim string, step inplace.Step) {
 	s.t.Fatalf("the run did not reach %s: %+v", step, state(s.t, claim))
 }
 
+// begin begins a run of ev on the claim; EC2 shows ev's maintenance for its instance.
 func (s *setup) begin(claim string, ev event.Event) {
 	s.t.Helper()
+	for _, id := range ev.Instances {
+		s.status.Add(id, &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-" + ev.ID, Code: string(ev.Health.Scheduled),
+			Description: "The instance is scheduled for " + string(ev.Health.Scheduled), NotBefore: ev.Deadline}}})
+	}
 	already, err := s.runner.Begin(s.ctx, getClaim(s.t, claim), ev)
 	if err != nil || already {
 		s.t.Fatalf("Begin(%s): already=%v err=%v", claim, already, err)

@@ -250,11 +250,16 @@ func TestRebootInPlace(t *testing.T) {
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: db}}})
 	s.budgetStatus(ns, "db", 2)
 	k := s.startPodKubelet(ns)
-	s.router(signal.ModeForward, func(o *options.Run) { o.RebootInPlace = true })
-
 	// AWS reboots the instance in one hour and eight seconds: deferred until deadline -
-	// drain-lead, a few seconds away, then carried out in place.
+	// drain-lead, a few seconds away, then carried out in place. EC2 shows the event (served
+	// by the stand-in: moto reports no scheduled events): the run confirms it before it
+	// reboots.
 	start := time.Now().Add(time.Hour + 8*time.Second)
+	ec2s, _ := harness.NewEC2InstanceStatus(t)
+	ec2s.Add(id, &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-0c1d2e3f4a5b60001", Code: string(event.ScheduledInstanceReboot),
+		Description: "The instance is scheduled for a reboot", NotBefore: start.UTC().Truncate(time.Second)}}})
+	endpoint := s.splitEC2(ec2s)
+	s.router(signal.ModeForward, func(o *options.Run) { o.RebootInPlace, o.AWSEndpointURL = true, endpoint })
 	arn := "arn:aws:health:eu-west-1::event/EC2/AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED/inplace-1"
 	s.put("aws.health", "AWS Health Event", health("AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED", start, "upcoming", arn, id), id)
 	s.eventually("the event deferred to deadline - drain-lead", 30*time.Second, func() bool {

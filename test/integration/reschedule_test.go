@@ -1,12 +1,6 @@
 package integration
 
 import (
-	"bytes"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -24,38 +18,10 @@ import (
 	"github.com/health-router/health-router/test/harness"
 )
 
-// standIn are the EC2 actions moto does not serve as EC2 does (scheduled events) or at all
-// (ModifyInstanceEventStartTime), which harness.EC2InstanceStatus answers instead.
-var standIn = map[string]bool{"DescribeInstanceStatus": true, "ModifyInstanceEventStartTime": true}
-
-// splitEC2 returns the endpoint of a proxy in front of moto that sends the EC2 Query calls of
-// standIn to ec2s and every other call (SQS, EventBridge, the rest of EC2) to moto: the
-// router sends all of its AWS calls to one endpoint (options.Run.AWSEndpointURL).
+// splitEC2 returns the endpoint of harness.SplitEC2 in front of the stage's moto.
 func (s *stage) splitEC2(ec2s *harness.EC2InstanceStatus) string {
 	s.t.Helper()
-	target, err := url.Parse(s.moto)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	moto := httputil.NewSingleHostReverseProxy(target)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
-			body, err := io.ReadAll(r.Body)
-			r.Body.Close()
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			if form, err := url.ParseQuery(string(body)); err == nil && standIn[form.Get("Action")] {
-				ec2s.ServeHTTP(w, r)
-				return
-			}
-		}
-		moto.ServeHTTP(w, r)
-	}))
-	s.t.Cleanup(srv.Close)
-	return srv.URL
+	return harness.SplitEC2(s.t, s.moto, ec2s)
 }
 
 // metricOf sums the samples of a metric in reg whose labels include labels.

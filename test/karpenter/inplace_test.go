@@ -16,6 +16,7 @@ import (
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // kubelet reports the Node's Ready condition (changed now) and boot ID, as its kubelet would.
@@ -57,7 +58,15 @@ func TestRebootInPlaceBesideKarpenter(t *testing.T) {
 		t.Fatal(err)
 	}
 	received := metric(t, receivedMessages, nil)
-	intake := startRouter(t, "inplace", signal.ModeForward, func(o *options.Run) { o.RebootInPlace = true })
+	// AWS reboots the instance in 30 minutes, within drain-lead: the run begins at once. EC2
+	// shows the event (the stand-in behind the proxy: moto reports no scheduled events), which
+	// the run confirms before it reboots.
+	start := time.Now().Add(30 * time.Minute)
+	ec2s, _ := harness.NewEC2InstanceStatus(t)
+	ec2s.Add(n.Instance, &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-0a1b2c3d4e5f60001", Code: string(event.ScheduledInstanceReboot),
+		Description: "The instance is scheduled for a reboot", NotBefore: start.UTC().Truncate(time.Second)}}})
+	endpoint := harness.SplitEC2(t, stage.Moto, ec2s)
+	intake := startRouter(t, "inplace", signal.ModeForward, func(o *options.Run) { o.RebootInPlace, o.AWSEndpointURL = true, endpoint })
 
 	// Karpenter, throughout: the NodeClaim there and not deleting, the pool's only one, the
 	// instance running, no message received on its queue, no disruption of the pool.
@@ -104,8 +113,7 @@ func TestRebootInPlaceBesideKarpenter(t *testing.T) {
 		eventually(t, what, timeout, func() bool { keptByKarpenter(); return cond() })
 	}
 
-	// AWS reboots the instance in 30 minutes, within drain-lead: the run begins at once.
-	send(t, intake, healthBodyOf("AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED", "inplace-reboot", time.Now().Add(30*time.Minute), n.Instance))
+	send(t, intake, healthBodyOf("AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED", "inplace-reboot", start, n.Instance))
 	var st inplace.State
 	until("the instance rebooted (RebootInstances in moto)", 40*time.Second, func() bool {
 		var ok bool
