@@ -50,7 +50,7 @@ func TestGates(t *testing.T) {
 	pod("broker-0", "ip-e5f60201")
 	late := s.node("kafka", "i-0a1b2c3d4e5f60202")
 	pod("broker-1", "ip-e5f60202")
-	spotted := s.node("kafka", "i-0a1b2c3d4e5f60203")
+	spotted := s.spotNode("kafka", "i-0a1b2c3d4e5f60203")
 	pod("broker-2", "ip-e5f60203")
 
 	retire := func(id string, start time.Time) {

@@ -158,11 +158,21 @@ func (s *stage) pool(name string, ann map[string]string) {
 	})
 }
 
-// node creates a NodeClaim (held by a finalizer, as Karpenter's termination finalizer
-// holds it while draining) and its Node, and returns the NodeClaim's name.
+// node creates an on-demand NodeClaim (held by a finalizer, as Karpenter's termination
+// finalizer holds it while draining) and its Node, and returns the NodeClaim's name.
 func (s *stage) node(pool, id string) string {
+	return s.nodeOf(pool, id, karpv1.CapacityTypeOnDemand)
+}
+
+// spotNode is node for a Spot instance: the only kind a Spot interruption warning is taken
+// at its word for (an urgent event is checked against its node's capacity type).
+func (s *stage) spotNode(pool, id string) string {
+	return s.nodeOf(pool, id, karpv1.CapacityTypeSpot)
+}
+
+func (s *stage) nodeOf(pool, id, capacityType string) string {
 	name := pool + "-" + id[len(id)-6:]
-	labels := map[string]string{karpv1.NodePoolLabelKey: pool, corev1.LabelArchStable: "amd64", karpv1.CapacityTypeLabelKey: "on-demand"}
+	labels := map[string]string{karpv1.NodePoolLabelKey: pool, corev1.LabelArchStable: "amd64", karpv1.CapacityTypeLabelKey: capacityType}
 	claim := &karpv1.NodeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Finalizers: []string{"karpenter.sh/termination"}},
 		Spec: karpv1.NodeClaimSpec{
@@ -315,7 +325,7 @@ func TestPipeline(t *testing.T) {
 	t.Run("drain by deleting the NodeClaim", func(t *testing.T) {
 		s.t = t
 		s.pool("web", nil)
-		claim := s.node("web", "i-0a1b2c3d4e5f60001")
+		claim := s.spotNode("web", "i-0a1b2c3d4e5f60001")
 		s.router(signal.ModeDeleteNodeClaim)
 		put := s.put("aws.ec2", "EC2 Spot Instance Interruption Warning", map[string]string{"instance-id": "i-0a1b2c3d4e5f60001", "instance-action": "terminate"}, "arn:aws:ec2:eu-west-1:123456789012:instance/i-0a1b2c3d4e5f60001")
 		s.eventually("nodeclaim deleted", 30*time.Second, func() bool { return !s.claim(claim).DeletionTimestamp.IsZero() })
@@ -370,7 +380,7 @@ func TestPipeline(t *testing.T) {
 	t.Run("a forward Karpenter drops falls back to deleting the NodeClaim", func(t *testing.T) {
 		s.t = t
 		s.pool("drop", nil)
-		claim := s.node("drop", "i-0a1b2c3d4e5f60008")
+		claim := s.spotNode("drop", "i-0a1b2c3d4e5f60008")
 		// A Karpenter that reads its queue and drops every message unread (as it does a body
 		// it cannot parse): the router must not count the drain as done.
 		ctx, cancel := context.WithCancel(s.ctx)
@@ -471,7 +481,7 @@ func TestPipeline(t *testing.T) {
 	t.Run("dashboard metrics published to CloudWatch", func(t *testing.T) {
 		s.t = t
 		s.pool("batch", nil)
-		s.node("batch", "i-0a1b2c3d4e5f60006")
+		s.spotNode("batch", "i-0a1b2c3d4e5f60006")
 		s.router(signal.ModeDeleteNodeClaim, func(o *options.Run) {
 			o.CloudWatchMetrics, o.ClusterName, o.CloudWatchInterval = true, "prod-eu-west-1", 10*time.Second
 		})
@@ -559,7 +569,7 @@ func TestKubernetesOutage(t *testing.T) {
 	cfg := harness.KubeAPIServer(t)
 	s := newStageWith(t, cfg)
 	s.pool("web", nil)
-	claim := s.node("web", "i-0a1b2c3d4e5f60101")
+	claim := s.spotNode("web", "i-0a1b2c3d4e5f60101")
 	// The router reaches the API server through a proxy that the test can cut.
 	u, err := url.Parse(cfg.Host)
 	if err != nil {

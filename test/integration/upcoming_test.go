@@ -235,7 +235,7 @@ func TestNodeMarks(t *testing.T) {
 		s.pool("ledger", ann)
 		s.pool("spot", nil)
 		ledger := s.node("ledger", "i-0c1d2e3f4a5b60011")
-		spot := s.node("spot", "i-0c1d2e3f4a5b60012")
+		spot := s.spotNode("spot", "i-0c1d2e3f4a5b60012")
 		ledgerNode, spotNode := nodeName("i-0c1d2e3f4a5b60011"), nodeName("i-0c1d2e3f4a5b60012")
 		s.namespace("payments")
 		s.pod("payments", "ledger-0", ledgerNode, false)
