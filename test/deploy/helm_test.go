@@ -132,6 +132,7 @@ func TestValuesSets(t *testing.T) {
 			"HEALTH_ROUTER_REGION":                   "eu-west-1",
 			"HEALTH_ROUTER_CLUSTER_NAME":             "my-cluster",
 			"HEALTH_ROUTER_ACCOUNT":                  "111122223333",
+			"HEALTH_ROUTER_SENDER_IDS":               "AROAEXAMPLEDISPATCHER01,AROAEXAMPLEROUTER0001:ci",
 			"HEALTH_ROUTER_SIGNAL":                   "forward",
 			"HEALTH_ROUTER_CLOUDWATCH_METRICS":       "false",
 			"HEALTH_ROUTER_CLOUDWATCH_INTERVAL":      "2m",
@@ -264,6 +265,7 @@ func TestRefused(t *testing.T) {
 		{"calendar on the health port", []string{"-f", "DEFAULT", "--set", "calendar.enabled=true", "--set", "calendar.port=8081"}, "calendar.port must differ"},
 		{"calendar peers not a list", []string{"-f", "DEFAULT", "--set", "networkPolicy.calendar.from=everyone"}, "from"},
 		{"metrics.secure not a bool", []string{"-f", "DEFAULT", "--set-string", "metrics.secure=yes"}, "secure"},
+		{"not a SenderId", []string{"-f", "DEFAULT", "--set", "settings.senderIDs={events.amazonaws.com}"}, "senderIDs"},
 		{"typo'd network policy key", []string{"-f", "DEFAULT", "--set", "networkPolicy.enable=true"}, "additional properties 'enable' not allowed"},
 	} {
 		args := make([]string, len(tt.args))

@@ -108,6 +108,10 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_ALERTMANAGER_URL" $s.alertmanagerURL)
   (list "HEALTH_ROUTER_UNMANAGED_NODES" $s.unmanagedNodes)
   (list "HEALTH_ROUTER_AWS_ENDPOINT_URL" $s.awsEndpointURL) }}
+{{- with $s.senderIDs }}
+- name: HEALTH_ROUTER_SENDER_IDS
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- range $strings }}
 {{- if index . 1 }}
 - name: {{ index . 0 }}
