@@ -210,52 +210,60 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 	if err != nil {
 		return false, nil // not one this router can trace
 	}
-	if dr.Resumes && (!ok || (rec.Running && dr.EventTime.After(rec.EventTime))) {
-		// No drain to end: the `running` is kept, so that a stop from before it that arrives
-		// late (SQS reorders, workers decide at once) begins none (Begin).
-		return false, d.update(ctx, node, func(n *corev1.Node) (bool, error) {
-			if cur, found, err := Records(n); err != nil || (found && !(cur.Running && dr.EventTime.After(cur.EventTime))) {
-				return false, err
-			}
-			now := d.clock.Now()
-			n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})
-			return true, nil
-		})
+	if dr.Resumes {
+		return d.resume(ctx, node, dr)
 	}
 	if !ok {
 		return false, nil
 	}
-	same := rec.EventID == dr.EventID || (dr.Key != "" && rec.Key == dr.Key) || (dr.Match != "" && sameMaintenance(rec.Match, dr.Match))
-	// A stop is over once the instance runs again after it: its drain ends with it.
-	resumed := dr.Resumes && rec.Kind == dr.Kind && !rec.EventTime.IsZero() && dr.EventTime.After(rec.EventTime)
-	if !same && !resumed {
+	if rec.EventID != dr.EventID && (dr.Key == "" || rec.Key != dr.Key) && (dr.Match == "" || !sameMaintenance(rec.Match, dr.Match)) {
 		return false, nil
-	}
-	if resumed {
-		// Ended, and the `running` kept in its place: a stop older than it that arrives late
-		// begins no drain.
-		now := d.clock.Now()
-		err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
-			cur, found, err := Records(n)
-			if err != nil || !found || cur.EventID != rec.EventID {
-				return false, err // replaced meanwhile
-			}
-			if cur.Cordoned {
-				n.Spec.Unschedulable = false
-			}
-			n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})
-			return true, nil
-		})
-		if err != nil {
-			return false, fmt.Errorf("ending the drain of node %s: %w", name, err)
-		}
-		d.recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeDrainEnded, eventAction, "%s (%s): the drain ended: the instance runs again (%s); %s",
-			rec.Kind, rec.EventID, dr.EventID, map[bool]string{true: "uncordoned", false: "left cordoned: it was cordoned before the drain"}[rec.Cordoned])
-		return true, nil
 	}
 	if err := d.end(ctx, node, rec, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")"); err != nil {
 		return false, err
 	}
+	return true, nil
+}
+
+// resume handles a `running` of the instance (dr.Resumes): a drain for a stop from before it
+// ends (the stop is over: the record goes, the Node is uncordoned if the router cordoned it),
+// and the `running` is kept on the Node in its place, so that a stop from before it that
+// arrives late (SQS reorders, workers decide at once) begins none (Begin). All of it is
+// decided on the Node as the write finds it: a stop's Begin racing this running (two workers
+// of one batch) either comes first, and its drain is ended here, or finds the running.
+func (d *Drainer) resume(ctx context.Context, node *corev1.Node, dr Drain) (bool, error) {
+	var ended *Record
+	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		ended = nil
+		cur, found, err := Records(n)
+		if err != nil {
+			return false, nil // not one this router can trace
+		}
+		switch {
+		case !found, cur.Running && dr.EventTime.After(cur.EventTime):
+			// No drain to end; this running is the latest.
+		case !cur.Running && cur.Kind == dr.Kind && !cur.EventTime.IsZero() && dr.EventTime.After(cur.EventTime):
+			c := cur
+			ended = &c
+			if cur.Cordoned {
+				n.Spec.Unschedulable = false
+			}
+		default:
+			return false, nil // another kind's drain, or a later running recorded
+		}
+		now := d.clock.Now()
+		n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})
+		return true, nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("recording the running of node %s: %w", node.Name, err)
+	}
+	if ended == nil {
+		return false, nil
+	}
+	d.recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeDrainEnded, eventAction, "%s (%s): the drain ended: the instance runs again (%s); %s",
+		ended.Kind, ended.EventID, dr.EventID, map[bool]string{true: "uncordoned", false: "left cordoned: it was cordoned before the drain"}[ended.Cordoned])
+	d.log.Info("node drain ended", "node", node.Name, "event_id", ended.EventID, "why", "the instance runs again", "uncordoned", ended.Cordoned)
 	return true, nil
 }
 

@@ -1,10 +1,14 @@
 package nodedrain
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/router/nodedrain"
 )
@@ -150,5 +154,46 @@ func TestLateStopAfterRunning(t *testing.T) {
 	// A later stop drains.
 	if already, err := s.drainer.Begin(s.ctx, getNode(t, "late-a"), nodedrain.Drain{EventID: "stop-2", Key: "stop-2", Kind: "state-change", EventTime: stopped.Add(2 * time.Minute)}); err != nil || already {
 		t.Errorf("a later stop: already=%v err=%v", already, err)
+	}
+}
+
+// staleOnce serves its Node as it was before a write, once: the read a worker made before
+// another worker's write landed.
+type staleOnce struct {
+	client.Reader
+	node *corev1.Node
+}
+
+func (r *staleOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if n, ok := obj.(*corev1.Node); ok && r.node != nil && key.Name == r.node.Name {
+		r.node.DeepCopyInto(n)
+		r.node = nil
+		return nil
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+// TestRunningRacesTheStop: found by the simulation (make sim SEEDS=500, concurrent workers).
+// The instance's stop and its later running are decided by two workers at once: the running
+// reads the Node before the stop's drain is written, the stop cordons, and the running's write
+// then conflicts. Decided on the Node as it read it first ("no drain"), the running left the
+// stop's drain in place: the node stayed cordoned for a stop that was over. It is decided on
+// the Node the write finds: the drain ends.
+func TestRunningRacesTheStop(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "race-a", false)
+	before := getNode(t, "race-a")
+	stopped := t0.Add(-3 * time.Minute)
+	if already, err := s.drainer.Begin(s.ctx, getNode(t, "race-a"), nodedrain.Drain{EventID: "stop-1", Key: "stop-1", Kind: "state-change", EventTime: stopped}); err != nil || already {
+		t.Fatalf("the stop: already=%v err=%v", already, err)
+	}
+	racing := nodedrain.New(kube, &staleOnce{Reader: direct, node: before}, cs, s.clock, s.recorder, slog.New(slog.NewTextHandler(io.Discard, nil)), nodedrain.Options{})
+	running := nodedrain.Drain{EventID: "run-1", Key: "run-1", Kind: "state-change", EventTime: stopped.Add(2 * time.Minute), Resumes: true}
+	ended, err := racing.Cancel(s.ctx, "race-a", running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := getNode(t, "race-a"); !ended || n.Spec.Unschedulable {
+		t.Errorf("the running decided beside the stop: ended=%v, still cordoned=%v, record %s", ended, n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
 	}
 }
