@@ -348,3 +348,36 @@ func TestUrgentDrainCountsAtOnce(t *testing.T) {
 		t.Errorf("a paced drain beside an urgent one in flight: %s (%s)", d.Action, d.Reason)
 	}
 }
+
+// TestUrgentBreakerKeepsASignalledDrain: found by the simulation (a Storm of Spot warnings, two
+// per node). A NodeClaim's urgent drain is signalled; a second urgent event of the same
+// NodeClaim is decided, and given back (Unreserve: the fresh read showed it drained already).
+// Giving the second back forgot the first: the breaker then let a third node through. A
+// breaker's count is only ever too high (an urgent drain decided and not signalled counts for
+// the rest of its minute), never too low.
+func TestUrgentBreakerKeepsASignalledDrain(t *testing.T) {
+	eng := New(testCluster(t, map[string]poolSpec{"spot": {annotations: map[string]string{policy.AnnotationUrgentDrainMax: "2"}, nodes: 5}}), nil)
+	decide := func(i int, id string) policy.Decision {
+		t.Helper()
+		ev := spot(instance("spot", i))
+		ev.ID = id
+		outs, err := eng.Decide(context.Background(), ev, now)
+		if err != nil || len(outs) != 1 {
+			t.Fatalf("%s: %v %+v", id, err, outs)
+		}
+		return outs[0].Decision
+	}
+	for i := range 2 {
+		if d := decide(i, fmt.Sprintf("first-%d", i)); d.Action != policy.ActionDrain {
+			t.Fatalf("node %d: %s (%s)", i, d.Action, d.Reason)
+		}
+	}
+	// A second warning of node 0, decided and given back: node 0's drain stays counted.
+	if d := decide(0, "second-0"); d.Action != policy.ActionDrain {
+		t.Fatalf("the second warning of node 0: %s (%s)", d.Action, d.Reason)
+	}
+	eng.Unreserve("spot", "spot-0")
+	if d := decide(2, "first-2"); d.Action != policy.ActionDefer || d.Hold != policy.HoldUrgentBreaker {
+		t.Errorf("a third node within the minute: %s (%s), want held by the breaker", d.Action, d.Reason)
+	}
+}

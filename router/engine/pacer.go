@@ -270,7 +270,11 @@ func (p *pacer) unreserve(pool, key string) {
 	delete(pp.reserved, key)
 	delete(pp.repairs, key)
 	delete(pp.settles, key)
-	delete(pp.urgent, key) // not signalled: not one of the pool's urgent drains
+	// pp.urgent keeps key: an earlier urgent drain of the same NodeClaim may have been
+	// signalled (a second urgent event of a node drained already is decided and given back),
+	// and forgetting it would let one more node through the breaker. An urgent drain decided
+	// and not signalled is counted for the rest of its minute: the breaker errs on the side of
+	// holding.
 }
 
 // noteSettle remembers how a drain decided in pool settles.
