@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -125,6 +129,32 @@ func launch(t *testing.T, pools map[string]map[string]string, count map[string]i
 	return out
 }
 
+// capacity labels the NodeClaims (and Nodes) of nodes with a capacity type, as Karpenter
+// labels a Spot or reserved launch. moto's fleet launches on-demand only, and the router takes
+// a Spot warning (a reservation interruption) at its word only for a Spot (reserved) node.
+func capacity(t *testing.T, nodes []harness.Node, capacityType string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, n := range nodes {
+		for _, obj := range []client.Object{&karpv1.NodeClaim{}, &corev1.Node{}} {
+			name := n.NodeClaim
+			if _, ok := obj.(*corev1.Node); ok {
+				name = n.Node
+			}
+			if err := stage.Kube.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
+				t.Fatal(err)
+			}
+			base := obj.DeepCopyObject().(client.Object)
+			labels := obj.GetLabels()
+			labels[karpv1.CapacityTypeLabelKey] = capacityType
+			obj.SetLabels(labels)
+			if err := stage.Kube.Patch(ctx, obj, client.MergeFrom(base)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // TestForward: every kind the router drains, forwarded in forward mode, reaches the real
 // Karpenter and makes it act; a deferred Health event makes it act only when released.
 func TestForward(t *testing.T) {
@@ -140,6 +170,9 @@ func TestForward(t *testing.T) {
 		"deferred":    {"healthrouter.io/action": "defer", "healthrouter.io/drain-lead": deferredLeadShort.String()},
 	}, map[string]int{"health": 3})
 	t.Logf("launched %d pools through Karpenter and moto in %s", len(nodes), time.Since(start).Round(100*time.Millisecond))
+	capacity(t, nodes["spot"], karpv1.CapacityTypeSpot)
+	capacity(t, nodes["odcr-array"], karpv1.CapacityTypeReserved)
+	capacity(t, nodes["odcr-string"], karpv1.CapacityTypeReserved)
 	intake := startRouter(t, "forward", signal.ModeForward)
 
 	// One instance per kind; Karpenter's disruption metric is per NodePool and reason.
@@ -230,6 +263,7 @@ func TestForward(t *testing.T) {
 // Karpenter's termination flow drains and terminates the instance the same way.
 func TestDeleteNodeClaim(t *testing.T) {
 	nodes := launch(t, map[string]map[string]string{"delete": nil}, nil)
+	capacity(t, nodes["delete"], karpv1.CapacityTypeSpot)
 	intake := startRouter(t, "delete", signal.ModeDeleteNodeClaim)
 	before := metric(t, receivedMessages, nil)
 	n := nodes["delete"][0]
