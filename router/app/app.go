@@ -240,8 +240,9 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		}
 		pipe.WithInPlace(runner)
 	}
+	var drainer *nodedrain.Drainer
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {
-		drainer := nodedrain.New(mgr.GetClient(), mgr.GetAPIReader(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"), nodedrain.Options{})
+		drainer = nodedrain.New(mgr.GetClient(), mgr.GetAPIReader(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"), nodedrain.Options{})
 		if err := mgr.Add(drainer); err != nil { // leader only
 			return err
 		}
@@ -303,6 +304,9 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		// router polls instead, and its findings take the same pipeline as the queue's events.
 		p := poller.New(ec2Client, poller.NewClusterInstances(mgr.GetCache()), pipe, clk, log.With("component", "poller"), reg,
 			poller.Options{Interval: o.InstanceStatusInterval, Account: account, Region: awsCfg.Region}).WithHeldImpaired(deferrals)
+		if drainer != nil {
+			p.WithHeldImpaired(drainer) // an unmanaged Node cordoned for its impairment
+		}
 		if err := mgr.Add(p); err != nil { // leader only
 			return err
 		}

@@ -25,6 +25,8 @@ import (
 	"k8s.io/kubectl/pkg/drain"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/health-router/health-router/router/cluster"
 )
 
 // Kubernetes Event reasons, on the drained Node.
@@ -48,6 +50,9 @@ type Drain struct {
 	EventTime time.Time
 	// Resumes marks a `running` state change: it ends a drain for a stop that happened before.
 	Resumes bool
+	// Recovers marks the poller's finding that the instance passes its status checks again:
+	// it ends a drain for the instance's impairment.
+	Recovers bool
 	// Deadline bounds the drain (the event's deadline minus drain-lead), or zero.
 	Deadline time.Time
 	// Release: see Record.Release.
@@ -185,6 +190,33 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 	return already, nil
 }
 
+// impairedKey is in the key of a drain for an impairment the poller found (the finding's
+// event ID, router/event's StatusFinding.ID: <prefix><instance>/impaired/<since>).
+const impairedKey = "/impaired/"
+
+// HeldImpaired returns the instances of Nodes this router cordons for an impairment: the
+// poller watches them, and hands one that passes its checks again over as recovered, which
+// ends the drain (Cancel, Drain.Recovers). Read from the cache at every poll, so that a
+// restart forgets none.
+func (d *Drainer) HeldImpaired(ctx context.Context) ([]string, error) {
+	var nodes corev1.NodeList
+	if err := d.kube.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	var ids []string
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		rec, ok, err := Records(n)
+		if err != nil || !ok || rec.Running || !strings.Contains(rec.Key, impairedKey) {
+			continue
+		}
+		if id := cluster.InstanceID(n.Spec.ProviderID); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
 // node reads a Node from the API server.
 func (d *Drainer) node(ctx context.Context, name string) (*corev1.Node, error) {
 	n := &corev1.Node{}
@@ -215,6 +247,12 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 	}
 	if !ok {
 		return false, nil
+	}
+	if dr.Recovers && rec.Kind == dr.Kind && strings.Contains(rec.Key, impairedKey) {
+		if err := d.end(ctx, node, rec, "the instance passes its status checks again ("+dr.EventID+")"); err != nil {
+			return false, err
+		}
+		return true, nil
 	}
 	if rec.EventID != dr.EventID && (dr.Key == "" || rec.Key != dr.Key) && (dr.Match == "" || !sameMaintenance(rec.Match, dr.Match)) {
 		return false, nil

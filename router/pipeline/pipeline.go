@@ -147,7 +147,8 @@ func (h nodeDrainHolder) Cancel(ctx context.Context, res cluster.Resolved, ev ev
 // reaches it, and, for a maintenance AWS keeps the instance through (a reboot), when it ends.
 func drainOf(ev event.Event, deadline time.Time) nodedrain.Drain {
 	dr := nodedrain.Drain{EventID: ev.ID, Key: record.Key(ev), Match: record.Match(ev), Kind: string(ev.Kind), EventTime: ev.Time, Deadline: deadline,
-		Resumes: ev.Kind == event.KindStateChange && ev.State == event.StateRunning}
+		Resumes:  ev.Kind == event.KindStateChange && ev.State == event.StateRunning,
+		Recovers: ev.Kind == event.KindInstanceStatus && ev.Status != nil && ev.Status.Recovered}
 	if h := ev.Health; h != nil && ev.Kind == event.KindScheduledChange && slices.Contains(inplace.Types, h.Scheduled) {
 		switch {
 		case h.End.After(ev.Deadline):

@@ -130,14 +130,15 @@ type Poller struct {
 	// and that EC2 still reports.
 	handed   map[string]map[string]bool
 	impaired map[string]*impairment
-	held     heldLister // nil: no repairs are held
+	held     []heldLister // none: no repairs are held
 }
 
-// WithHeldImpaired gives the poller the instances whose repair the router holds, read from
-// the cluster at every poll (so a restart forgets none): one that passes its checks again is
-// handed over as recovered, which cancels the held repair.
+// WithHeldImpaired adds a source of the instances whose repair the router holds (a repair
+// held by the cut-off on a NodeClaim; an unmanaged Node cordoned for its impairment), read
+// from the cluster at every poll (so a restart forgets none): one that passes its checks again
+// is handed over as recovered, which cancels the held repair or ends the Node's drain.
 func (p *Poller) WithHeldImpaired(l heldLister) *Poller {
-	p.held = l
+	p.held = append(p.held, l)
 	return p
 }
 
@@ -205,8 +206,8 @@ func (p *Poller) Poll(ctx context.Context) error {
 	statuses, failed, describeErr := p.describe(ctx, ids)
 	now := p.clock.Now()
 	held := map[string]bool{}
-	if p.held != nil {
-		hs, err := p.held.HeldImpaired(ctx)
+	for _, l := range p.held {
+		hs, err := l.HeldImpaired(ctx)
 		if err != nil {
 			describeErr = errors.Join(describeErr, fmt.Errorf("listing held repairs: %w", err))
 		}

@@ -197,3 +197,33 @@ func TestRunningRacesTheStop(t *testing.T) {
 		t.Errorf("the running decided beside the stop: ended=%v, still cordoned=%v, record %s", ended, n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
 	}
 }
+
+// TestRecoveryEndsTheImpairedDrain: found by make sim SEEDS=500. An unmanaged Node cordoned
+// and drained for its instance's impairment stayed cordoned once the instance passed its
+// checks again: the poller told of a recovery only for repairs held on NodeClaims, and a
+// recovery's key is not the impairment's. The poller now watches the Nodes cordoned for an
+// impairment (HeldImpaired), and the recovery ends their drain.
+func TestRecoveryEndsTheImpairedDrain(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "impaired-a", false)
+	const prefix = "healthrouter.io/instance-status/i-0123456789abcdef0/"
+	impaired := nodedrain.Drain{EventID: prefix + "impaired/2026-03-01T11:50:00Z", Key: prefix + "impaired/2026-03-01T11:50:00Z", Kind: "instance-status", EventTime: t0}
+	if _, err := s.drainer.Begin(s.ctx, getNode(t, "impaired-a"), impaired); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the poller is told to watch the instance", func() bool {
+		ids, err := s.drainer.HeldImpaired(s.ctx)
+		return err == nil && len(ids) == 1 && ids[0] == "i-0123456789abcdef0"
+	})
+	recovered := nodedrain.Drain{EventID: prefix + "recovered/2026-03-01T12:30:00Z", Key: prefix + "recovered/2026-03-01T12:30:00Z", Kind: "instance-status", EventTime: t0.Add(30 * time.Minute), Recovers: true}
+	if ended, err := s.drainer.Cancel(s.ctx, "impaired-a", recovered); err != nil || !ended {
+		t.Fatalf("the recovery: ended=%v err=%v", ended, err)
+	}
+	if n := getNode(t, "impaired-a"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
+		t.Errorf("after the recovery: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	}
+	eventually(t, "the poller no longer watches it", func() bool {
+		ids, err := s.drainer.HeldImpaired(s.ctx)
+		return err == nil && len(ids) == 0
+	})
+}
