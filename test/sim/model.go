@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/policy"
 )
 
 // The reference model: what the router has been told (only what it processed), and from it
@@ -18,6 +19,7 @@ const (
 	impairedAfter = 2 * time.Minute  // the poller's ImpairedAfter
 	kafkaLimit    = 1                // kafka's max-concurrent-drains
 	webCutoff     = 1                // web's repair cut-off: 20% of 5 nodes, rounded up
+	webUrgentMax  = 2                // web's urgent-drain breaker (urgent-drain-max)
 	tick          = 10 * time.Minute // the router's loop while time advances
 )
 
@@ -58,6 +60,7 @@ type instance struct {
 	changes       []stateChange
 	drained       time.Time // when the router first signalled its drain (or began a reboot in place)
 	drainReason   string
+	spotOnly      bool      // drained with a Spot warning its only cause: an urgent drain for the breaker
 	forwarded     time.Time // when the drain was last forwarded to Karpenter's queue (forward mode)
 	forwardedBy   string    // the leadership (replica/election) that forwarded it last
 	inPlace       bool      // a reboot in place runs: the node is out of service, and comes back
@@ -71,6 +74,12 @@ type model struct {
 	// life counts the leaderships: a crash or a failover starts a new one, with a memory of
 	// its own.
 	life int
+	// leaderships are the times a leadership began (a crash, a failover): the urgent-drain
+	// breaker counts in a leader's memory, so each new one may let one more limit through.
+	leaderships []time.Time
+	// overlapping reports whether an old leader still acts beside the new one (its memory, and
+	// so its breaker count, is its own).
+	overlapping func() bool
 }
 
 func newModel() *model { return &model{insts: map[string]*instance{}} }
@@ -197,11 +206,42 @@ func (m *model) drained(in *instance, now time.Time) {
 		if n := m.inFlight(PoolKafka, in.id, ""); n >= kafkaLimit {
 			m.fail("%s: %s drained with %d kafka drains in flight (max-concurrent-drains %d)", now.Format(time.RFC3339), in.id, n, kafkaLimit)
 		}
+	case cause == "spot" && in.pool == PoolWeb && m.spotOnly(in, now):
+		in.spotOnly = true
+		since := now.Add(-policy.UrgentWindow)
+		leaders := 1
+		if m.overlapping != nil && m.overlapping() {
+			leaders++
+		}
+		for _, at := range m.leaderships {
+			if at.After(since) {
+				leaders++
+			}
+		}
+		n := 0
+		for _, o := range m.insts {
+			if o.pool == PoolWeb && o.id != in.id && o.spotOnly && o.drained.After(since) {
+				n++
+			}
+		}
+		if n >= webUrgentMax*leaders {
+			m.fail("%s: %s drained for a Spot warning with %d of web's urgent drains within %s (urgent-drain-max %d, %d leadership(s))", now.Format(time.RFC3339), in.id, n, policy.UrgentWindow, webUrgentMax, leaders)
+		}
 	case cause == "impaired":
 		if n := m.inFlight(in.pool, in.id, "impaired"); n >= webCutoff {
 			m.fail("%s: impaired %s replaced with %d repairs of %s in flight (cut-off %d)", now.Format(time.RFC3339), in.id, n, in.pool, webCutoff)
 		}
 	}
+}
+
+// spotOnly reports whether a Spot warning is in's only cause to drain at now: a node with
+// another (a maintenance, a stop, an impairment) may be drained for that, which the breaker
+// does not count.
+func (m *model) spotOnly(in *instance, now time.Time) bool {
+	in.urgent = false
+	other := m.cause(in, now)
+	in.urgent = true
+	return other == ""
 }
 
 // forwardedTo checks one drain the router forwarded to Karpenter's queue: a forward is a

@@ -44,7 +44,7 @@ var eventsSummarised atomic.Int64
 // The harsher world is driven, not only possible: stale reads the router's cache served,
 // batches decided by workers at once, failovers where the old leader overlapped the new, AWS
 // reboots that found a kept node out of service, drains of the unmanaged node begun.
-var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons atomic.Int64
+var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds atomic.Int64
 
 // checks is rapid's -rapid.checks.
 func checks() *int {
@@ -97,6 +97,7 @@ func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
 		return nil, err
 	}
 	m.m.inst(UnmanagedInstance, "")
+	m.m.overlapping = func() bool { return w.zombie != nil }
 	w.onDrain = func(id string) {
 		m.mu.Lock() // the intake's workers may call at once
 		defer m.mu.Unlock()
@@ -397,6 +398,20 @@ func (m *machine) Spot(t *rapid.T) {
 	m.send(body, effect{before: func(time.Time) { m.m.insts[inst].urgent = true }})
 }
 
+// Storm sends Spot warnings for every live node of one pool at once, as a Spot capacity
+// pool's reclaim does (or a sender forging them): web's urgent-drain breaker holds what is
+// over its limit.
+func (m *machine) Storm(t *rapid.T) {
+	pool := rapid.SampledFrom([]string{PoolWeb, PoolKafka}).Draw(t, "pool")
+	for _, inst := range m.live() {
+		if m.m.insts[inst].pool != pool {
+			continue
+		}
+		body := envelope(m.id(), "aws.ec2", "EC2 Spot Instance Interruption Warning", inst, m.now(), map[string]string{"instance-id": inst, "instance-action": "terminate"})
+		m.send(body, effect{before: func(time.Time) { m.m.insts[inst].urgent = true }})
+	}
+}
+
 // Impair makes an instance's system status impaired, or recovers one; the router learns it
 // at its polls (poll).
 func (m *machine) Impair(t *rapid.T) {
@@ -660,7 +675,13 @@ func (m *machine) inPlaceOver() {
 }
 
 // Crash restarts the leader with empty memory.
-func (m *machine) Crash(*rapid.T) { m.w.crash(); m.m.life++ }
+func (m *machine) Crash(*rapid.T) { m.w.crash(); m.newLeadership() }
+
+// newLeadership tells the model a leadership began.
+func (m *machine) newLeadership() {
+	m.m.life++
+	m.m.leaderships = append(m.m.leaderships, m.now())
+}
 
 // Failover hands the lease to the standby that has been running all along; sometimes the
 // old leader keeps acting beside it for the rest of the tick (it has not noticed yet).
@@ -670,7 +691,7 @@ func (m *machine) Failover(t *rapid.T) {
 	if overlap {
 		overlaps.Add(1)
 	}
-	m.m.life++
+	m.newLeadership()
 }
 
 // Check runs after every action: the model's verdicts, and what the cluster shows.
@@ -773,7 +794,7 @@ func TestSimulation(t *testing.T) {
 		}
 		for name, n := range map[string]int64{"stale reads from the router's cache": staleReads.Load(), "batches decided by workers at once": concurrentBatches.Load(),
 			"failovers with the old leader still acting": overlaps.Load(), "AWS reboots of a kept node, out of service": awsOutOfService.Load(),
-			"drains of the unmanaged node": unmanagedCordons.Load()} {
+			"drains of the unmanaged node": unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}
@@ -782,11 +803,12 @@ func TestSimulation(t *testing.T) {
 	}()
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
+		defer func() { urgentHolds.Add(m.w.urgentHolds.Load()) }() // after the stops below
 		defer m.w.stop(m.w.leader)
 		defer m.w.endOverlap()
 		defer func() { staleReads.Add(int64(m.w.cache.staleReads())) }()
 		actions := map[string]func(*rapid.T){
-			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Impair": m.Impair,
+			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Storm": m.Storm, "Impair": m.Impair,
 			"Duplicate": m.Duplicate, "Deliver": m.Deliver, "Poll": m.Poll, "Faults": m.Faults, "Karpenter": m.Karpenter,
 			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover,
 		}

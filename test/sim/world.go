@@ -34,6 +34,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,7 +79,7 @@ var PoolAnnotations = map[string]map[string]string{
 	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
 		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
 		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace)},
-	PoolWeb:   {},
+	PoolWeb:   {policy.AnnotationUrgentDrainMax: "2"},
 	PoolBatch: {policy.AnnotationAction: "ignore"},
 }
 
@@ -343,6 +344,7 @@ func (f *faults) check(write bool) error {
 // replica is one router process: its own in-memory state over the shared API and AWS.
 type replica struct {
 	name     string
+	counted  bool // its breaker holds are in world.urgentHolds
 	pipeline *pipeline.Pipeline
 	ctrl     *deferral.Controller
 	marks    *upcoming.Controller
@@ -366,17 +368,19 @@ type replica struct {
 
 // world is the simulated cluster, AWS and router replicas.
 type world struct {
-	clock   *clocktesting.FakeClock
-	store   client.Client // the API server as the world (the kubelet, Karpenter) sees it
-	router  client.Client // the router's cache and writes: lagging, trimmed, faults injected
-	direct  client.Client // the router's reads from the API server itself: faults injected
-	cache   *lagCache
-	faults  *faults
-	queues  *queues
-	ec2     *ec2Status
-	mode    signal.Mode
-	leader  *replica
-	standby *replica
+	// urgentHolds counts the urgent drains the stopped replicas' breakers held.
+	urgentHolds atomic.Int64
+	clock       *clocktesting.FakeClock
+	store       client.Client // the API server as the world (the kubelet, Karpenter) sees it
+	router      client.Client // the router's cache and writes: lagging, trimmed, faults injected
+	direct      client.Client // the router's reads from the API server itself: faults injected
+	cache       *lagCache
+	faults      *faults
+	queues      *queues
+	ec2         *ec2Status
+	mode        signal.Mode
+	leader      *replica
+	standby     *replica
 	// zombie is the old leader after a failover, still acting until it notices it lost the
 	// lease (endOverlap): its intake and controllers run beside the new leader's.
 	zombie   *replica
@@ -546,7 +550,7 @@ func (w *world) newReplica(name string) *replica {
 	r.pipeline.WithNodeDrainer(drainHook{r.drainer, w})
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.direct, w.router, w.log, nil)
-	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl)
+	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl).WithHeldImpaired(r.drainer)
 	r.intake = intake.New(intake.Config{QueueURL: queueURL, DeadLetterQueueURL: dlqURL, Account: "111122223333", Region: "eu-west-1",
 		Workers: 1, Visibility: 30 * time.Second, HandleTimeout: time.Minute, MaxReceives: maxReceives}, w.queues, r.pipeline, r.metrics, nil, w.clock, w.log)
 	return r
@@ -575,6 +579,10 @@ func (w *world) stop(r *replica) {
 		for r.ctrl.Leading() {
 			time.Sleep(time.Millisecond)
 		}
+	}
+	if !r.counted && r.metrics != nil {
+		r.counted = true
+		w.urgentHolds.Add(int64(testutil.ToFloat64(r.metrics.GateHolds.WithLabelValues(string(policy.HoldUrgentBreaker)))))
 	}
 }
 
@@ -916,6 +924,10 @@ func (w *world) checkInPlace(ctx context.Context) error {
 // NodeClaim and Node over; here it goes over all of them (a dozen). A fault leaves the
 // NodeClaim to the next pass, as the workqueue's retry would.
 func (w *world) reconcileMarks(ctx context.Context) error {
+	// A pass is started by a watch event of the router's own cache: the cache holds at least
+	// the change that starts it (a pass started on the API server's word, reading a cache that
+	// has not caught up, would mark on what the change replaced and never be started again).
+	w.cache.sync()
 	var claims karpv1.NodeClaimList
 	if err := w.store.List(ctx, &claims); err != nil {
 		return err
