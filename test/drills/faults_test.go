@@ -140,7 +140,9 @@ func TestEC2ThrottledForTheWholeBurst(t *testing.T) {
 		if i%2 == 0 {
 			bodies = append(bodies, spot(i))
 		} else {
-			bodies = append(bodies, gen.HealthBody(fmt.Sprintf("9c1d0c2e-0000-4000-8000-%012d", i), "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", time.Now(), time.Now().Add(96*time.Hour), []string{instance(i)}))
+			// The account of moto (the router's own, from STS): another is foreign.
+			body := gen.HealthBody(fmt.Sprintf("9c1d0c2e-0000-4000-8000-%012d", i), "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", time.Now(), time.Now().Add(96*time.Hour), []string{instance(i)})
+			bodies = append(bodies, strings.Replace(body, `"account":"111122223333"`, `"account":"123456789012"`, 1))
 		}
 	}
 	d.send(bodies)
