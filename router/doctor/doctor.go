@@ -26,6 +26,7 @@ import (
 	authv1 "k8s.io/api/authorization/v1"
 	"k8s.io/component-base/featuregate"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/policy"
@@ -164,7 +165,32 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	}
 	d.rbac(ctx, &r, c.Namespace)
 	d.gates(ctx, &r, c)
+	d.pools(ctx, &r)
 	return r
+}
+
+// CheckPoolAnnotations names the check of the NodePools' healthrouter.io/ annotations.
+const CheckPoolAnnotations = "NodePool annotations"
+
+// pools lists every NodePool whose annotations have problems: such a pool decides on the safe
+// side (held to deadline minus drain-lead, paced), not as its owner meant.
+func (d *Doctor) pools(ctx context.Context, r *Report) {
+	var pools karpv1.NodePoolList
+	if err := d.kube.List(ctx, &pools); err != nil {
+		*r = append(*r, Item{Unknown, CheckPoolAnnotations, fmt.Sprintf("cannot list NodePools: %v", err), "grant the router get/list on nodepools (the chart does)"})
+		return
+	}
+	bad := 0
+	for _, np := range pools.Items {
+		if ps := policy.FromAnnotations(np.Annotations).Problems; len(ps) > 0 {
+			bad++
+			*r = append(*r, Item{Warn, CheckPoolAnnotations + ": " + np.Name, strings.Join(ps, "; "),
+				"correct the annotations (docs/reference.md lists every key and value); until then the pool decides on the safe side"})
+		}
+	}
+	if bad == 0 {
+		*r = append(*r, Item{OK, CheckPoolAnnotations, fmt.Sprintf("%d NodePool(s), none with a problem", len(pools.Items)), ""})
+	}
 }
 
 // Check names of the takeover from Karpenter's own handling.

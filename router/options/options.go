@@ -68,6 +68,7 @@ func replayFlags(o *replay.Options) (fs *flag.FlagSet, now, gates *string) {
 	now = fs.String("now", "", "the time to decide at, RFC 3339 (default: the current time)")
 	gates = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false")
 	fs.StringVar(&o.Output, "o", "table", "output: table (for people) or json (one object per event and instance)")
+	fs.BoolVar(&o.Strict, "strict", false, "exit non-zero when a NodePool of the snapshot has annotation problems (each is printed on stderr either way): a pool with one decides on the safe side, not as its owner meant")
 	return fs, now, gates
 }
 

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/component-base/featuregate"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
@@ -44,7 +46,14 @@ type Options struct {
 	Now        time.Time
 	Gates      featuregate.FeatureGate
 	Output     string // table | json
+	// Strict makes Run fail (after writing the rows) when a NodePool of the snapshot has
+	// annotation problems; each is written to errw either way.
+	Strict bool
 }
+
+// ErrPoolProblems is Run's error under Options.Strict when a NodePool's annotations have
+// problems: the pool decides on the safe side, not as its owner meant.
+var ErrPoolProblems = errors.New("NodePool annotations have problems")
 
 // Row is one (event, instance) outcome, as -o json prints it. Every key is always present.
 type Row struct {
@@ -81,6 +90,15 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 	}
 	if len(ignored) > 0 {
 		fmt.Fprintf(errw, "replay: %s: ignored objects of kinds %s\n", o.ClusterFile, strings.Join(ignored, ", "))
+	}
+	problems := 0
+	for _, obj := range objs {
+		if np, ok := obj.(*karpv1.NodePool); ok {
+			for _, p := range policy.FromAnnotations(np.Annotations).Problems {
+				fmt.Fprintf(errw, "replay: NodePool %s: %s\n", np.Name, p)
+				problems++
+			}
+		}
 	}
 	snap, err := cluster.NewSnapshotIndexed(scheme, slices.Concat(cluster.Indexes(), gates.Indexes()), objs...)
 	if err != nil {
@@ -159,9 +177,13 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 				return err
 			}
 		}
-		return nil
+	} else if err := writeTable(w, rows, checker != nil, g); err != nil {
+		return err
 	}
-	return writeTable(w, rows, checker != nil, g)
+	if o.Strict && problems > 0 {
+		return fmt.Errorf("--strict: %w: %d problem(s), listed above", ErrPoolProblems, problems)
+	}
+	return nil
 }
 
 // whatIfMoved decides an instance of a pool annotated healthrouter.io/reschedule=true as the

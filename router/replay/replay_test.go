@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -298,5 +299,31 @@ func TestReplayRebootInPlace(t *testing.T) {
 	due := time.Date(2026, 11, 26, 1, 30, 0, 0, time.UTC)
 	if r := row(due); r.Action != policy.ActionRebootInPlace || !strings.Contains(r.Reason, "what-if steps: cordon → evict → reboot → await → ready → uncordon → done") {
 		t.Errorf("due: %+v", r)
+	}
+}
+
+// TestReplayStrict: a pool's annotation problems are printed either way; --strict fails the
+// run on them (after the rows), so a CI job that replays a snapshot catches a bad annotation.
+func TestReplayStrict(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		var out, errw bytes.Buffer
+		err := Run(context.Background(), Options{
+			ClusterFile: "testdata/problems/cluster.yaml", EventsPath: "../../test/demo/events/06-spot-interruption.json",
+			Now: demoNow, Gates: checks.NewFeatureGates(), Output: "table", Strict: strict,
+		}, &out, &errw)
+		if !strings.Contains(errw.String(), "NodePool kafka: ") || !strings.Contains(errw.String(), "12.5%") || strings.Contains(errw.String(), "NodePool web") {
+			t.Errorf("strict=%v: stderr %q, want kafka's problem only", strict, errw.String())
+		}
+		if got := errors.Is(err, ErrPoolProblems); got != strict {
+			t.Errorf("strict=%v: err %v", strict, err)
+		}
+		if !strings.Contains(out.String(), "EVENT") {
+			t.Errorf("strict=%v: no table written:\n%s", strict, out.String())
+		}
+	}
+	var errw bytes.Buffer
+	if err := Run(context.Background(), Options{ClusterFile: "../../test/demo/cluster.yaml", EventsPath: "../../test/demo/events/06-spot-interruption.json",
+		Now: demoNow, Gates: checks.NewFeatureGates(), Output: "json", Strict: true}, &bytes.Buffer{}, &errw); err != nil {
+		t.Errorf("the demo's pools under --strict: %v (%s)", err, errw.String())
 	}
 }

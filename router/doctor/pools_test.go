@@ -1,0 +1,58 @@
+package doctor
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/policy"
+)
+
+// TestPools: doctor lists each NodePool whose annotations have a problem, one line each with
+// every problem of the pool, and says so once when none has.
+func TestPools(t *testing.T) {
+	pool := func(name string, ann map[string]string) client.Object {
+		return &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann}}
+	}
+	tests := []struct {
+		name  string
+		pools []client.Object
+		want  []Item // Status and Check; Detail holds a substring
+	}{
+		{"none annotated", []client.Object{pool("web", nil)}, []Item{{Status: OK, Check: CheckPoolAnnotations, Detail: "1 NodePool(s), none with a problem"}}},
+		{"valid", []client.Object{pool("kafka", map[string]string{policy.AnnotationAction: "defer", policy.AnnotationMaxConcurrentDrains: "20%"})},
+			[]Item{{Status: OK, Check: CheckPoolAnnotations}}},
+		{"two problems in one pool, one good pool", []client.Object{
+			pool("kafka", map[string]string{policy.AnnotationMaxConcurrentDrains: "12.5%", policy.AnnotationDrainLead: "876000h"}),
+			pool("web", map[string]string{policy.AnnotationAction: "drain"})},
+			[]Item{{Status: Warn, Check: CheckPoolAnnotations + ": kafka", Detail: "12.5%"}}},
+	}
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &Doctor{kube: fake.NewClientBuilder().WithScheme(scheme).WithObjects(tt.pools...).Build()}
+			var r Report
+			d.pools(context.Background(), &r)
+			if len(r) != len(tt.want) {
+				t.Fatalf("report %+v, want %d item(s)", r, len(tt.want))
+			}
+			for i, w := range tt.want {
+				if r[i].Status != w.Status || r[i].Check != w.Check || !strings.Contains(r[i].Detail, w.Detail) {
+					t.Errorf("item %d: %+v, want %+v", i, r[i], w)
+				}
+			}
+			if tt.name == "two problems in one pool, one good pool" && !strings.Contains(r[0].Detail, "876000h") {
+				t.Errorf("not every problem of the pool: %q", r[0].Detail)
+			}
+		})
+	}
+}
