@@ -24,11 +24,13 @@ import (
 	"github.com/aws/smithy-go"
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/component-base/featuregate"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/policy"
 )
 
@@ -151,11 +153,15 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	}
 	d.describeInstanceStatus(ctx, &r, c.KarpenterRoleARN)
 	d.routerInstanceStatus(ctx, &r, c.InstanceStatusPoller)
+	var sample scopeSample
+	if c.Reschedule || c.RebootInPlace {
+		sample = d.sample(ctx)
+	}
 	if c.Reschedule {
-		d.routerReschedule(ctx, &r)
+		d.routerReschedule(ctx, &r, sample)
 	}
 	if c.RebootInPlace {
-		d.routerReboot(ctx, &r)
+		d.routerReboot(ctx, &r, sample)
 	}
 	takeover(&r)
 	if d.kube == nil {
@@ -236,50 +242,150 @@ const (
 
 var placeholderStart = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// routerReschedule checks that the router's credentials may call
-// ec2:ModifyInstanceEventStartTime, which pools annotated healthrouter.io/reschedule=true need,
-// with a DryRun call. A stand-in that ignores DryRun answers that the placeholder instance or
-// event does not exist: it got past authorisation, so that counts as allowed.
-func (d *Doctor) routerReschedule(ctx context.Context, r *Report) {
-	const fix = "grant the router's role ec2:ModifyInstanceEventStartTime (terraform: enable_reschedule = true, statement RescheduleEvents)"
-	_, err := d.ec2.ModifyInstanceEventStartTime(ctx, &ec2.ModifyInstanceEventStartTimeInput{
-		DryRun: aws.Bool(true), InstanceId: aws.String(placeholderInstance), InstanceEventId: aws.String(placeholderEvent), NotBefore: aws.Time(placeholderStart),
-	})
-	allowed, denied := dryRun(err)
+// scopeSample is what doctor proves the scope of the EC2 writes with: an instance of this
+// cluster's Karpenter (a NodeClaim's: the Terraform module's grant covers it) and one outside
+// it (a Node with no NodeClaim, such as a managed node group's: the grant must refuse it).
+// Real instances are named only when the endpoint honours DryRun (honoured): a stand-in that
+// ignored it would carry the call out.
+type scopeSample struct {
+	tagged, taggedBy     string // instance ID, and its NodeClaim
+	untagged, untaggedBy string // instance ID, and its Node
+	honoured             bool
+}
+
+// sample picks the instances the scope is proved with. Without a cluster connection, or an
+// endpoint that honours DryRun, it names none: the checks fall back to a placeholder.
+func (d *Doctor) sample(ctx context.Context) scopeSample {
+	var s scopeSample
+	if d.kube == nil {
+		return s
+	}
+	_, err := d.ec2.DescribeInstanceStatus(ctx, &ec2.DescribeInstanceStatusInput{DryRun: aws.Bool(true)})
 	var ae smithy.APIError
+	s.honoured = errors.As(err, &ae) && (ae.ErrorCode() == "DryRunOperation" || ae.ErrorCode() == "UnauthorizedOperation")
+	if !s.honoured {
+		return s
+	}
+	var claims karpv1.NodeClaimList
+	var nodes corev1.NodeList
+	if d.kube.List(ctx, &claims) != nil || d.kube.List(ctx, &nodes) != nil {
+		return scopeSample{}
+	}
+	karpenter := map[string]bool{}
+	for _, nc := range claims.Items {
+		if id := cluster.InstanceID(nc.Status.ProviderID); id != "" {
+			karpenter[id] = true
+			if s.tagged == "" {
+				s.tagged, s.taggedBy = id, nc.Name
+			}
+		}
+	}
+	for _, n := range nodes.Items {
+		if id := cluster.InstanceID(n.Spec.ProviderID); id != "" && !karpenter[id] && n.Labels[karpv1.NodePoolLabelKey] == "" {
+			s.untagged, s.untaggedBy = id, n.Name
+			break
+		}
+	}
+	return s
+}
+
+// write is one EC2 write the router makes, checked with DryRun calls.
+type write struct {
+	check, fix string
+	allowed    string // the ok line's detail
+	denied     string // what a denial costs
+	call       func(ctx context.Context, instance string) error
+	notFound   []string // what a stand-in that ignores DryRun answers for the placeholder
+}
+
+// scopedWrite checks that the router's credentials may make w on this cluster's Karpenter
+// instances, and only on them (the Terraform module scopes both EC2 writes by tag, as
+// Karpenter scopes its own TerminateInstances): a DryRun call on an instance of a NodeClaim
+// must be allowed, one on an instance outside Karpenter refused. Without such instances (no
+// cluster connection, or an endpoint that ignores DryRun) it asks about a placeholder
+// instance, which a scoped grant refuses as well: a denial then cannot tell a missing grant
+// from a scoped one, and an allowance means the grant is not scoped.
+func (d *Doctor) scopedWrite(ctx context.Context, r *Report, w write, s scopeSample) {
+	if s.tagged == "" {
+		err := w.call(ctx, placeholderInstance)
+		allowed, denied := dryRun(err)
+		var ae smithy.APIError
+		switch {
+		case errors.As(err, &ae) && slices.Contains(w.notFound, ae.ErrorCode()):
+			*r = append(*r, Item{OK, w.check, fmt.Sprintf("the endpoint ignored DryRun and looked the placeholder up (%s): the call was authorised", ae.ErrorCode()), ""})
+		case allowed:
+			*r = append(*r, Item{Warn, w.check, "allowed on a placeholder instance that is no Karpenter instance of this cluster: the grant is not scoped to this cluster's instances",
+				"scope the grant by tag and region, as the Terraform module does (kubernetes.io/cluster/<cluster>=owned, karpenter.sh/nodepool)"})
+		case denied:
+			*r = append(*r, Item{Unknown, w.check, fmt.Sprintf("denied on a placeholder instance, which a grant scoped to this cluster's instances denies too: run doctor with a cluster connection to try one of its NodeClaims' instances: %v", err), w.fix})
+		default:
+			*r = append(*r, Item{Unknown, w.check, fmt.Sprintf("cannot tell whether the router may call it: %v", err), w.fix})
+		}
+		return
+	}
+	err := w.call(ctx, s.tagged)
+	allowed, denied := dryRun(err)
 	switch {
 	case allowed:
-		*r = append(*r, Item{OK, CheckRouterReschedule, "the router's credentials may move scheduled events into maintenance windows", ""})
+		*r = append(*r, Item{OK, w.check, fmt.Sprintf("%s (DryRun on %s, NodeClaim %s)", w.allowed, s.tagged, s.taggedBy), ""})
 	case denied:
-		*r = append(*r, Item{Fail, CheckRouterReschedule, fmt.Sprintf("denied to the router's credentials, so pools with %s=true keep their events where AWS put them (their ordinary policy applies): %v", policy.AnnotationReschedule, err), fix})
-	case errors.As(err, &ae) && (ae.ErrorCode() == "InvalidInstanceID.NotFound" || ae.ErrorCode() == "InvalidInstanceEventIDNotFound"):
-		*r = append(*r, Item{OK, CheckRouterReschedule, fmt.Sprintf("the endpoint ignored DryRun and looked the placeholder event up (%s): the call was authorised", ae.ErrorCode()), ""})
+		*r = append(*r, Item{Fail, w.check, fmt.Sprintf("denied on %s (NodeClaim %s): %s: %v", s.tagged, s.taggedBy, w.denied, err), w.fix})
 	default:
-		*r = append(*r, Item{Unknown, CheckRouterReschedule, fmt.Sprintf("cannot tell whether the router may call ec2:ModifyInstanceEventStartTime: %v", err), fix})
+		*r = append(*r, Item{Unknown, w.check, fmt.Sprintf("cannot tell whether the router may call it: %v", err), w.fix})
 	}
+	scope := w.check + " scope"
+	if s.untagged == "" {
+		*r = append(*r, Item{Unknown, scope, "no instance outside Karpenter in the cluster to prove the grant refuses one", ""})
+		return
+	}
+	err = w.call(ctx, s.untagged)
+	allowed, denied = dryRun(err)
+	switch {
+	case denied:
+		*r = append(*r, Item{OK, scope, fmt.Sprintf("refused on %s (Node %s, not a Karpenter instance of this cluster)", s.untagged, s.untaggedBy), ""})
+	case allowed:
+		*r = append(*r, Item{Warn, scope, fmt.Sprintf("allowed on %s (Node %s, not a Karpenter instance of this cluster): the grant reaches instances the router never acts on", s.untagged, s.untaggedBy),
+			"scope the grant by tag and region, as the Terraform module does (kubernetes.io/cluster/<cluster>=owned, karpenter.sh/nodepool)"})
+	default:
+		*r = append(*r, Item{Unknown, scope, fmt.Sprintf("cannot tell: %v", err), ""})
+	}
+}
+
+// routerReschedule checks ec2:ModifyInstanceEventStartTime, which pools annotated
+// healthrouter.io/reschedule=true need (scopedWrite). The call names an event that does not
+// exist and a start in the past: nothing can move, whatever the endpoint does with DryRun.
+func (d *Doctor) routerReschedule(ctx context.Context, r *Report, s scopeSample) {
+	d.scopedWrite(ctx, r, write{
+		check:   CheckRouterReschedule,
+		fix:     "grant the router's role ec2:ModifyInstanceEventStartTime (terraform: enable_reschedule = true, statement RescheduleEvents)",
+		allowed: "the router's credentials may move scheduled events of this cluster's instances into maintenance windows",
+		denied:  fmt.Sprintf("pools with %s=true keep their events where AWS put them (their ordinary policy applies)", policy.AnnotationReschedule),
+		call: func(ctx context.Context, instance string) error {
+			_, err := d.ec2.ModifyInstanceEventStartTime(ctx, &ec2.ModifyInstanceEventStartTimeInput{
+				DryRun: aws.Bool(true), InstanceId: aws.String(instance), InstanceEventId: aws.String(placeholderEvent), NotBefore: aws.Time(placeholderStart)})
+			return err
+		},
+		notFound: []string{"InvalidInstanceID.NotFound", "InvalidInstanceEventIDNotFound"},
+	}, s)
 }
 
 // CheckRouterReboot is the check of the router's permission to reboot instances it keeps.
 const CheckRouterReboot = "router's ec2:RebootInstances"
 
-// routerReboot checks with a DryRun call that the router's credentials may call
-// ec2:RebootInstances, which a reboot in place of an instance-reboot event needs. A stand-in
-// that ignores DryRun answers that the placeholder instance does not exist: authorised.
-func (d *Doctor) routerReboot(ctx context.Context, r *Report) {
-	const fix = "grant the router's role ec2:RebootInstances (terraform: enable_reboot_in_place = true, statement RebootInPlace)"
-	_, err := d.ec2.RebootInstances(ctx, &ec2.RebootInstancesInput{DryRun: aws.Bool(true), InstanceIds: []string{placeholderInstance}})
-	allowed, denied := dryRun(err)
-	var ae smithy.APIError
-	switch {
-	case allowed:
-		*r = append(*r, Item{OK, CheckRouterReboot, "the router's credentials may reboot the instances it keeps through an instance-reboot", ""})
-	case denied:
-		*r = append(*r, Item{Fail, CheckRouterReboot, fmt.Sprintf("denied to the router's credentials: an instance-reboot kept in place waits for AWS to reboot at its start instead: %v", err), fix})
-	case errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound":
-		*r = append(*r, Item{OK, CheckRouterReboot, "the endpoint ignored DryRun and looked the placeholder instance up (InvalidInstanceID.NotFound): the call was authorised", ""})
-	default:
-		*r = append(*r, Item{Unknown, CheckRouterReboot, fmt.Sprintf("cannot tell whether the router may call ec2:RebootInstances: %v", err), fix})
-	}
+// routerReboot checks ec2:RebootInstances, which a reboot in place of an instance-reboot
+// event needs (scopedWrite). A real instance is named only to an endpoint that honours DryRun.
+func (d *Doctor) routerReboot(ctx context.Context, r *Report, s scopeSample) {
+	d.scopedWrite(ctx, r, write{
+		check:   CheckRouterReboot,
+		fix:     "grant the router's role ec2:RebootInstances (terraform: enable_reboot_in_place = true, statement RebootInPlace)",
+		allowed: "the router's credentials may reboot this cluster's instances it keeps through an instance-reboot",
+		denied:  "an instance-reboot kept in place waits for AWS to reboot at its start instead",
+		call: func(ctx context.Context, instance string) error {
+			_, err := d.ec2.RebootInstances(ctx, &ec2.RebootInstancesInput{DryRun: aws.Bool(true), InstanceIds: []string{instance}})
+			return err
+		},
+		notFound: []string{"InvalidInstanceID.NotFound"},
+	}, s)
 }
 
 // dryRun reads the answer to a DryRun call. Local stand-ins (moto) ignore DryRun and answer;

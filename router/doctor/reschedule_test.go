@@ -2,8 +2,18 @@ package doctor
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/cluster"
 
 	"github.com/health-router/health-router/test/harness"
 )
@@ -19,8 +29,12 @@ func TestRouterReschedule(t *testing.T) {
 		detail string // a substring of the item's detail
 		answer string // the error code the stand-in answered
 	}{
-		{"allowed", func(*harness.EC2InstanceStatus) {}, OK, "may move scheduled events", "DryRunOperation"},
-		{"denied", func(s *harness.EC2InstanceStatus) { s.Denied = map[string]bool{"ModifyInstanceEventStartTime": true} }, Fail, "denied", "UnauthorizedOperation"},
+		// On a placeholder instance (no cluster connection): an allowance means the grant is
+		// not scoped to this cluster's instances; a denial cannot tell a missing grant from a
+		// scoped one.
+		{"allowed, unscoped", func(*harness.EC2InstanceStatus) {}, Warn, "not scoped", "DryRunOperation"},
+		{"denied", func(s *harness.EC2InstanceStatus) { s.Denied = map[string]bool{"ModifyInstanceEventStartTime": true} }, Unknown, "denied on a placeholder", "UnauthorizedOperation"},
+		{"scoped", func(s *harness.EC2InstanceStatus) { s.Scope = map[string]bool{} }, Unknown, "denied on a placeholder", "UnauthorizedOperation"},
 		{"stand-in that ignores DryRun", func(s *harness.EC2InstanceStatus) { s.IgnoreDryRun = true }, OK, "ignored DryRun", "InvalidInstanceID.NotFound"},
 		{"EC2 fails", func(s *harness.EC2InstanceStatus) { s.Fail = 1 }, Unknown, "cannot tell", "InternalError"},
 	}
@@ -30,11 +44,11 @@ func TestRouterReschedule(t *testing.T) {
 			tt.setup(srv)
 			d := &Doctor{ec2: client}
 			var r Report
-			d.routerReschedule(context.Background(), &r)
+			d.routerReschedule(context.Background(), &r, scopeSample{})
 			if len(r) != 1 || r[0].Check != CheckRouterReschedule || r[0].Status != tt.status || !strings.Contains(r[0].Detail, tt.detail) {
 				t.Fatalf("report %+v, want one %s item mentioning %q", r, tt.status, tt.detail)
 			}
-			if tt.status != OK && !strings.Contains(r[0].Fix, "enable_reschedule") {
+			if (tt.status == Fail || tt.status == Unknown) && !strings.Contains(r[0].Fix, "enable_reschedule") {
 				t.Errorf("fix %q: want the Terraform variable named", r[0].Fix)
 			}
 			moves := srv.Moves()
@@ -73,8 +87,9 @@ func TestRouterReboot(t *testing.T) {
 		detail string
 		answer string
 	}{
-		{"allowed", func(*harness.EC2InstanceStatus) {}, OK, "may reboot", "DryRunOperation"},
-		{"denied", func(s *harness.EC2InstanceStatus) { s.Denied = map[string]bool{"RebootInstances": true} }, Fail, "denied", "UnauthorizedOperation"},
+		{"allowed, unscoped", func(*harness.EC2InstanceStatus) {}, Warn, "not scoped", "DryRunOperation"},
+		{"denied", func(s *harness.EC2InstanceStatus) { s.Denied = map[string]bool{"RebootInstances": true} }, Unknown, "denied on a placeholder", "UnauthorizedOperation"},
+		{"scoped", func(s *harness.EC2InstanceStatus) { s.Scope = map[string]bool{} }, Unknown, "denied on a placeholder", "UnauthorizedOperation"},
 		{"stand-in that ignores DryRun", func(s *harness.EC2InstanceStatus) { s.IgnoreDryRun = true }, OK, "ignored DryRun", "InvalidInstanceID.NotFound"},
 		{"EC2 fails", func(s *harness.EC2InstanceStatus) { s.Fail = 1 }, Unknown, "cannot tell", "InternalError"},
 	}
@@ -83,11 +98,11 @@ func TestRouterReboot(t *testing.T) {
 			srv, client := harness.NewEC2InstanceStatus(t)
 			tt.setup(srv)
 			var r Report
-			(&Doctor{ec2: client}).routerReboot(context.Background(), &r)
+			(&Doctor{ec2: client}).routerReboot(context.Background(), &r, scopeSample{})
 			if len(r) != 1 || r[0].Check != CheckRouterReboot || r[0].Status != tt.status || !strings.Contains(r[0].Detail, tt.detail) {
 				t.Fatalf("report %+v, want one %s item mentioning %q", r, tt.status, tt.detail)
 			}
-			if tt.status != OK && !strings.Contains(r[0].Fix, "enable_reboot_in_place") {
+			if (tt.status == Fail || tt.status == Unknown) && !strings.Contains(r[0].Fix, "enable_reboot_in_place") {
 				t.Errorf("fix %q: want the Terraform variable named", r[0].Fix)
 			}
 			rb := srv.Reboots()
@@ -102,5 +117,79 @@ func TestRouterReboot(t *testing.T) {
 		if want := map[bool]int{false: 0, true: 1}[on]; len(srv.Reboots()) != want {
 			t.Errorf("RebootInPlace %v: %d calls, want %d", on, len(srv.Reboots()), want)
 		}
+	}
+}
+
+// TestScopeProof: with a cluster connection and an endpoint that honours DryRun, doctor proves
+// the scope of both EC2 writes on real instances: allowed on a NodeClaim's instance, refused on
+// a Node's outside Karpenter (a managed node group's). An endpoint that ignores DryRun is never
+// sent a real instance: it would reboot it.
+func TestScopeProof(t *testing.T) {
+	const tagged, untagged = "i-0aaaaaaaaaaaaaaa1", "i-0bbbbbbbbbbbbbbb2"
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := func() client.Client {
+		return fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+			&karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kafka-a"}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/" + tagged}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "kafka-node", Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}}, Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + tagged}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ng-node"}, Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + untagged}},
+		).Build()
+	}
+	tests := []struct {
+		name        string
+		setup       func(*harness.EC2InstanceStatus)
+		grant       Status // the write's own item
+		scope       Status // its scope item ("" when none)
+		realAsked   bool
+		scopeDetail string
+	}{
+		{"scoped as the Terraform module scopes it", func(s *harness.EC2InstanceStatus) { s.Scope = map[string]bool{tagged: true} }, OK, OK, true, "refused on " + untagged},
+		{"granted on every instance", func(*harness.EC2InstanceStatus) {}, OK, Warn, true, "allowed on " + untagged},
+		{"not granted", func(s *harness.EC2InstanceStatus) {
+			s.Denied = map[string]bool{"RebootInstances": true, "ModifyInstanceEventStartTime": true}
+		}, Fail, OK, true, "refused on"},
+		{"a stand-in that ignores DryRun", func(s *harness.EC2InstanceStatus) { s.IgnoreDryRun = true }, OK, "", false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, ec2Client := harness.NewEC2InstanceStatus(t)
+			srv.Add(tagged, &harness.Instance{})
+			srv.Add(untagged, &harness.Instance{})
+			tt.setup(srv)
+			r := New(nil, nil, ec2Client, nil, kube()).Run(context.Background(), Config{RebootInPlace: true, Reschedule: true, Gates: checks.NewFeatureGates()})
+			for _, check := range []string{CheckRouterReboot, CheckRouterReschedule} {
+				var own, scope *Item
+				for i := range r {
+					switch r[i].Check {
+					case check:
+						own = &r[i]
+					case check + " scope":
+						scope = &r[i]
+					}
+				}
+				if own == nil || own.Status != tt.grant {
+					t.Errorf("%s: %+v, want %s", check, own, tt.grant)
+				}
+				switch {
+				case tt.scope == "" && scope != nil:
+					t.Errorf("%s: a scope item %+v from an endpoint that ignores DryRun", check, scope)
+				case tt.scope != "" && (scope == nil || scope.Status != tt.scope || !strings.Contains(scope.Detail, tt.scopeDetail)):
+					t.Errorf("%s scope: %+v, want %s mentioning %q", check, scope, tt.scope, tt.scopeDetail)
+				}
+			}
+			for _, rb := range srv.Reboots() {
+				real := slices.Contains(rb.InstanceIDs, tagged) || slices.Contains(rb.InstanceIDs, untagged)
+				if real && (!tt.realAsked || !rb.DryRun) {
+					t.Errorf("RebootInstances %+v: a real instance named where it must not be", rb)
+				}
+			}
+			for _, rb := range srv.Reboots() {
+				if rb.Error == "" {
+					t.Errorf("an instance was rebooted: %+v", rb)
+				}
+			}
+		})
 	}
 }

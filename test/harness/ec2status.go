@@ -59,6 +59,11 @@ type EC2InstanceStatus struct {
 	Denied map[string]bool
 	// IgnoreDryRun answers a DryRun call as any other, as moto does.
 	IgnoreDryRun bool
+	// Scope, when set, is the instances the caller's grant of the writes (RebootInstances,
+	// ModifyInstanceEventStartTime) reaches, as an IAM condition on the instance's tags does:
+	// a write naming another instance (one that does not exist included) is answered
+	// UnauthorizedOperation.
+	Scope map[string]bool
 
 	calls      int
 	asked      [][]string // instance IDs of each call
@@ -234,6 +239,14 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // answered: "" when the call goes on. Called with s.mu held.
 func (s *EC2InstanceStatus) unauthorized(w http.ResponseWriter, r *http.Request) string {
 	action := r.Form.Get("Action")
+	if s.Scope != nil && (action == "RebootInstances" || action == "ModifyInstanceEventStartTime") {
+		for k, vs := range r.Form {
+			if (k == "InstanceId" || strings.HasPrefix(k, "InstanceId.")) && len(vs) > 0 && !s.Scope[vs[0]] {
+				ec2Error(w, http.StatusForbidden, "UnauthorizedOperation", fmt.Sprintf("You are not authorized to perform this operation. User: arn:aws:sts::111122223333:assumed-role/health-router/test is not authorized to perform: ec2:%s on resource: arn:aws:ec2:eu-west-1:111122223333:instance/%s because no identity-based policy allows the ec2:%s action.", action, vs[0], action))
+				return "UnauthorizedOperation"
+			}
+		}
+	}
 	if s.Denied[action] {
 		ec2Error(w, http.StatusForbidden, "UnauthorizedOperation", fmt.Sprintf("You are not authorized to perform this operation. User: arn:aws:sts::111122223333:assumed-role/health-router/test is not authorized to perform: ec2:%s because no identity-based policy allows the ec2:%s action.", action, action))
 		return "UnauthorizedOperation"
