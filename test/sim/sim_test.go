@@ -44,7 +44,7 @@ var eventsSummarised atomic.Int64
 // The harsher world is driven, not only possible: stale reads the router's cache served,
 // batches decided by workers at once, failovers where the old leader overlapped the new, AWS
 // reboots that found a kept node out of service, drains of the unmanaged node begun.
-var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds atomic.Int64
+var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds, contradicted atomic.Int64
 
 // checks is rapid's -rapid.checks.
 func checks() *int {
@@ -396,6 +396,20 @@ func (m *machine) Spot(t *rapid.T) {
 	inst := m.pick(t, "instance")
 	body := envelope(m.id(), "aws.ec2", "EC2 Spot Instance Interruption Warning", inst, m.now(), map[string]string{"instance-id": inst, "instance-action": "terminate"})
 	m.send(body, effect{before: func(time.Time) { m.m.insts[inst].urgent = true }})
+}
+
+// Forged sends a shutting-down state change for a running instance, as a sender who may
+// write to the queue would: EC2 shows it running, so the router takes it as the pool takes a
+// stop (web's drain, kafka's after its restart-grace and paced, never batch's), not as an
+// urgent drain past pacing.
+func (m *machine) Forged(t *rapid.T) {
+	inst := m.pick(t, "instance")
+	at := m.now()
+	body := envelope(m.id(), "aws.ec2", "EC2 Instance State-change Notification", inst, at, map[string]string{"instance-id": inst, "state": string(event.StateShuttingDown)})
+	m.send(body, effect{before: func(time.Time) {
+		in := m.m.insts[inst]
+		in.changes = append(in.changes, stateChange{at: at, state: event.StateStopping})
+	}})
 }
 
 // Storm sends Spot warnings for every live node of one pool at once, as a Spot capacity
@@ -794,7 +808,8 @@ func TestSimulation(t *testing.T) {
 		}
 		for name, n := range map[string]int64{"stale reads from the router's cache": staleReads.Load(), "batches decided by workers at once": concurrentBatches.Load(),
 			"failovers with the old leader still acting": overlaps.Load(), "AWS reboots of a kept node, out of service": awsOutOfService.Load(),
-			"drains of the unmanaged node": unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load()} {
+			"drains of the unmanaged node": unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load(),
+			"forged shutting-downs EC2 contradicted": contradicted.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}
@@ -803,12 +818,12 @@ func TestSimulation(t *testing.T) {
 	}()
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
-		defer func() { urgentHolds.Add(m.w.urgentHolds.Load()) }() // after the stops below
+		defer func() { urgentHolds.Add(m.w.urgentHolds.Load()); contradicted.Add(m.w.contradicted.Load()) }() // after the stops below
 		defer m.w.stop(m.w.leader)
 		defer m.w.endOverlap()
 		defer func() { staleReads.Add(int64(m.w.cache.staleReads())) }()
 		actions := map[string]func(*rapid.T){
-			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Storm": m.Storm, "Impair": m.Impair,
+			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Storm": m.Storm, "Forged": m.Forged, "Impair": m.Impair,
 			"Duplicate": m.Duplicate, "Deliver": m.Deliver, "Poll": m.Poll, "Faults": m.Faults, "Karpenter": m.Karpenter,
 			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover,
 		}

@@ -312,6 +312,10 @@ func (e *ec2Status) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeIn
 		st := ec2types.InstanceStatus{InstanceId: aws.String(id), Events: e.events[id],
 			InstanceStatus: &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusOk},
 			SystemStatus:   &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusOk}}
+		if aws.ToBool(in.IncludeAllInstances) {
+			// Every instance the simulation names runs: a shutting-down it is sent is forged.
+			st.InstanceState = &ec2types.InstanceState{Name: ec2types.InstanceStateNameRunning}
+		}
 		if since, ok := e.impaired[id]; ok {
 			st.SystemStatus = &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusImpaired,
 				Details: []ec2types.InstanceStatusDetails{{Name: ec2types.StatusNameReachability, Status: ec2types.StatusTypeFailed, ImpairedSince: aws.Time(since)}}}
@@ -368,8 +372,9 @@ type replica struct {
 
 // world is the simulated cluster, AWS and router replicas.
 type world struct {
-	// urgentHolds counts the urgent drains the stopped replicas' breakers held.
-	urgentHolds atomic.Int64
+	// urgentHolds counts the urgent drains the stopped replicas' breakers held; contradicted
+	// the urgent state changes EC2 contradicted.
+	urgentHolds, contradicted atomic.Int64
 	clock       *clocktesting.FakeClock
 	store       client.Client // the API server as the world (the kubelet, Karpenter) sees it
 	router      client.Client // the router's cache and writes: lagging, trimmed, faults injected
@@ -542,7 +547,7 @@ func (w *world) newReplica(name string) *replica {
 			return sig.Replace(ctx, nc)
 		}, inplace.Options{})
 	r.pipeline = pipeline.New(eng, sig, r.metrics, nil, w.clock, w.log, 1).WithRescheduler(reschedule.NewEvents(w.ec2)).WithInPlace(beginHook{r.inPlace, w}).
-		WithFreshReads(w.direct)
+		WithFreshReads(w.direct).WithStateConfirmation(w.ec2)
 	// The managed node group's node is cordoned and drained by the router itself
 	// (--unmanaged-nodes=cordon-drain); it runs no pods here (the evictions are the real
 	// drain helper's, over a clientset that holds none).
@@ -583,6 +588,7 @@ func (w *world) stop(r *replica) {
 	if !r.counted && r.metrics != nil {
 		r.counted = true
 		w.urgentHolds.Add(int64(testutil.ToFloat64(r.metrics.GateHolds.WithLabelValues(string(policy.HoldUrgentBreaker)))))
+		w.contradicted.Add(int64(testutil.ToFloat64(r.metrics.StateConfirmations.WithLabelValues(pipeline.StateContradicted))))
 	}
 }
 
