@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/health-router/health-router/router/event"
@@ -78,8 +79,10 @@ type model struct {
 	// breaker counts in a leader's memory, so each new one may let one more limit through.
 	leaderships []time.Time
 	// overlapping reports whether an old leader still acts beside the new one (its memory, and
-	// so its breaker count, is its own).
+	// so its breaker count, is its own); overlapEnds are the times such a leader stopped (its
+	// drains of the minute before still count in no other memory).
 	overlapping func() bool
+	overlapEnds []time.Time
 }
 
 func newModel() *model { return &model{insts: map[string]*instance{}} }
@@ -213,8 +216,8 @@ func (m *model) drained(in *instance, now time.Time) {
 		if m.overlapping != nil && m.overlapping() {
 			leaders++
 		}
-		for _, at := range m.leaderships {
-			if at.After(since) {
+		for _, at := range slices.Concat(m.leaderships, m.overlapEnds) {
+			if !at.Before(since) {
 				leaders++
 			}
 		}

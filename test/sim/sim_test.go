@@ -98,6 +98,7 @@ func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
 	}
 	m.m.inst(UnmanagedInstance, "")
 	m.m.overlapping = func() bool { return w.zombie != nil }
+	w.onOverlapEnd = func() { m.m.overlapEnds = append(m.m.overlapEnds, w.clock.Now()) }
 	w.onDrain = func(id string) {
 		m.mu.Lock() // the intake's workers may call at once
 		defer m.mu.Unlock()

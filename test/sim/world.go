@@ -394,6 +394,8 @@ type world struct {
 	told     int // instances the replicas' summaries told of, over the run
 	log      *slog.Logger
 	nextInst int
+	// onOverlapEnd observes an old leader that acted beside the new one stopping.
+	onOverlapEnd func()
 	// onDrain observes every drain the router signals (a NodeClaim DELETE, or a forward);
 	// onGone every instance Karpenter terminated; onLaunch every node it launched.
 	onDrain  func(instance string)
@@ -1094,6 +1096,9 @@ func (w *world) failover(overlap bool) {
 func (w *world) endOverlap() {
 	if z := w.zombie; z != nil {
 		w.zombie = nil
+		if w.onOverlapEnd != nil {
+			w.onOverlapEnd()
+		}
 		w.stop(z)
 		w.summarise(z)
 		if w.standby == z {
