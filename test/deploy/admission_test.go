@@ -1,0 +1,190 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/test/harness"
+)
+
+// vapAPI is the API the chart's admission policies need; `helm install` learns it from the
+// server, `helm template` is told.
+const vapAPI = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+// admissionObjects renders the chart's ValidatingAdmissionPolicies and their bindings.
+func admissionObjects(t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	for _, u := range mustTemplate(t, append([]string{"-f", ciValues(t, "default"), "--api-versions", vapAPI}, args...)...) {
+		if strings.HasPrefix(u.GetKind(), "ValidatingAdmissionPolicy") {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// TestAdmissionPolicyRendering: the NodePool policy is on by default where the API server
+// serves the API, off where it does not or when turned off; the router-writes guard is off by
+// default.
+func TestAdmissionPolicyRendering(t *testing.T) {
+	kinds := func(objs []*unstructured.Unstructured) []string {
+		var names []string
+		for _, u := range objs {
+			names = append(names, u.GetKind()+"/"+u.GetName())
+		}
+		return names
+	}
+	want := []string{"ValidatingAdmissionPolicy/health-router-nodepool-annotations", "ValidatingAdmissionPolicyBinding/health-router-nodepool-annotations"}
+	if got := kinds(admissionObjects(t)); !slices.Equal(got, want) {
+		t.Errorf("default: %v, want %v", got, want)
+	}
+	if got := kinds(admissionObjects(t, "--set", "admissionPolicies.nodePoolAnnotations.enabled=false")); len(got) != 0 {
+		t.Errorf("turned off: %v", got)
+	}
+	for _, u := range build(t) { // no --api-versions: an API server without the API
+		if strings.HasPrefix(u.GetKind(), "ValidatingAdmissionPolicy") {
+			t.Errorf("rendered without the API: %s %s", u.GetKind(), u.GetName())
+		}
+	}
+}
+
+// testNodePool is a NodePool the Karpenter CRD accepts, with annotations.
+func testNodePool(name string, annotations map[string]string) *karpv1.NodePool {
+	return &karpv1.NodePool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
+		Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+			NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
+			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}},
+		}}},
+	}
+}
+
+// annotate is `kubectl annotate nodepool <name> k=v`: a merge patch of the annotations.
+func annotate(ctx context.Context, c client.Client, name string, kv map[string]string) error {
+	ann := map[string]any{}
+	for k, v := range kv {
+		ann[k] = v
+	}
+	patch := map[string]any{"metadata": map[string]any{"annotations": ann}}
+	raw, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	return c.Patch(ctx, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch("application/merge-patch+json", raw))
+}
+
+// installAdmission creates the objects and waits until the policy is enforced: bad (a
+// write the policy refuses) is refused. The API server compiles a new policy a moment after it
+// is created.
+func installAdmission(t *testing.T, c client.Client, objs []*unstructured.Unstructured, bad func() error) {
+	t.Helper()
+	for _, u := range objs {
+		if err := c.Create(t.Context(), u.DeepCopy()); err != nil {
+			t.Fatalf("creating %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return bad() != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the policy is not enforced 30s after it was created: %v", err)
+	}
+}
+
+// TestAdmissionPolicies runs the chart's ValidatingAdmissionPolicies on a real kube-apiserver.
+func TestAdmissionPolicies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts kube-apiserver and etcd (envtest)")
+	}
+	ctrl.SetLogger(logr.Discard())
+	cfg := harness.KubeAPIServer(t)
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("nodepool annotations", func(t *testing.T) { nodePoolAnnotations(t, c) })
+}
+
+// nodePoolAnnotations: the NodePool policy refuses exactly the annotations the router's parser
+// ignores (policy.Examples), with a message that names the key.
+func nodePoolAnnotations(t *testing.T, c client.Client) {
+	ctx := t.Context()
+	bad := map[string]string{policy.AnnotationMaxConcurrentDrains: "12.5%"}
+	// Before: the API server takes anything, and the router finds out later.
+	if err := c.Create(ctx, testNodePool("before", map[string]string{policy.AnnotationAction: "defer"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := annotate(ctx, c, "before", bad); err != nil {
+		t.Fatalf("without the policy, max-concurrent-drains=12.5%% is refused already: %v", err)
+	}
+	installAdmission(t, c, admissionObjects(t), func() error {
+		return c.Create(ctx, testNodePool("probe", bad), client.DryRunAll)
+	})
+
+	t.Run("kubectl annotate", func(t *testing.T) {
+		if err := c.Create(ctx, testNodePool("after", map[string]string{policy.AnnotationAction: "defer"})); err != nil {
+			t.Fatal(err)
+		}
+		err := annotate(ctx, c, "after", bad)
+		if err == nil || !strings.Contains(err.Error(), policy.AnnotationMaxConcurrentDrains) || !strings.Contains(err.Error(), "want a whole number") {
+			t.Fatalf("max-concurrent-drains=12.5%%: %v, want refused, naming the key and what it wants", err)
+		}
+		t.Logf("refused: %v", err)
+		if err := annotate(ctx, c, "after", map[string]string{policy.AnnotationMaxConcurrentDrains: "12%"}); err != nil {
+			t.Errorf("max-concurrent-drains=12%%: %v", err)
+		}
+	})
+	t.Run("a pool annotated before takes other writes", func(t *testing.T) {
+		// Karpenter writes its hash annotations on every NodePool: an invalid value written
+		// before the policy must not lock the pool against them.
+		if err := annotate(ctx, c, "before", map[string]string{"karpenter.sh/nodepool-hash": "123"}); err != nil {
+			t.Errorf("an unrelated write to a pool annotated before the policy: %v", err)
+		}
+		if err := annotate(ctx, c, "before", map[string]string{policy.AnnotationMaxConcurrentDrains: "13.5%"}); err == nil {
+			t.Error("changing the invalid value to another invalid one is admitted")
+		}
+		if err := annotate(ctx, c, "before", map[string]string{policy.AnnotationMaxConcurrentDrains: "2"}); err != nil {
+			t.Errorf("fixing the value: %v", err)
+		}
+	})
+	t.Run("agrees with the router's parser", func(t *testing.T) {
+		var refused, admitted int
+		for i, ann := range policy.Examples() {
+			problems := policy.FromAnnotations(ann).Problems
+			err := c.Create(ctx, testNodePool(fmt.Sprintf("example-%d", i), ann), client.DryRunAll)
+			if err != nil {
+				refused++
+				t.Logf("%v: %v", ann, err)
+			} else {
+				admitted++
+			}
+			switch {
+			case len(problems) == 0 && err != nil:
+				t.Errorf("%v: the router takes it, the API server refuses it: %v", ann, err)
+			case len(problems) != 0 && err == nil:
+				t.Errorf("%v: the router ignores it (%q), the API server admits it", ann, problems)
+			case err != nil && !slices.ContainsFunc(slices.Collect(maps.Keys(ann)), func(k string) bool { return strings.Contains(err.Error(), k) }):
+				t.Errorf("%v: the refusal names none of the keys: %v", ann, err)
+			}
+		}
+		if refused < 40 || admitted < 40 {
+			t.Errorf("%d examples refused, %d admitted: the table no longer tries both sides", refused, admitted)
+		}
+	})
+}
