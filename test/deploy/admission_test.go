@@ -12,9 +12,11 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -56,6 +58,13 @@ func TestAdmissionPolicyRendering(t *testing.T) {
 	}
 	if got := kinds(admissionObjects(t, "--set", "admissionPolicies.nodePoolAnnotations.enabled=false")); len(got) != 0 {
 		t.Errorf("turned off: %v", got)
+	}
+	got := kinds(admissionObjects(t, "--set", "admissionPolicies.routerWrites.enabled=true"))
+	want = append(want, "ValidatingAdmissionPolicy/health-router-router-writes", "ValidatingAdmissionPolicyBinding/health-router-router-writes")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("with routerWrites: %v, want %v", got, want)
 	}
 	for _, u := range build(t) { // no --api-versions: an API server without the API
 		if strings.HasPrefix(u.GetKind(), "ValidatingAdmissionPolicy") {
@@ -119,6 +128,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("nodepool annotations", func(t *testing.T) { nodePoolAnnotations(t, c) })
+	t.Run("router writes", func(t *testing.T) { routerWrites(t, cfg, c) })
 }
 
 // nodePoolAnnotations: the NodePool policy refuses exactly the annotations the router's parser
@@ -185,6 +195,136 @@ func nodePoolAnnotations(t *testing.T, c client.Client) {
 		}
 		if refused < 40 || admitted < 40 {
 			t.Errorf("%d examples refused, %d admitted: the table no longer tries both sides", refused, admitted)
+		}
+	})
+}
+
+// routerUser is the username of the router's ServiceAccount in the default render.
+const routerUser = "system:serviceaccount:" + namespace + ":" + release
+
+// routerWrites: with the guard on, the router's ServiceAccount may write its own marks on a
+// Node and a NodeClaim and nothing else; another user is not affected.
+func routerWrites(t *testing.T, cfg *rest.Config, admin client.Client) {
+	ctx := t.Context()
+	// RBAC lets the ServiceAccount update both, so that only the policy stands in the way.
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "router-writes-test"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch", "update"}},
+		{APIGroups: []string{"karpenter.sh"}, Resources: []string{"nodeclaims"}, Verbs: []string{"get", "patch", "update"}},
+	}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "router-writes-test"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: namespace, Name: release}}}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ip-10-0-0-1.ec2.internal", Labels: map[string]string{"team": "kafka"}},
+		Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/i-0123456789abcdef0"}}
+	claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kafka-abc12", Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}},
+		Spec: karpv1.NodeClaimSpec{
+			NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
+			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.NodePoolLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"kafka"}}},
+		}}
+	for _, o := range []client.Object{role, binding, node, claim} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatalf("creating %T: %v", o, err)
+		}
+	}
+	rc := rest.CopyConfig(cfg)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: routerUser}
+	router, err := client.New(rc, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// write reads obj afresh and patches it as c with change applied, as the router does.
+	write := func(c client.Client, obj client.Object, change func()) error {
+		if err := admin.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			t.Fatal(err)
+		}
+		before := obj.DeepCopyObject().(client.Object)
+		change()
+		return c.Patch(ctx, obj, client.MergeFrom(before))
+	}
+	noExecute := func() {
+		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "example.com/evict", Effect: corev1.TaintEffectNoExecute})
+	}
+
+	var objs []*unstructured.Unstructured
+	for _, u := range admissionObjects(t, "--set", "admissionPolicies.routerWrites.enabled=true") {
+		if strings.HasSuffix(u.GetName(), "-router-writes") {
+			objs = append(objs, u)
+		}
+	}
+	if len(objs) != 2 {
+		t.Fatalf("the chart renders %d objects of the guard, want 2", len(objs))
+	}
+	// Before the guard, the router's token can taint a Node NoExecute (RBAC grants patch).
+	if err := write(router, node, noExecute); err != nil {
+		t.Fatalf("before the guard: %v", err)
+	}
+	if err := write(admin, node, func() { node.Spec.Taints = nil }); err != nil {
+		t.Fatal(err)
+	}
+	installAdmission(t, admin, objs, func() error {
+		err := write(router, node, noExecute)
+		if err == nil {
+			_ = write(admin, node, func() { node.Spec.Taints = nil })
+		}
+		return err
+	})
+
+	for _, tt := range []struct {
+		name   string
+		obj    client.Object
+		change func()
+		allow  bool
+	}{
+		{"the router's marks on a Node", node, func() {
+			node.Labels["healthrouter.io/maintenance-at"] = "1796000000"
+			node.Annotations = map[string]string{"healthrouter.io/maintenance": `{"kind":"scheduled-change"}`, "karpenter.sh/do-not-disrupt": "true"}
+			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "healthrouter.io/maintenance-upcoming", Value: "scheduled-change", Effect: corev1.TaintEffectPreferNoSchedule})
+			node.Spec.Unschedulable = true
+		}, true},
+		{"removing them again", node, func() {
+			delete(node.Labels, "healthrouter.io/maintenance-at")
+			node.Annotations = nil
+			node.Spec.Taints = nil
+			node.Spec.Unschedulable = false
+		}, true},
+		{"a NoExecute taint", node, noExecute, false},
+		{"its own taint key, NoExecute", node, func() {
+			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "healthrouter.io/maintenance-upcoming", Effect: corev1.TaintEffectNoExecute})
+		}, false},
+		{"a NoSchedule taint", node, func() {
+			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "dedicated", Value: "x", Effect: corev1.TaintEffectNoSchedule})
+		}, false},
+		{"another label", node, func() { node.Labels["team"] = "payments" }, false},
+		{"removing another label", node, func() { delete(node.Labels, "team") }, false},
+		{"another annotation", node, func() { node.Annotations = map[string]string{"example.com/owner": "me"} }, false},
+		{"a finalizer", node, func() { node.Finalizers = append(node.Finalizers, "example.com/hold") }, false},
+		{"the router's record on a NodeClaim", claim, func() {
+			claim.Annotations = map[string]string{"healthrouter.io/deferred": "{}", "karpenter.sh/do-not-disrupt": "true"}
+		}, true},
+		{"a NodeClaim's label", claim, func() { claim.Labels[karpv1.NodePoolLabelKey] = "other" }, false},
+		// A NodeClaim's spec is immutable (Karpenter's CRD): no test of the guard's spec rule there.
+		{"a NodeClaim's annotation", claim, func() { claim.Annotations["karpenter.sh/nodepool-hash"] = "0" }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := write(router, tt.obj, tt.change)
+			switch {
+			case tt.allow && err != nil:
+				t.Errorf("refused: %v", err)
+			case !tt.allow && err == nil:
+				t.Error("admitted")
+			case !tt.allow && !strings.Contains(err.Error(), "health-router ServiceAccount may"):
+				t.Errorf("refused, but not by the guard: %v", err)
+			case err != nil:
+				t.Logf("refused: %v", err)
+			}
+		})
+	}
+	t.Run("another user is not affected", func(t *testing.T) {
+		if err := write(admin, node, noExecute); err != nil {
+			t.Errorf("the admin's NoExecute taint: %v", err)
+		}
+		if err := write(admin, node, func() { node.Labels["team"] = "payments" }); err != nil {
+			t.Errorf("the admin's label: %v", err)
 		}
 	})
 }
