@@ -22,6 +22,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/upcoming"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -275,21 +276,27 @@ func routerWrites(t *testing.T, cfg *rest.Config, admin client.Client) {
 		change func()
 		allow  bool
 	}{
+		// The marks as router/upcoming writes them (label, annotation, PreferNoSchedule taint).
 		{"the router's marks on a Node", node, func() {
-			node.Labels["healthrouter.io/maintenance-at"] = "1796000000"
-			node.Annotations = map[string]string{"healthrouter.io/maintenance": `{"kind":"scheduled-change"}`, "karpenter.sh/do-not-disrupt": "true"}
-			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "healthrouter.io/maintenance-upcoming", Value: "scheduled-change", Effect: corev1.TaintEffectPreferNoSchedule})
+			upcoming.Apply(node, upcoming.Marks{At: "1796000000", Annotation: `{"kind":"scheduled-change"}`, Taint: "scheduled-change"})
+		}, true},
+		// A cordon and do-not-disrupt, as router/inplace and router/nodedrain write them.
+		{"a cordon and do-not-disrupt", node, func() {
+			if node.Annotations == nil {
+				node.Annotations = map[string]string{}
+			}
+			node.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
+			node.Annotations["healthrouter.io/node-drain"] = "{}"
 			node.Spec.Unschedulable = true
 		}, true},
 		{"removing them again", node, func() {
-			delete(node.Labels, "healthrouter.io/maintenance-at")
+			upcoming.Apply(node, upcoming.Marks{})
 			node.Annotations = nil
-			node.Spec.Taints = nil
 			node.Spec.Unschedulable = false
 		}, true},
 		{"a NoExecute taint", node, noExecute, false},
 		{"its own taint key, NoExecute", node, func() {
-			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "healthrouter.io/maintenance-upcoming", Effect: corev1.TaintEffectNoExecute})
+			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: upcoming.TaintKey, Effect: corev1.TaintEffectNoExecute})
 		}, false},
 		{"a NoSchedule taint", node, func() {
 			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "dedicated", Value: "x", Effect: corev1.TaintEffectNoSchedule})
@@ -319,6 +326,22 @@ func routerWrites(t *testing.T, cfg *rest.Config, admin client.Client) {
 			}
 		})
 	}
+	t.Run("removing a stray taint of its key", func(t *testing.T) {
+		// Someone else put healthrouter.io/maintenance-upcoming on with another effect: the
+		// router removes it (upcoming.Apply), and may.
+		if err := write(admin, node, func() {
+			node.Spec.Taints = []corev1.Taint{{Key: upcoming.TaintKey, Value: "x", Effect: corev1.TaintEffectNoExecute}}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := write(router, node, func() {
+			if !upcoming.Apply(node, upcoming.Marks{}) {
+				t.Error("upcoming.Apply leaves the stray taint")
+			}
+		}); err != nil {
+			t.Errorf("refused: %v", err)
+		}
+	})
 	t.Run("another user is not affected", func(t *testing.T) {
 		if err := write(admin, node, noExecute); err != nil {
 			t.Errorf("the admin's NoExecute taint: %v", err)
