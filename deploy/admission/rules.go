@@ -171,6 +171,16 @@ func windowValidations() []validation {
 	}
 }
 
+// matchCondition is true for a write that adds, changes or removes one of the router's
+// annotations (matchConditions cannot use the policy's variables).
+func matchCondition() string {
+	p := cel(policy.Prefix)
+	return "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith(" + p + ") && " +
+		"!(request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations && oldObject.metadata.annotations[k] == object.metadata.annotations[k]))) || " +
+		"(request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, k.startsWith(" + p + ") && " +
+		"!(has(object.metadata.annotations) && k in object.metadata.annotations)))"
+}
+
 // Template renders the chart template of the policy and its binding.
 func Template() ([]byte, error) {
 	g, err := grammars()
@@ -226,6 +236,12 @@ spec:
         apiVersions: ["v1"]
         operations: ["CREATE", "UPDATE"]
         resources: ["nodepools"]
+  # Only writes that add, change or remove a healthrouter.io/ annotation are evaluated at all:
+  # every other write of a NodePool (Karpenter's own) passes without the rules below, whatever
+  # the API server makes of them.
+  matchConditions:
+    - name: healthrouter-annotations-written
+      expression: ` + yamlString(matchCondition()) + `
   variables:
 `)
 	for _, v := range variables() {

@@ -174,6 +174,18 @@ func nodePoolAnnotations(t *testing.T, c client.Client) {
 			t.Errorf("fixing the value: %v", err)
 		}
 	})
+	t.Run("removing half of the window", func(t *testing.T) {
+		window := map[string]string{policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h"}
+		if err := c.Create(ctx, testNodePool("window", window)); err != nil {
+			t.Fatal(err)
+		}
+		// A merge patch with null removes the key, as kubectl annotate key- does.
+		patch := []byte(`{"metadata":{"annotations":{"` + policy.AnnotationWindowDuration + `":null}}}`)
+		err := c.Patch(ctx, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "window"}}, client.RawPatch("application/merge-patch+json", patch))
+		if err == nil || !strings.Contains(err.Error(), "set both, or neither") {
+			t.Errorf("removing window-duration alone: %v, want refused", err)
+		}
+	})
 	t.Run("agrees with the router's parser", func(t *testing.T) {
 		var refused, admitted int
 		for i, ann := range policy.Examples() {
