@@ -79,12 +79,19 @@ VALUES ?= $(CHART)/ci/default-values.yaml
 chart-docs: ## regenerate the chart README's values table from values.yaml's `# --` comments
 	$(GO) run ./deploy/chartdoc $(CHART)
 
-docs: chart-docs ## regenerate docs/reference.md (annotations, written keys, Events, flags, metrics) from the code's tables, and the chart's values table
+chart-admission: ## regenerate the chart's NodePool admission policy from router/policy's annotation table
+	$(GO) run ./deploy/admission $(CHART)
+
+docs: chart-docs chart-admission ## regenerate docs/reference.md (annotations, written keys, Events, flags, metrics) from the code's tables, and the chart's values table
 	$(GO) run ./deploy/refdoc
 
-manifests: ## plain manifests rendered from the chart into bin/manifests.yaml (VALUES=your-values.yaml)
+# helm template cannot ask the API server: the admission policies (Kubernetes 1.30 and later) are
+# rendered for it unless API_VERSIONS is emptied.
+API_VERSIONS ?= admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy
+
+manifests: ## plain manifests rendered from the chart into bin/manifests.yaml (VALUES=your-values.yaml; API_VERSIONS= for a server before 1.30)
 	@mkdir -p bin
-	$$(test/tools/helm-bin.sh) template health-router $(CHART) --namespace health-router -f $(VALUES) > bin/manifests.yaml
+	$$(test/tools/helm-bin.sh) template health-router $(CHART) --namespace health-router -f $(VALUES) $(if $(API_VERSIONS),--api-versions $(API_VERSIONS)) > bin/manifests.yaml
 	@echo "wrote bin/manifests.yaml"
 
 clean: ## remove build output

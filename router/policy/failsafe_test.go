@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -8,9 +10,17 @@ import (
 	"github.com/health-router/health-router/router/event"
 )
 
-// TestFromAnnotationsFailSafe: a value that does not parse, or is out of range, is a problem,
-// and the pool gets the conservative setting, never "unlimited" or "drain now".
-func TestFromAnnotationsFailSafe(t *testing.T) {
+// failSafeCase is an annotation set, the problem FromAnnotations reports for it, and what tells
+// that the pool got the safe setting.
+type failSafeCase struct {
+	name    string
+	ann     map[string]string
+	problem string // a substring of the one problem; "" for none
+	ok      func(Policy) bool
+}
+
+// failSafeCases are the cases of TestFromAnnotationsFailSafe; Examples holds each annotation set.
+func failSafeCases() []failSafeCase {
 	saturdays := map[string]string{AnnotationWindowSchedule: "0 2 * * 6"}
 	with := func(base map[string]string, kv ...string) map[string]string {
 		m := map[string]string{}
@@ -26,12 +36,7 @@ func TestFromAnnotationsFailSafe(t *testing.T) {
 	pacedAtOne := func(p Policy) bool { n, ok := p.DrainLimit(10); return ok && n == 1 }
 	defaultCutoff := func(p Policy) bool { return p.RepairCutoff(10) == 2 } // 20% of 10
 	defers := func(p Policy) bool { a, _ := p.ActionFor(retirement); return a == ActionDefer }
-	tests := []struct {
-		name    string
-		ann     map[string]string
-		problem string // a substring of the one problem; "" for none
-		ok      func(Policy) bool
-	}{
+	return []failSafeCase{
 		// max-concurrent-drains: whole numbers and whole percentages only; an invalid value paces at 1.
 		{"drains 12.5%", map[string]string{AnnotationMaxConcurrentDrains: "12.5%"}, "pacing at 1", pacedAtOne},
 		{"drains 20abc%", map[string]string{AnnotationMaxConcurrentDrains: "20abc%"}, "pacing at 1", pacedAtOne},
@@ -94,6 +99,12 @@ func TestFromAnnotationsFailSafe(t *testing.T) {
 		{"action defer", map[string]string{AnnotationAction: "defer"}, "", defers},
 		{"action ignore", map[string]string{AnnotationAction: "ignore"}, "", func(p Policy) bool { a, _ := p.ActionFor(retirement); return a == ActionIgnore }},
 	}
+}
+
+// TestFromAnnotationsFailSafe: a value that does not parse, or is out of range, is a problem,
+// and the pool gets the conservative setting, never "unlimited" or "drain now".
+func TestFromAnnotationsFailSafe(t *testing.T) {
+	tests := failSafeCases()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := FromAnnotations(tt.ann)
@@ -107,6 +118,16 @@ func TestFromAnnotationsFailSafe(t *testing.T) {
 				t.Errorf("not the safe setting: %+v", p)
 			}
 		})
+	}
+}
+
+// TestExamplesCoverFailSafe: every annotation set of the fail-safe table is in Examples, which
+// test/deploy writes to a real API server through the chart's admission policy.
+func TestExamplesCoverFailSafe(t *testing.T) {
+	for _, tt := range failSafeCases() {
+		if !slices.ContainsFunc(Examples(), func(ex map[string]string) bool { return maps.Equal(ex, tt.ann) }) {
+			t.Errorf("%s: %v is not in Examples (router/policy/examples.go)", tt.name, tt.ann)
+		}
 	}
 }
 
