@@ -375,17 +375,17 @@ type world struct {
 	// urgentHolds counts the urgent drains the stopped replicas' breakers held; contradicted
 	// the urgent state changes EC2 contradicted.
 	urgentHolds, contradicted atomic.Int64
-	clock       *clocktesting.FakeClock
-	store       client.Client // the API server as the world (the kubelet, Karpenter) sees it
-	router      client.Client // the router's cache and writes: lagging, trimmed, faults injected
-	direct      client.Client // the router's reads from the API server itself: faults injected
-	cache       *lagCache
-	faults      *faults
-	queues      *queues
-	ec2         *ec2Status
-	mode        signal.Mode
-	leader      *replica
-	standby     *replica
+	clock                     *clocktesting.FakeClock
+	store                     client.Client // the API server as the world (the kubelet, Karpenter) sees it
+	router                    client.Client // the router's cache and writes: lagging, trimmed, faults injected
+	direct                    client.Client // the router's reads from the API server itself: faults injected
+	cache                     *lagCache
+	faults                    *faults
+	queues                    *queues
+	ec2                       *ec2Status
+	mode                      signal.Mode
+	leader                    *replica
+	standby                   *replica
 	// zombie is the old leader after a failover, still acting until it notices it lost the
 	// lease (endOverlap): its intake and controllers run beside the new leader's.
 	zombie   *replica
