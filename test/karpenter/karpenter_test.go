@@ -132,6 +132,8 @@ func launch(t *testing.T, pools map[string]map[string]string, count map[string]i
 // capacity labels the NodeClaims (and Nodes) of nodes with a capacity type, as Karpenter
 // labels a Spot or reserved launch. moto's fleet launches on-demand only, and the router takes
 // a Spot warning (a reservation interruption) at its word only for a Spot (reserved) node.
+// Karpenter keeps a Spot label; a reserved one it demotes to on-demand within a minute, as the
+// instance is in no reservation.
 func capacity(t *testing.T, nodes []harness.Node, capacityType string) {
 	t.Helper()
 	ctx := context.Background()
@@ -171,8 +173,6 @@ func TestForward(t *testing.T) {
 	}, map[string]int{"health": 3})
 	t.Logf("launched %d pools through Karpenter and moto in %s", len(nodes), time.Since(start).Round(100*time.Millisecond))
 	capacity(t, nodes["spot"], karpv1.CapacityTypeSpot)
-	capacity(t, nodes["odcr-array"], karpv1.CapacityTypeReserved)
-	capacity(t, nodes["odcr-string"], karpv1.CapacityTypeReserved)
 	intake := startRouter(t, "forward", signal.ModeForward)
 
 	// One instance per kind; Karpenter's disruption metric is per NodePool and reason.
@@ -194,6 +194,13 @@ func TestForward(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			n := nodes[c.pool][0]
+			if strings.HasPrefix(c.pool, "odcr-") {
+				// Karpenter demotes a reserved NodeClaim whose instance is in no reservation
+				// (moto's never is) at its next pass, a minute apart: labelled just before
+				// the warning, once the router's cache has it.
+				capacity(t, []harness.Node{n}, karpv1.CapacityTypeReserved)
+				time.Sleep(time.Second)
+			}
 			took := expectKarpenterActed(t, n, send(t, intake, c.body(n.Instance)))
 			t.Logf("sent -> NodeClaim deleted: %s", took.Round(time.Millisecond))
 			if c.reason != "" {
