@@ -118,7 +118,9 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 		}
 	}
 	for _, mt := range m.maints {
-		if mt.inst != inst || mt.state != stateActive {
+		// A maintenance a reboot in place takes care of is still the one the other source
+		// reports: its report joins it, and does not make a new one the run never began for.
+		if mt.inst != inst || (mt.state != stateActive && mt.state != stateInPlace) {
 			continue
 		}
 		same := mt.start.Equal(start) && (mt.typ == typ || mt.typ == "" || typ == "")
@@ -129,7 +131,7 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 			}
 		case same:
 			mt.keys[key], found = true, true
-		case ends && (mt.keys[key] || (mt.typ != "" && mt.typ == typ)):
+		case ends && mt.state == stateActive && (mt.keys[key] || (mt.typ != "" && mt.typ == typ)):
 			mt.state = stateSuperseded
 		}
 	}
