@@ -302,15 +302,5 @@ func yamlString(s string) string {
 	return out
 }
 
-// short writes a duration as an annotation would: 72h, 15m, 90s (time.Duration's String less
-// its zero units).
-func short(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
+// short writes a duration as an annotation would: 72h, 15m, 90s (the router's own).
+func short(d time.Duration) string { return policy.Short(d) }

@@ -94,6 +94,10 @@ func Annotations() []string {
 	return keys
 }
 
+// Short writes a duration as an annotation would: 1h, 15m, 90s (the admission policy's
+// generator writes its bounds with it too).
+func Short(d time.Duration) string { return short(d) }
+
 // short writes a duration as an annotation would: 1h, 15m, 90s.
 func short(d time.Duration) string {
 	s := d.String()
