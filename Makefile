@@ -35,8 +35,8 @@ test: ## everything CI runs: gofmt and go vet, unit, integration and drills (mot
 
 SEEDS ?= 200
 STEPS ?= 60
-sim: ## the deterministic simulation of the router with SEEDS seeds of STEPS actions (make test runs 20)
-	$(GO) test -count=1 -timeout 60m ./test/sim -rapid.checks=$(SEEDS) -sim.steps=$(STEPS)
+sim: ## the simulation of the router with SEEDS seeds of STEPS actions (make test runs 20; 500 take about an hour on 2 cores)
+	$(GO) test -count=1 -timeout 180m ./test/sim -rapid.checks=$(SEEDS) -sim.steps=$(STEPS)
 
 unit: ## unit tests only (no moto, no envtest)
 	$(GO) test -short ./router/...
