@@ -258,6 +258,9 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 	match, key := Match(ev), Key(ev)
 	closed := Closed(ev)
 	for _, r := range s.Records {
+		if r.EventID == ev.ID && movedBack(r, ev, match) {
+			continue
+		}
 		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && SameMaintenance(r.Match, match)) {
 			return r, true
 		}
@@ -266,6 +269,15 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 		}
 	}
 	return Record{}, false
+}
+
+// movedBack reports whether ev, a report of EC2's own (the instance-status poller), names its
+// maintenance at another start than the active record of the same report holds: the router
+// moved the event (the record holds the new start) and EC2 now shows the report's start again
+// (AWS moved it back). The finding's ID is the same as the first report's, yet the outcome
+// recorded is for a start EC2 no longer holds: it is decided again.
+func movedBack(r Record, ev event.Event, match string) bool {
+	return ev.Source == event.SourceHealthRouter && r.Active() && match != "" && r.Match != "" && r.Match != match
 }
 
 // lateAfterClose reports whether ev is an update of the event (or the maintenance) that the

@@ -287,3 +287,37 @@ func TestPutKeepsAnEndedRecordEnded(t *testing.T) {
 		}
 	}
 }
+
+// TestMovedBack: found by make sim SEEDS=500. The router moved a maintenance EC2 reported
+// (its record holds the new start); AWS then moved it back to its first start, and the poller's
+// finding for it carries the first report's ID again. Taken as recorded, the outcome stayed the
+// one for the start EC2 no longer held, and AWS would have acted first. A report of EC2's own
+// at another start than the active record of the same report is decided again; a Health
+// report (a redelivery of the first message) is still recorded: the router decides it on the
+// start EC2 holds (the reschedule).
+func TestMovedBack(t *testing.T) {
+	first := t0.Add(5 * time.Hour)
+	window := t0.Add(15 * time.Hour)
+	polled := health("healthrouter.io/instance-status/i-1/instance-event-0/first", "", event.ScheduledSystemReboot, first, event.HealthUpcoming)
+	polled.Source = event.SourceHealthRouter
+	movedRec := Record{EventID: polled.ID, Key: Key(polled), Kind: polled.Kind, State: StateDeferred,
+		Match: string(event.ScheduledSystemReboot) + "@" + window.Format(time.RFC3339), Until: window}
+	for _, tt := range []struct {
+		name  string
+		ev    event.Event
+		rec   Record
+		known bool
+	}{
+		{"EC2 shows the first start again", polled, movedRec, false},
+		{"EC2 shows the start the router recorded", polled, func() Record { r := movedRec; r.Match = Match(polled); return r }(), true},
+		{"the moved record has ended", polled, func() Record { r := movedRec; r.State = StateDrained; return r }(), true},
+		{"a Health redelivery of the first report", func() event.Event { e := polled; e.Source = "aws.health"; return e }(), movedRec, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := Set{Records: []Record{tt.rec}}
+			if _, known := s.Recorded(tt.ev); known != tt.known {
+				t.Errorf("recorded %v, want %v", known, tt.known)
+			}
+		})
+	}
+}

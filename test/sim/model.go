@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/health-router/health-router/router/event"
@@ -131,13 +132,32 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 			}
 		case same:
 			mt.keys[key], found = true, true
-		case ends && mt.state == stateActive && (mt.keys[key] || (mt.typ != "" && mt.typ == typ)):
+		case ends && mt.state == stateActive && (mt.keys[key] || (mt.typ != "" && mt.typ == typ && !mt.from(sourceOf(key)))):
 			mt.state = stateSuperseded
 		}
 	}
 	if !closed && !found {
 		m.maints = append(m.maints, &maintenance{inst: inst, typ: typ, start: start, state: stateActive, known: now, keys: map[string]bool{key: true}})
 	}
+}
+
+// sourceOf is the source a report's key is of: an AWS Health eventArn, or EC2's instance-event ID.
+func sourceOf(key string) string {
+	if strings.HasPrefix(key, "arn:") {
+		return "health"
+	}
+	return "ec2"
+}
+
+// from reports whether the maintenance is known under a key of source: another key of the
+// same source is another event (EC2 lists two events of one type), not a reschedule of it.
+func (mt *maintenance) from(source string) bool {
+	for k := range mt.keys {
+		if sourceOf(k) == source {
+			return true
+		}
+	}
+	return false
 }
 
 // moved applies a move of a maintenance the router made (EC2 accepted it): the maintenance of
