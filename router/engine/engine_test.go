@@ -381,3 +381,32 @@ func TestUrgentBreakerKeepsASignalledDrain(t *testing.T) {
 		t.Errorf("a third node within the minute: %s (%s), want held by the breaker", d.Action, d.Reason)
 	}
 }
+
+// TestPacingKeepsASignalledDrain: found by make sim SEEDS=500. A NodeClaim's paced drain is
+// signalled; a second event of the same NodeClaim (the other source's report of the same
+// maintenance) is decided too, and given back (Unreserve: the fresh read showed its deferral
+// ended). Giving the second back released the first's slot: the next drain of the pool went
+// over max-concurrent-drains while the cache did not show the first drain yet.
+func TestPacingKeepsASignalledDrain(t *testing.T) {
+	eng := New(testCluster(t, map[string]poolSpec{"kafka": {annotations: map[string]string{policy.AnnotationMaxConcurrentDrains: "1"}, nodes: 4}}), nil)
+	decide := func(i int, id string) policy.Decision {
+		t.Helper()
+		ev := retirement(instance("kafka", i))
+		ev.ID = id
+		outs, err := eng.Decide(context.Background(), ev, now)
+		if err != nil || len(outs) != 1 {
+			t.Fatalf("%s: %v %+v", id, err, outs)
+		}
+		return outs[0].Decision
+	}
+	if d := decide(0, "health-0"); d.Action != policy.ActionDrain {
+		t.Fatalf("first: %s (%s)", d.Action, d.Reason)
+	}
+	if d := decide(0, "poller-0"); d.Action != policy.ActionDrain { // the same NodeClaim: its own slot
+		t.Fatalf("the second report of node 0: %s (%s)", d.Action, d.Reason)
+	}
+	eng.Unreserve("kafka", "kafka-0")
+	if d := decide(1, "health-1"); d.Action != policy.ActionDefer || d.Hold != policy.HoldPacing {
+		t.Errorf("node 1 beside node 0's drain: %s (%s), want held by pacing", d.Action, d.Reason)
+	}
+}

@@ -44,7 +44,11 @@ type poolPace struct {
 	// reservation the cluster never shows (a forward Karpenter dropped, whose stamp failed)
 	// is given back after reservationBound.
 	reserved map[string]time.Time
-	repairs  map[string]bool // reserved keys that are impaired-instance repairs
+	// holds counts the decisions holding each reservation: a NodeClaim decided twice (its
+	// drain signalled, then a second event of it decided and given back) keeps its slot until
+	// the last is given back or the cluster shows the drain.
+	holds   map[string]int
+	repairs map[string]bool // reserved keys that are impaired-instance repairs
 	// urgent are the pool's urgent drains decided here within policy.UrgentWindow, by
 	// NodeClaim, for the urgent-drain breaker. Kept in memory (the leader alone decides): a
 	// restarted or newly elected router starts counting afresh, which lets at most one more
@@ -78,7 +82,7 @@ func (p *pacer) pool(name string) *poolPace {
 	defer p.mu.Unlock()
 	pp := p.pools[name]
 	if pp == nil {
-		pp = &poolPace{reserved: map[string]time.Time{}, repairs: map[string]bool{}, settles: map[string]*settle{}, urgent: map[string]time.Time{}}
+		pp = &poolPace{reserved: map[string]time.Time{}, holds: map[string]int{}, repairs: map[string]bool{}, settles: map[string]*settle{}, urgent: map[string]time.Time{}}
 		p.pools[name] = pp
 	}
 	return pp
@@ -107,6 +111,7 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 	for key, at := range pp.reserved {
 		if draining, present := members[key]; draining || !present || now.Sub(at) > reservationBound {
 			delete(pp.reserved, key)
+			delete(pp.holds, key)
 			delete(pp.repairs, key)
 		}
 	}
@@ -245,6 +250,7 @@ func (p *pacer) decide(ctx context.Context, pool, key string, kind drainKind, no
 		return false, nil
 	}
 	pp.reserved[key] = now
+	pp.holds[key]++
 	switch kind {
 	case drainRepair:
 		pp.repairs[key] = true
@@ -260,6 +266,7 @@ func (p *pacer) take(pool, key string, now time.Time) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	pp.reserved[key] = now
+	pp.holds[key]++
 }
 
 // unreserve gives a reserved slot back: the drain was not signalled after all.
@@ -267,6 +274,11 @@ func (p *pacer) unreserve(pool, key string) {
 	pp := p.pool(pool)
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
+	if pp.holds[key] > 1 {
+		pp.holds[key]-- // another decision of the NodeClaim holds it: its drain may be signalled
+		return
+	}
+	delete(pp.holds, key)
 	delete(pp.reserved, key)
 	delete(pp.repairs, key)
 	delete(pp.settles, key)
