@@ -168,7 +168,8 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 			// Someone else's broken record: overwriting it would lose what they meant.
 			return false, err
 		}
-		stale := found && prev.Running && dr.Kind == prev.Kind && !dr.EventTime.After(prev.EventTime)
+		stale := found && ((prev.Running && dr.Kind == prev.Kind && !dr.EventTime.After(prev.EventTime)) ||
+			(!prev.RunningSince.IsZero() && dr.Resumable() && !dr.EventTime.After(prev.RunningSince)))
 		already = stale || (found && (!prev.Finished() || prev.EventID == dr.EventID || (dr.Key != "" && prev.Key == dr.Key)))
 		if already {
 			return false, nil
@@ -189,6 +190,14 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 	}
 	return already, nil
 }
+
+// Resumable reports whether the drain is one a `running` of the instance after it ends: a
+// stop's (a state change).
+func (dr Drain) Resumable() bool { return dr.Kind == stateChangeKind && !dr.Resumes }
+
+// stateChangeKind is router/event's KindStateChange, restated: this package is below event's
+// users in the pipeline and names kinds as strings.
+const stateChangeKind = "state-change"
 
 // impairedKey is in the key of a drain for an impairment the poller found (the finding's
 // event ID, router/event's StatusFinding.ID: <prefix><instance>/impaired/<since>).
@@ -286,8 +295,14 @@ func (d *Drainer) resume(ctx context.Context, node *corev1.Node, dr Drain) (bool
 			if cur.Cordoned {
 				n.Spec.Unschedulable = false
 			}
+		case !cur.Running && cur.Finished() && cur.RunningSince.Before(dr.EventTime):
+			// Another event's drain, finished, stays (its release is still to come): the
+			// running is kept beside it, so that a stop from before it begins no drain.
+			cur.RunningSince = dr.EventTime
+			n.Annotations[AnnotationNodeDrain] = encode(cur)
+			return true, nil
 		default:
-			return false, nil // another kind's drain, or a later running recorded
+			return false, nil // a drain in progress, or a later running recorded
 		}
 		now := d.clock.Now()
 		n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})

@@ -36,6 +36,10 @@ type Record struct {
 	// Running marks no drain but the latest `running` of the instance handled while it had
 	// none: a stop from before it, arriving late, is over and begins no drain.
 	Running bool `json:"running,omitempty"`
+	// RunningSince is the latest `running` of the instance handled while this record (of
+	// another event, its drain finished) was on the Node: a stop from before it, arriving
+	// late, is over and begins no drain either.
+	RunningSince time.Time `json:"running_since,omitzero"`
 	// Release is when a drain for a maintenance AWS keeps the instance through (a reboot)
 	// ends: past it, once the drain is done and the Node Ready, the router uncordons the Node
 	// it cordoned. Zero for the events that end the instance.

@@ -227,3 +227,46 @@ func TestRecoveryEndsTheImpairedDrain(t *testing.T) {
 		return err == nil && len(ids) == 0
 	})
 }
+
+// TestLateStopBesideAFinishedDrain: found by make sim SEEDS=500. The Node carries the
+// finished drain of a maintenance AWS keeps it through (its release still to come); the
+// instance's `running` is handled before its older stop. The running left no trace beside the
+// maintenance's record, so the late stop began a drain of its own and the Node stayed
+// cordoned for a stop that was over. The running is kept on the record, and the stop begins
+// none; the maintenance's release still gives the Node back.
+func TestLateStopBesideAFinishedDrain(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "beside-a", false)
+	release := t0.Add(3 * time.Hour)
+	if _, err := s.drainer.Begin(s.ctx, getNode(t, "beside-a"), nodedrain.Drain{EventID: "ev-1", Kind: "scheduled-change", Release: release}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cache shows the drain", func() bool { return cached(t, "beside-a").Annotations[nodedrain.AnnotationNodeDrain] != "" })
+	s.pass()
+	eventually(t, "the cache shows it done", func() bool {
+		rec, ok, _ := nodedrain.Records(cached(t, "beside-a"))
+		return ok && rec.Finished()
+	})
+	stopped := t0.Add(-3 * time.Minute)
+	running := nodedrain.Drain{EventID: "run-1", Key: "run-1", Kind: "state-change", EventTime: stopped.Add(2 * time.Minute), Resumes: true}
+	if _, err := s.drainer.Cancel(s.ctx, "beside-a", running); err != nil {
+		t.Fatal(err)
+	}
+	already, err := s.drainer.Begin(s.ctx, getNode(t, "beside-a"), nodedrain.Drain{EventID: "stop-1", Key: "stop-1", Kind: "state-change", EventTime: stopped})
+	if err != nil || !already {
+		t.Fatalf("a stop older than the running: already=%v err=%v", already, err)
+	}
+	rec, _, _ := nodedrain.Records(getNode(t, "beside-a"))
+	if rec.EventID != "ev-1" {
+		t.Errorf("the maintenance's record was replaced: %+v", rec)
+	}
+	s.clock.SetTime(release)
+	n := getNode(t, "beside-a")
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	must(t, direct.Status().Update(s.ctx, n))
+	eventually(t, "the cache shows the Node Ready", func() bool { return len(cached(t, "beside-a").Status.Conditions) > 0 })
+	s.pass()
+	if n := getNode(t, "beside-a"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
+		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	}
+}
