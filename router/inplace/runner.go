@@ -544,19 +544,7 @@ func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeM
 // restore undoes what the Node's mark says the run changed, and removes the mark, in one
 // patch; the cordon only when uncordon is set. Without a mark there is nothing to undo.
 func (r *Runner) restore(ctx context.Context, node *corev1.Node, uncordon bool) error {
-	err := r.patchNode(ctx, node, func(n *corev1.Node) {
-		m, ok := readMark(n.Annotations)
-		if !ok {
-			return
-		}
-		delete(n.Annotations, Annotation)
-		if m.Protected && n.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
-			delete(n.Annotations, karpv1.DoNotDisruptAnnotationKey)
-		}
-		if uncordon && m.Cordoned {
-			n.Spec.Unschedulable = false
-		}
-	})
+	err := r.patchNode(ctx, node, func(n *corev1.Node) { UndoNode(n, uncordon) })
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

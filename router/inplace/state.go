@@ -30,6 +30,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	corev1 "k8s.io/api/core/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
@@ -217,6 +218,39 @@ func readMark(annotations map[string]string) (nodeMark, bool) {
 		return nodeMark{}, true
 	}
 	return m, true
+}
+
+// UndoNode undoes on n what the Node's mark says a run changed (do-not-disrupt, and the
+// cordon only when uncordon is set) and removes the mark; it reports whether n changed.
+// Without a mark there is nothing to undo.
+func UndoNode(n *corev1.Node, uncordon bool) bool {
+	m, ok := readMark(n.Annotations)
+	if !ok {
+		return false
+	}
+	delete(n.Annotations, Annotation)
+	if m.Protected && n.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
+		delete(n.Annotations, karpv1.DoNotDisruptAnnotationKey)
+	}
+	if uncordon && m.Cordoned {
+		n.Spec.Unschedulable = false
+	}
+	return true
+}
+
+// UndoClaim removes the run from a NodeClaim's annotations, and do-not-disrupt when the run
+// added it (State.Protected); it reports whether they changed. A run Read refuses is left as
+// it is: what it added is not known.
+func UndoClaim(nc *karpv1.NodeClaim) bool {
+	st, ok, err := Read(nc)
+	if err != nil || !ok {
+		return false
+	}
+	delete(nc.Annotations, Annotation)
+	if st.Protected && nc.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
+		delete(nc.Annotations, karpv1.DoNotDisruptAnnotationKey)
+	}
+	return true
 }
 
 func encodeMark(m nodeMark) string {

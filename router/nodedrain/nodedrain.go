@@ -371,15 +371,10 @@ func (d *Drainer) forget(ctx context.Context, node *corev1.Node, eventID string)
 		}
 		// A record that does not parse is removed, but the Node stays cordoned: who cordoned
 		// it is not known.
-		rec, _, err := Records(n)
-		if eventID != "" && (err != nil || rec.EventID != eventID) {
+		if rec, _, err := Records(n); eventID != "" && (err != nil || rec.EventID != eventID) {
 			return false, nil // replaced meanwhile: not the drain to end
 		}
-		delete(n.Annotations, AnnotationNodeDrain)
-		if err == nil && rec.Cordoned {
-			n.Spec.Unschedulable = false
-		}
-		return true, nil
+		return UndoNode(n, true), nil
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("forgetting the drain of node %s: %w", name, err)

@@ -59,6 +59,21 @@ type Record struct {
 	Warned bool `json:"warned,omitempty"`
 }
 
+// UndoNode removes n's record and, when uncordon is set and the record says the router
+// cordoned the Node, uncordons it; it reports whether n changed. A record that does not
+// parse is removed, but the Node stays cordoned: who cordoned it is not known.
+func UndoNode(n *corev1.Node, uncordon bool) bool {
+	if _, ok := n.Annotations[AnnotationNodeDrain]; !ok {
+		return false
+	}
+	rec, _, err := Records(n)
+	delete(n.Annotations, AnnotationNodeDrain)
+	if uncordon && err == nil && rec.Cordoned {
+		n.Spec.Unschedulable = false
+	}
+	return true
+}
+
 // Finished reports whether the drain is done.
 func (r Record) Finished() bool { return r.Done != nil }
 

@@ -1,0 +1,571 @@
+// Package handback gives the handling of AWS events back to Karpenter: the way back from a
+// takeover (docs/takeover.md). Once the router is stopped, it finds every piece of state the
+// router keeps in the cluster and ends it, with a report of each:
+//
+//   - events still pending (a deferral to the pool's window or to deadline minus drain-lead, a
+//     drain held by pacing, a check or a gate; a reboot in place in progress) are drained now
+//     (forwarded to Karpenter's queue, or the NodeClaim deleted, as the router would) or
+//     dropped (Karpenter's poller finds the scheduled ones again once it may call
+//     DescribeInstanceStatus);
+//   - the records on NodeClaims (healthrouter.io/deferred, healthrouter.io/in-place) go, and
+//     karpenter.sh/do-not-disrupt where a reboot in place added it;
+//   - the node marks go (the healthrouter.io/maintenance-at label, the healthrouter.io/maintenance
+//     annotation, the healthrouter.io/maintenance-upcoming taint), and the Node's part of a
+//     reboot in place;
+//   - a drain of a node Karpenter does not manage loses its record; the Node is uncordoned
+//     where the router cordoned it and nothing is left to wait for (dropped, or its maintenance
+//     is over), and otherwise stays cordoned with a note.
+//
+// It refuses to run while the router's leader Lease is held: a running router would write its
+// state again behind it.
+package handback
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/router/nodedrain"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/upcoming"
+)
+
+// Pending is what becomes of the events still pending.
+type Pending string
+
+const (
+	// PendingDrain drains every node with a pending event now, as the router would have at
+	// the event's time: Karpenter replaces them.
+	PendingDrain Pending = "drain"
+	// PendingDrop ends the pending events without acting on them: each is listed, and
+	// Karpenter's own handling takes what AWS reports again (its poller finds the scheduled
+	// events; a queue message already consumed is not sent again).
+	PendingDrop Pending = "drop"
+)
+
+// DefaultConfirmTimeout is how long a drain forwarded to Karpenter has to start (the NodeClaim
+// deleting) before the NodeClaim is deleted instead: the router's own confirm-or-fallback bound.
+const DefaultConfirmTimeout = 20 * time.Second
+
+// confirmPoll is how often a forwarded drain is looked for.
+const confirmPoll = time.Second
+
+// Options is what a handback does.
+type Options struct {
+	Pending Pending
+	// DryRun lists what would be done and changes nothing.
+	DryRun bool
+	// LeaseNamespace and LeaseName name the router's leader-election Lease; a Lease held and
+	// renewed within its duration means the router still runs.
+	LeaseNamespace string
+	LeaseName      string
+	// ConfirmTimeout bounds the wait for Karpenter to act on a forwarded drain.
+	ConfirmTimeout time.Duration
+}
+
+// Forwarder sends an event body to Karpenter's interruption queue.
+type Forwarder interface {
+	Forward(ctx context.Context, body []byte) error
+}
+
+// What a reported Item is.
+const (
+	WhatDeferred  = "deferred"      // an active record: an event waiting for its time or a hold
+	WhatInPlace   = "in-place"      // a reboot in place in progress
+	WhatRecords   = "records"       // ended records and finished runs, kept to recognise duplicates
+	WhatMarks     = "node-marks"    // the node marks of router/upcoming
+	WhatNodeDrain = "node-drain"    // a drain of a node Karpenter does not manage
+	WhatNodeRun   = "in-place-node" // the Node's part of a reboot in place whose NodeClaim is gone
+)
+
+// Item is one piece of the router's state and what the handback did with it.
+type Item struct {
+	Object   string    `json:"object"` // nodeclaim/NAME or node/NAME
+	NodePool string    `json:"nodepool,omitempty"`
+	Instance string    `json:"instance,omitempty"`
+	What     string    `json:"what"`
+	Kind     string    `json:"kind,omitempty"`
+	Event    string    `json:"event,omitempty"`
+	Until    time.Time `json:"until,omitzero"`
+	Done     string    `json:"done"`
+	// Problem marks an item the handback could not end: it is left as it is.
+	Problem bool `json:"problem,omitempty"`
+}
+
+// Report is what a handback found and did.
+type Report struct {
+	Pending Pending `json:"pending"`
+	DryRun  bool    `json:"dry_run"`
+	Items   []Item  `json:"items"`
+}
+
+// Problems counts the items left as they were.
+func (r Report) Problems() int {
+	n := 0
+	for _, it := range r.Items {
+		if it.Problem {
+			n++
+		}
+	}
+	return n
+}
+
+// Handback ends the router's state in a cluster.
+type Handback struct {
+	kube    client.Client
+	forward Forwarder
+	clock   clock.WithTicker
+	opts    Options
+}
+
+// New returns a Handback writing through kube (read fresh: no cache), forwarding drains
+// through forward (nil: drains delete the NodeClaim).
+func New(kube client.Client, forward Forwarder, clk clock.WithTicker, opts Options) *Handback {
+	if opts.ConfirmTimeout <= 0 {
+		opts.ConfirmTimeout = DefaultConfirmTimeout
+	}
+	return &Handback{kube: kube, forward: forward, clock: clk, opts: opts}
+}
+
+// ErrRouterRunning is returned while the router's leader Lease is held.
+var ErrRouterRunning = errors.New("the router is still running")
+
+// Run checks that the router is stopped, then ends its state. Items it could not end are in
+// the Report as problems; err is set when the cluster could not be read or the router runs.
+func (h *Handback) Run(ctx context.Context) (Report, error) {
+	rep := Report{Pending: h.opts.Pending, DryRun: h.opts.DryRun}
+	if h.opts.Pending != PendingDrain && h.opts.Pending != PendingDrop {
+		return rep, fmt.Errorf("pending %q: want drain or drop", h.opts.Pending)
+	}
+	if err := h.checkLease(ctx); err != nil {
+		return rep, err
+	}
+	var claims karpv1.NodeClaimList
+	if err := h.kube.List(ctx, &claims); err != nil {
+		return rep, fmt.Errorf("listing nodeclaims: %w", err)
+	}
+	var nodes corev1.NodeList
+	if err := h.kube.List(ctx, &nodes); err != nil {
+		return rep, fmt.Errorf("listing nodes: %w", err)
+	}
+	byName := map[string]*corev1.Node{}
+	for i := range nodes.Items {
+		byName[nodes.Items[i].Name] = &nodes.Items[i]
+	}
+	slices.SortFunc(claims.Items, func(a, b karpv1.NodeClaim) int { return cmp.Compare(a.Name, b.Name) })
+	runNodes := map[string]bool{} // Nodes whose run part their NodeClaim's pass handled
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		node := byName[nc.Status.NodeName]
+		if st, ok, err := inplace.Read(nc); err == nil && ok && st.Node != "" {
+			runNodes[st.Node] = true
+			if node == nil {
+				node = byName[st.Node]
+			}
+		}
+		rep.Items = append(rep.Items, h.claim(ctx, nc, node)...)
+	}
+	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
+	for i := range nodes.Items {
+		rep.Items = append(rep.Items, h.node(ctx, &nodes.Items[i], runNodes)...)
+	}
+	return rep, nil
+}
+
+// checkLease refuses while the router's leader Lease is held and was renewed within its
+// duration. A router stopped normally releases it (LeaderElectionReleaseOnCancel); a killed
+// one's lapses after the duration.
+func (h *Handback) checkLease(ctx context.Context) error {
+	if h.opts.LeaseName == "" {
+		return nil
+	}
+	var l coordinationv1.Lease
+	err := h.kube.Get(ctx, client.ObjectKey{Namespace: h.opts.LeaseNamespace, Name: h.opts.LeaseName}, &l)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the router's Lease %s/%s: %w", h.opts.LeaseNamespace, h.opts.LeaseName, err)
+	}
+	holder := ""
+	if l.Spec.HolderIdentity != nil {
+		holder = *l.Spec.HolderIdentity
+	}
+	if holder == "" || l.Spec.RenewTime == nil {
+		return nil
+	}
+	d := 15 * time.Second
+	if l.Spec.LeaseDurationSeconds != nil {
+		d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	if expires := l.Spec.RenewTime.Add(d); h.clock.Now().Before(expires) {
+		return fmt.Errorf("%w: Lease %s/%s is held by %s until %s; stop it first (helm uninstall, or scale the Deployment to 0 replicas), then run handback again: a running router writes its state again",
+			ErrRouterRunning, h.opts.LeaseNamespace, h.opts.LeaseName, holder, expires.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// claim ends the router's state on one NodeClaim (and the Node part of its reboot in place).
+func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Node) []Item {
+	base := Item{Object: "nodeclaim/" + nc.Name, NodePool: nc.Labels[karpv1.NodePoolLabelKey], Instance: instanceOf(nc)}
+	_, hasRecords := nc.Annotations[record.Annotation]
+	_, hasRun := nc.Annotations[inplace.Annotation]
+	if !hasRecords && !hasRun {
+		return nil
+	}
+	var items []Item
+	set, setErr := record.Read(nc)
+	st, runOK, runErr := inplace.Read(nc)
+	if setErr != nil {
+		it := base
+		it.What, it.Done, it.Problem = WhatRecords, "left as they are: "+setErr.Error()+" (a newer router's? remove "+record.Annotation+" by hand once read)", true
+		items = append(items, it)
+	}
+	if runErr != nil {
+		it := base
+		it.What, it.Done, it.Problem = WhatInPlace, "left as it is: "+runErr.Error(), true
+		items = append(items, it)
+	}
+	if nc.DeletionTimestamp != nil {
+		// Karpenter is draining it: nothing the handback does changes that.
+		it := base
+		it.What, it.Done = WhatRecords, "nodeclaim deleting: left to Karpenter"
+		return append(items, it)
+	}
+	active := set.Active()
+	running := runOK && !st.Over()
+	var pending []Item
+	for _, r := range active {
+		it := base
+		it.What, it.Kind, it.Event, it.Until = WhatDeferred, string(r.Kind), r.EventID, r.Until
+		if r.Hold != "" {
+			it.Kind += " (" + string(r.Hold) + ")"
+		}
+		pending = append(pending, it)
+	}
+	if running {
+		it := base
+		it.What, it.Kind, it.Event, it.Until = WhatInPlace, string(st.Type)+" (step "+string(st.Step)+")", st.EventID, st.Start
+		pending = append(pending, it)
+	}
+
+	// What becomes of the pending events.
+	outcome := ""
+	drained := false
+	switch {
+	case len(pending) == 0:
+	case h.opts.Pending == PendingDrop:
+		outcome = "dropped"
+		if running {
+			outcome = "dropped; node back in service"
+		}
+	case h.opts.DryRun:
+		outcome = "would drain"
+	default:
+		how, err := h.drain(ctx, nc, active)
+		if err != nil {
+			for i := range pending {
+				pending[i].Done, pending[i].Problem = "drain failed, left as it is: "+err.Error(), true
+			}
+			return append(items, pending...)
+		}
+		outcome, drained = how, true
+	}
+	if h.opts.DryRun && outcome != "" && !strings.HasPrefix(outcome, "would") {
+		outcome = "would be " + outcome
+	}
+	for i := range pending {
+		pending[i].Done = outcome
+	}
+	items = append(items, pending...)
+
+	// The router's annotations go; ended records and finished runs are reported in one line.
+	if len(pending) == 0 && setErr == nil && runErr == nil {
+		it := base
+		it.What, it.Done = WhatRecords, "removed"
+		if h.opts.DryRun {
+			it.Done = "would be removed"
+		}
+		items = append(items, it)
+	}
+	if h.opts.DryRun {
+		return items
+	}
+	if node != nil && runOK {
+		// The run's cordon stays on a node being drained (Karpenter cordons it anyway), and
+		// goes with a dropped run: the node goes back into service.
+		if err := h.patchNode(ctx, node, func(n *corev1.Node) { inplace.UndoNode(n, !drained) }); err != nil {
+			items = append(items, problem(base, WhatInPlace, err))
+		}
+	}
+	if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) {
+		if setErr == nil {
+			delete(c.Annotations, record.Annotation)
+		}
+		if runErr == nil {
+			inplace.UndoClaim(c)
+		}
+	}); err != nil && !apierrors.IsNotFound(err) {
+		items = append(items, problem(base, WhatRecords, err))
+	}
+	return items
+}
+
+// drain drains a NodeClaim with pending events as the router would: the earliest record's
+// event forwarded to Karpenter (which must start within ConfirmTimeout, else the NodeClaim is
+// deleted), or, without a Forwarder or a recorded event (a reboot in place), the NodeClaim
+// deleted.
+func (h *Handback) drain(ctx context.Context, nc *karpv1.NodeClaim, active []record.Record) (string, error) {
+	var body json.RawMessage
+	if len(active) > 0 {
+		first := slices.MinFunc(active, func(a, b record.Record) int { return a.Until.Compare(b.Until) })
+		body = first.Event
+	}
+	if h.forward != nil && len(body) > 0 {
+		if err := h.forward.Forward(ctx, body); err != nil {
+			return "", fmt.Errorf("forwarding to Karpenter: %w", err)
+		}
+		ok, err := h.confirm(ctx, nc.Name)
+		if err != nil {
+			return "", err
+		}
+		if ok {
+			return "drained (forwarded to Karpenter)", nil
+		}
+		if err := h.delete(ctx, nc); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("drained (forwarded; Karpenter did not act within %s: nodeclaim deleted)", h.opts.ConfirmTimeout), nil
+	}
+	if err := h.delete(ctx, nc); err != nil {
+		return "", err
+	}
+	return "drained (nodeclaim deleted)", nil
+}
+
+// confirm waits up to ConfirmTimeout for the NodeClaim to be deleting or gone.
+func (h *Handback) confirm(ctx context.Context, name string) (bool, error) {
+	deadline := h.clock.Now().Add(h.opts.ConfirmTimeout)
+	t := h.clock.NewTicker(confirmPoll)
+	defer t.Stop()
+	for {
+		var nc karpv1.NodeClaim
+		err := h.kube.Get(ctx, client.ObjectKey{Name: name}, &nc)
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, nil
+		case err != nil:
+			return false, fmt.Errorf("reading nodeclaim %s: %w", name, err)
+		case nc.DeletionTimestamp != nil:
+			return true, nil
+		case !h.clock.Now().Before(deadline):
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-t.C():
+		}
+	}
+}
+
+func (h *Handback) delete(ctx context.Context, nc *karpv1.NodeClaim) error {
+	if err := h.kube.Delete(ctx, nc.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting nodeclaim %s: %w", nc.Name, err)
+	}
+	return nil
+}
+
+// node ends the router's state on one Node: its marks, a drain of an unmanaged node, and the
+// Node's part of a reboot in place whose NodeClaim is gone.
+func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string]bool) []Item {
+	base := Item{Object: "node/" + n.Name, NodePool: n.Labels[karpv1.NodePoolLabelKey], Instance: instanceOfNode(n)}
+	var items []Item
+	var mutations []func(*corev1.Node)
+	if m := upcoming.Current(n); !m.None() {
+		it := base
+		it.What, it.Done = WhatMarks, "removed"
+		var p upcoming.Pending
+		if json.Unmarshal([]byte(m.Annotation), &p) == nil {
+			it.Kind, it.Event, it.Until = p.Kind, p.Event, p.Until
+		}
+		items = append(items, it)
+		mutations = append(mutations, func(n *corev1.Node) { upcoming.Apply(n, upcoming.Marks{}) })
+	}
+	if _, ok := n.Annotations[nodedrain.AnnotationNodeDrain]; ok {
+		it, uncordon := h.nodeDrain(base, n)
+		items = append(items, it)
+		mutations = append(mutations, func(n *corev1.Node) { nodedrain.UndoNode(n, uncordon) })
+	}
+	if _, ok := n.Annotations[inplace.Annotation]; ok && !runNodes[n.Name] {
+		it := base
+		it.What, it.Done = WhatNodeRun, "undone (no NodeClaim runs it): uncordoned where the run cordoned it"
+		items = append(items, it)
+		mutations = append(mutations, func(n *corev1.Node) { inplace.UndoNode(n, true) })
+	}
+	if len(mutations) == 0 {
+		return nil
+	}
+	if h.opts.DryRun {
+		for i := range items {
+			items[i].Done = "would be " + items[i].Done
+		}
+		return items
+	}
+	if err := h.patchNode(ctx, n, func(n *corev1.Node) {
+		for _, m := range mutations {
+			m(n)
+		}
+	}); err != nil {
+		for i := range items {
+			items[i].Done, items[i].Problem = "left as it is: "+err.Error(), true
+		}
+	}
+	return items
+}
+
+// nodeDrain reports a drain of an unmanaged node and whether ending it uncordons the Node:
+// dropped, or its maintenance over (a release past), the cordon the router set goes; a drain
+// still owed stays cordoned, for its owner to finish (kubectl drain).
+func (h *Handback) nodeDrain(base Item, n *corev1.Node) (Item, bool) {
+	it := base
+	it.What = WhatNodeDrain
+	rec, _, err := nodedrain.Records(n)
+	if err != nil {
+		it.Done = "record removed; node left cordoned (the record did not parse: who cordoned it is not known)"
+		return it, false
+	}
+	it.Kind, it.Event, it.Until = rec.Kind, rec.EventID, rec.Deadline
+	now := h.clock.Now()
+	switch {
+	case !rec.Cordoned:
+		it.Done = "record removed (the router did not cordon it)"
+		return it, false
+	case h.opts.Pending == PendingDrop:
+		it.Done = "dropped; uncordoned"
+		return it, true
+	case !rec.Release.IsZero() && !now.Before(rec.Release):
+		it.Done = "record removed; uncordoned (its maintenance is over)"
+		return it, true
+	case !rec.Release.IsZero():
+		it.Done = fmt.Sprintf("record removed; left cordoned: uncordon after the maintenance (%s)", rec.Release.UTC().Format(time.RFC3339))
+	case rec.Finished():
+		it.Done = "record removed; left cordoned (its instance ends)"
+	default:
+		it.Done = "record removed; left cordoned: finish the drain (kubectl drain " + n.Name + " --ignore-daemonsets --delete-emptydir-data)"
+	}
+	return it, false
+}
+
+func problem(base Item, what string, err error) Item {
+	base.What, base.Done, base.Problem = what, "left as it is: "+err.Error(), true
+	return base
+}
+
+// patchNode applies mutate to the Node read fresh and writes the difference under its
+// resource version, again after a conflict.
+func (h *Handback) patchNode(ctx context.Context, node *corev1.Node, mutate func(*corev1.Node)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &corev1.Node{}
+		if err := h.kube.Get(ctx, client.ObjectKey{Name: node.Name}, cur); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		}
+		next := cur.DeepCopy()
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		mutate(next)
+		if equality.Semantic.DeepEqual(cur.Spec, next.Spec) && equality.Semantic.DeepEqual(cur.Annotations, next.Annotations) &&
+			equality.Semantic.DeepEqual(cur.Labels, next.Labels) {
+			return nil
+		}
+		return h.kube.Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
+	})
+}
+
+// patchClaim is patchNode for a NodeClaim.
+func (h *Handback) patchClaim(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*karpv1.NodeClaim)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &karpv1.NodeClaim{}
+		if err := h.kube.Get(ctx, client.ObjectKey{Name: nc.Name}, cur); err != nil {
+			return err
+		}
+		next := cur.DeepCopy()
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		mutate(next)
+		if equality.Semantic.DeepEqual(cur.Annotations, next.Annotations) {
+			return nil
+		}
+		return h.kube.Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
+	})
+}
+
+func instanceOf(nc *karpv1.NodeClaim) string { return cluster.InstanceID(nc.Status.ProviderID) }
+
+func instanceOfNode(n *corev1.Node) string { return cluster.InstanceID(n.Spec.ProviderID) }
+
+// WriteTable prints the report for people, then what is left to do.
+func (r Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "OBJECT\tNODEPOOL\tINSTANCE\tWHAT\tKIND\tEVENT\tUNTIL\tDONE")
+	for _, it := range r.Items {
+		until := "-"
+		if !it.Until.IsZero() {
+			until = it.Until.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", it.Object, dash(it.NodePool), dash(it.Instance), it.What, dash(it.Kind), dash(it.Event), until, it.Done)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case len(r.Items) == 0:
+		fmt.Fprintln(w, "\nthe cluster holds no state of the router.")
+	case r.DryRun:
+		fmt.Fprintf(w, "\ndry run: nothing changed. Run again without --dry-run to carry it out (--pending=%s).\n", r.Pending)
+	}
+	if n := r.Problems(); n > 0 {
+		fmt.Fprintf(w, "%d item(s) left as they were: see DONE.\n", n)
+	}
+	return nil
+}
+
+// WriteJSON prints the report as one JSON object.
+func (r Report) WriteJSON(w io.Writer) error {
+	if r.Items == nil {
+		r.Items = []Item{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,521 @@
+package handback
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/router/nodedrain"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/upcoming"
+)
+
+var now = time.Now().UTC().Truncate(time.Second)
+
+const body = `{"version":"0","id":"ev-1","detail-type":"AWS Health Event","source":"aws.health"}`
+
+func claim(t *testing.T, name string, recs []record.Record, run *inplace.State, extra map[string]string) *karpv1.NodeClaim {
+	t.Helper()
+	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}, Annotations: map[string]string{}},
+		Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-0" + name, NodeName: "node-" + name}}
+	if recs != nil {
+		v, err := record.Encode(record.Set{Records: recs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Annotations[record.Annotation] = v
+	}
+	if run != nil {
+		raw, err := json.Marshal(run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Annotations[inplace.Annotation] = string(raw)
+		if run.Protected {
+			nc.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
+		}
+	}
+	for k, v := range extra {
+		nc.Annotations[k] = v
+	}
+	return nc
+}
+
+func node(name string, cordoned bool, annotations map[string]string, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations, Labels: labels},
+		Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/i-0" + strings.TrimPrefix(name, "node-"), Unschedulable: cordoned, Taints: taints}}
+	return n
+}
+
+func deferred(id string, until time.Time) record.Record {
+	return record.Record{EventID: id, Key: id, Kind: event.KindScheduledChange, Until: until, Reason: "window", State: record.StateDeferred,
+		Hold: policy.HoldWindow, Event: json.RawMessage(body)}
+}
+
+func run(step inplace.Step, protected bool) *inplace.State {
+	return &inplace.State{Version: inplace.Version, EventID: "ev-r", EventARN: "arn:r", Type: event.ScheduledSystemReboot, Instance: "i-0b",
+		Node: "node-b", Start: now.Add(time.Hour), Step: step, Began: now, StepSince: now, Cordoned: true, Protected: protected, NodeProtected: true}
+}
+
+func runMark(cordoned bool) map[string]string {
+	m, _ := json.Marshal(map[string]any{"event_id": "ev-r", "cordoned": cordoned, "protected": true})
+	return map[string]string{inplace.Annotation: string(m), karpv1.DoNotDisruptAnnotationKey: "true"}
+}
+
+func marked(name string, other map[string]string) *corev1.Node {
+	m := upcoming.Desired(record.Set{Records: []record.Record{deferred("ev-1", now.Add(48*time.Hour))}}, true)
+	ann := map[string]string{upcoming.AnnotationMaintenance: m.Annotation}
+	for k, v := range other {
+		ann[k] = v
+	}
+	n := node(name, false, ann, map[string]string{upcoming.LabelMaintenanceAt: m.At, "team": "data"},
+		corev1.Taint{Key: upcoming.TaintKey, Value: m.Taint, Effect: corev1.TaintEffectPreferNoSchedule},
+		corev1.Taint{Key: "dedicated", Value: "kafka", Effect: corev1.TaintEffectNoSchedule})
+	return n
+}
+
+func drainRecord(rec nodedrain.Record) map[string]string {
+	raw, _ := json.Marshal(rec)
+	return map[string]string{nodedrain.AnnotationNodeDrain: string(raw)}
+}
+
+// forwarder records the bodies it is given; karpenter, when set, plays Karpenter acting on
+// them (it deletes the NodeClaim named).
+type forwarder struct {
+	bodies    []string
+	karpenter func(context.Context)
+	err       error
+}
+
+func (f *forwarder) Forward(ctx context.Context, b []byte) error {
+	if f.err != nil {
+		return f.err
+	}
+	f.bodies = append(f.bodies, string(b))
+	if f.karpenter != nil {
+		f.karpenter(ctx)
+	}
+	return nil
+}
+
+func newClient(t *testing.T, objs ...client.Object) client.Client {
+	t.Helper()
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+}
+
+func getClaim(t *testing.T, c client.Client, name string) (*karpv1.NodeClaim, bool) {
+	t.Helper()
+	nc := &karpv1.NodeClaim{}
+	err := c.Get(context.Background(), client.ObjectKey{Name: name}, nc)
+	if apierrors.IsNotFound(err) {
+		return nil, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, true
+}
+
+func getNode(t *testing.T, c client.Client, name string) *corev1.Node {
+	t.Helper()
+	n := &corev1.Node{}
+	if err := c.Get(context.Background(), client.ObjectKey{Name: name}, n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// routerState lists the router's keys left on the cluster's objects.
+func routerState(t *testing.T, c client.Client) []string {
+	t.Helper()
+	var out []string
+	var ncs karpv1.NodeClaimList
+	var ns corev1.NodeList
+	if err := c.List(context.Background(), &ncs); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.List(context.Background(), &ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range ncs.Items {
+		for k := range nc.Annotations {
+			if strings.HasPrefix(k, policy.Prefix) {
+				out = append(out, "nodeclaim/"+nc.Name+" "+k)
+			}
+		}
+	}
+	for _, n := range ns.Items {
+		for k := range n.Annotations {
+			if strings.HasPrefix(k, policy.Prefix) {
+				out = append(out, "node/"+n.Name+" "+k)
+			}
+		}
+		for k := range n.Labels {
+			if strings.HasPrefix(k, policy.Prefix) {
+				out = append(out, "node/"+n.Name+" label "+k)
+			}
+		}
+		for _, tn := range n.Spec.Taints {
+			if strings.HasPrefix(tn.Key, policy.Prefix) {
+				out = append(out, "node/"+n.Name+" taint "+tn.Key)
+			}
+		}
+	}
+	return out
+}
+
+func TestHandback(t *testing.T) {
+	ended := record.Record{EventID: "ev-0", Key: "ev-0", Kind: event.KindScheduledChange, Until: now.Add(-time.Hour), State: record.StateCancelled}
+	tests := []struct {
+		name    string
+		objs    func(t *testing.T) []client.Object
+		pending Pending
+		dryRun  bool
+		fwd     func(c client.Client) *forwarder
+		check   func(t *testing.T, c client.Client, rep Report, f *forwarder)
+		// leftover is the router state the handback leaves (items it reports as problems, or a
+		// cordon it leaves on purpose does not count: it is not a router key).
+		leftover []string
+	}{{
+		name:    "a deferral dropped: records and marks go, the nodeclaim stays, nothing is forwarded",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "a", []record.Record{deferred("ev-1", now.Add(48*time.Hour)), ended}, nil, nil), marked("node-a", nil)}
+		},
+		fwd: func(client.Client) *forwarder { return &forwarder{} },
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if _, ok := getClaim(t, c, "a"); !ok {
+				t.Error("the nodeclaim was deleted")
+			}
+			if len(f.bodies) != 0 {
+				t.Errorf("forwarded %d bodies", len(f.bodies))
+			}
+			n := getNode(t, c, "node-a")
+			if n.Labels["team"] != "data" || len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "dedicated" {
+				t.Errorf("the node's own labels or taints changed: %v %v", n.Labels, n.Spec.Taints)
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "dropped")
+			wantItem(t, rep, "node/node-a", WhatMarks, "removed")
+		},
+	}, {
+		name:    "a deferral drained: its event forwarded, Karpenter acts, records and marks go",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "a", []record.Record{deferred("ev-1", now.Add(48*time.Hour))}, nil, nil), marked("node-a", nil)}
+		},
+		fwd: func(c client.Client) *forwarder {
+			return &forwarder{karpenter: func(ctx context.Context) {
+				_ = c.Delete(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
+			}}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if len(f.bodies) != 1 || f.bodies[0] != body {
+				t.Errorf("forwarded %q, want the record's event", f.bodies)
+			}
+			if _, ok := getClaim(t, c, "a"); ok {
+				t.Error("the nodeclaim is still there")
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drained (forwarded to Karpenter)")
+		},
+	}, {
+		name:    "a forwarded drain Karpenter does not act on: the nodeclaim is deleted past the bound",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "a", []record.Record{deferred("ev-1", now.Add(48*time.Hour))}, nil, nil)}
+		},
+		fwd: func(client.Client) *forwarder { return &forwarder{} },
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if len(f.bodies) != 1 {
+				t.Errorf("forwarded %d bodies", len(f.bodies))
+			}
+			if _, ok := getClaim(t, c, "a"); ok {
+				t.Error("the nodeclaim is still there")
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "Karpenter did not act")
+		},
+	}, {
+		name:    "a forward that fails: nothing removed, a problem",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "a", []record.Record{deferred("ev-1", now.Add(48*time.Hour))}, nil, nil)}
+		},
+		fwd: func(client.Client) *forwarder { return &forwarder{err: errors.New("AccessDenied")} },
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if rep.Problems() != 1 {
+				t.Errorf("problems = %d, want 1", rep.Problems())
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drain failed")
+		},
+		leftover: []string{"nodeclaim/a " + record.Annotation},
+	}, {
+		name:    "a drain without Karpenter's queue deletes the nodeclaim",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "a", []record.Record{deferred("ev-1", now.Add(48*time.Hour))}, nil, nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if _, ok := getClaim(t, c, "a"); ok {
+				t.Error("the nodeclaim is still there")
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drained (nodeclaim deleted)")
+		},
+	}, {
+		name:    "a reboot in place dropped: the node back in service, do-not-disrupt gone where the run added it",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "b", nil, run(inplace.StepEvict, true), nil), node("node-b", true, runMark(true), nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			nc, _ := getClaim(t, c, "b")
+			n := getNode(t, c, "node-b")
+			if nc.Annotations[karpv1.DoNotDisruptAnnotationKey] != "" || n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "" {
+				t.Error("do-not-disrupt left")
+			}
+			if n.Spec.Unschedulable {
+				t.Error("the node is still cordoned")
+			}
+			wantItem(t, rep, "nodeclaim/b", WhatInPlace, "dropped; node back in service")
+		},
+	}, {
+		name:    "a reboot in place dropped on a node someone else cordoned and protected: both stay",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			r := run(inplace.StepEvict, false)
+			m, _ := json.Marshal(map[string]any{"event_id": "ev-r"})
+			nc := claim(t, "b", nil, r, map[string]string{karpv1.DoNotDisruptAnnotationKey: "true"})
+			return []client.Object{nc, node("node-b", true, map[string]string{inplace.Annotation: string(m), karpv1.DoNotDisruptAnnotationKey: "true"}, nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			nc, _ := getClaim(t, c, "b")
+			n := getNode(t, c, "node-b")
+			if nc.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" || n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
+				t.Error("an owner's do-not-disrupt was removed")
+			}
+			if !n.Spec.Unschedulable {
+				t.Error("an owner's cordon was removed")
+			}
+		},
+	}, {
+		name:    "a reboot in place drained: the nodeclaim deleted, the node stays cordoned",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "b", nil, run(inplace.StepAwait, true), nil), node("node-b", true, runMark(true), nil)}
+		},
+		fwd: func(client.Client) *forwarder { return &forwarder{} },
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if _, ok := getClaim(t, c, "b"); ok {
+				t.Error("the nodeclaim is still there")
+			}
+			if len(f.bodies) != 0 {
+				t.Error("a run has no recorded event to forward")
+			}
+			if !getNode(t, c, "node-b").Spec.Unschedulable {
+				t.Error("the node being replaced was uncordoned")
+			}
+			wantItem(t, rep, "nodeclaim/b", WhatInPlace, "drained (nodeclaim deleted)")
+		},
+	}, {
+		name:    "an unmanaged node's unfinished drain handed back: record gone, left cordoned to finish",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{node("node-u", true, drainRecord(nodedrain.Record{EventID: "ev-u", Kind: "spot-interruption", Started: now, Cordoned: true}), nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if !getNode(t, c, "node-u").Spec.Unschedulable {
+				t.Error("uncordoned a node whose drain is still owed")
+			}
+			wantItem(t, rep, "node/node-u", WhatNodeDrain, "kubectl drain node-u")
+		},
+	}, {
+		name:    "an unmanaged node's drain dropped: uncordoned",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{node("node-u", true, drainRecord(nodedrain.Record{EventID: "ev-u", Kind: "scheduled-change", Started: now, Cordoned: true}), nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if getNode(t, c, "node-u").Spec.Unschedulable {
+				t.Error("still cordoned")
+			}
+		},
+	}, {
+		name:    "an unmanaged node's finished drain past its maintenance: uncordoned",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			done := now.Add(-2 * time.Hour)
+			return []client.Object{node("node-u", true, drainRecord(nodedrain.Record{EventID: "ev-u", Kind: "scheduled-change", Started: done, Done: &done,
+				Release: now.Add(-time.Minute), Cordoned: true}), nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if getNode(t, c, "node-u").Spec.Unschedulable {
+				t.Error("still cordoned after its maintenance")
+			}
+		},
+	}, {
+		name:    "an operator's cordon under a drain record stays",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{node("node-u", true, drainRecord(nodedrain.Record{EventID: "ev-u", Kind: "scheduled-change", Started: now}), nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if !getNode(t, c, "node-u").Spec.Unschedulable {
+				t.Error("an operator's cordon was removed")
+			}
+		},
+	}, {
+		name:    "the Node part of a run whose nodeclaim is gone is undone",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{node("node-b", true, runMark(true), nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			n := getNode(t, c, "node-b")
+			if n.Spec.Unschedulable || n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "" {
+				t.Error("the run's cordon or do-not-disrupt left")
+			}
+		},
+	}, {
+		name:    "records a newer router wrote are left as they are, a problem",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "a", nil, nil, map[string]string{record.Annotation: `{"version":99}`})}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if rep.Problems() != 1 {
+				t.Errorf("problems = %d", rep.Problems())
+			}
+		},
+		leftover: []string{"nodeclaim/a " + record.Annotation},
+	}, {
+		name:    "a dry run changes nothing and says what it would do",
+		pending: PendingDrain,
+		dryRun:  true,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "a", []record.Record{deferred("ev-1", now.Add(48*time.Hour))}, nil, nil), marked("node-a", nil),
+				node("node-u", true, drainRecord(nodedrain.Record{EventID: "ev-u", Kind: "spot-interruption", Started: now, Cordoned: true}), nil)}
+		},
+		fwd: func(client.Client) *forwarder { return &forwarder{} },
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if len(f.bodies) != 0 {
+				t.Error("a dry run forwarded")
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "would drain")
+			wantItem(t, rep, "node/node-a", WhatMarks, "would be removed")
+		},
+		leftover: []string{"nodeclaim/a " + record.Annotation, "node/node-a " + upcoming.AnnotationMaintenance, "node/node-a label " + upcoming.LabelMaintenanceAt,
+			"node/node-a taint " + upcoming.TaintKey, "node/node-u " + nodedrain.AnnotationNodeDrain},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClient(t, tt.objs(t)...)
+			var f *forwarder
+			var fwd Forwarder
+			if tt.fwd != nil {
+				f = tt.fwd(c)
+				fwd = f
+			}
+			h := New(c, fwd, clock.RealClock{}, Options{Pending: tt.pending, DryRun: tt.dryRun, ConfirmTimeout: 50 * time.Millisecond})
+			rep, err := h.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c, rep, f)
+			left := routerState(t, c)
+			if strings.Join(sorted(left), "\n") != strings.Join(sorted(tt.leftover), "\n") {
+				t.Errorf("router state left:\n%s\nwant:\n%s", strings.Join(sorted(left), "\n"), strings.Join(sorted(tt.leftover), "\n"))
+			}
+			var buf bytes.Buffer
+			if err := rep.WriteTable(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(buf.String(), "OBJECT") {
+				t.Errorf("table:\n%s", buf.String())
+			}
+		})
+	}
+}
+
+func wantItem(t *testing.T, rep Report, object, what, done string) {
+	t.Helper()
+	for _, it := range rep.Items {
+		if it.Object == object && it.What == what && strings.Contains(it.Done, done) {
+			return
+		}
+	}
+	t.Errorf("no item %s %s %q in %+v", object, what, done, rep.Items)
+}
+
+func sorted(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+func TestLease(t *testing.T) {
+	lease := func(holder string, renewed time.Time) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "health-router", Name: "health-router.healthrouter.io"},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: renewed}}}
+	}
+	tests := []struct {
+		name    string
+		lease   *coordinationv1.Lease
+		running bool
+	}{
+		{"no lease: the router never ran here", nil, false},
+		{"held and renewed: the router runs", lease("router-0_abc", time.Now().Add(-5*time.Second)), true},
+		{"held but lapsed: the router died", lease("router-0_abc", time.Now().Add(-time.Minute)), false},
+		{"released: the router stopped", lease("", time.Now()), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := []client.Object{claim(t, "a", []record.Record{deferred("ev-1", now.Add(time.Hour))}, nil, nil)}
+			if tt.lease != nil {
+				objs = append(objs, tt.lease)
+			}
+			c := newClient(t, objs...)
+			h := New(c, nil, clock.RealClock{}, Options{Pending: PendingDrop, LeaseNamespace: "health-router", LeaseName: "health-router.healthrouter.io"})
+			_, err := h.Run(context.Background())
+			if got := errors.Is(err, ErrRouterRunning); got != tt.running {
+				t.Fatalf("err = %v, want running=%t", err, tt.running)
+			}
+			nc, _ := getClaim(t, c, "a")
+			if _, kept := nc.Annotations[record.Annotation]; kept != tt.running {
+				t.Errorf("records kept = %t, want %t", kept, tt.running)
+			}
+		})
+	}
+}
+
+func TestPendingValidated(t *testing.T) {
+	h := New(newClient(t), nil, clock.RealClock{}, Options{Pending: "later"})
+	if _, err := h.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "want drain or drop") {
+		t.Fatalf("err = %v", err)
+	}
+}
