@@ -121,11 +121,11 @@ locals {
       },
     ],
     # Forward mode (SendMessage also authorizes SendMessageBatch); doctor reads the queue too.
-    var.karpenter_interruption_queue_arn == null ? [] : [{
+    var.karpenter_queue_arn == null ? [] : [{
       Sid      = "ForwardToKarpenter"
       Effect   = "Allow"
       Action   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]
-      Resource = var.karpenter_interruption_queue_arn
+      Resource = var.karpenter_queue_arn
     }],
     # The router uses the key only through SQS.
     var.kms_key_arn == null ? [] : [{

@@ -60,8 +60,8 @@ locals {
 
   # The router takes Karpenter's queue as a URL (--karpenter-queue-url), IAM as an ARN
   # (arn:<partition>:sqs:<region>:<account>:<name>).
-  karpenter_queue_arn_parts = var.karpenter_interruption_queue_arn == null ? [] : split(":", var.karpenter_interruption_queue_arn)
-  karpenter_queue_url = var.karpenter_interruption_queue_arn == null ? null : format(
+  karpenter_queue_arn_parts = var.karpenter_queue_arn == null ? [] : split(":", var.karpenter_queue_arn)
+  karpenter_queue_url = var.karpenter_queue_arn == null ? null : format(
     "https://sqs.%s.%s/%s/%s",
     local.karpenter_queue_arn_parts[3], data.aws_partition.current.dns_suffix,
     local.karpenter_queue_arn_parts[4], local.karpenter_queue_arn_parts[5],

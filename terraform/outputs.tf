@@ -13,12 +13,12 @@ output "queue_name" {
   value       = aws_sqs_queue.intake.name
 }
 
-output "dlq_url" {
+output "dead_letter_queue_url" {
   description = "URL of the dead-letter queue, where the router sends poison messages."
   value       = aws_sqs_queue.dlq.url
 }
 
-output "dlq_arn" {
+output "dead_letter_queue_arn" {
   description = "ARN of the dead-letter queue."
   value       = aws_sqs_queue.dlq.arn
 }
@@ -87,6 +87,11 @@ output "cluster_name" {
 output "karpenter_deny_policy_arn" {
   description = "ARN of the policy denying ec2:DescribeInstanceStatus, to attach to Karpenter's controller role. Null unless create_karpenter_deny_policy."
   value       = try(aws_iam_policy.karpenter_deny_instance_status[0].arn, null)
+}
+
+output "karpenter_deny_attached_role" {
+  description = "Karpenter's controller role the DescribeInstanceStatus deny is attached to; null while Karpenter keeps its own handling (the deny not attached)."
+  value       = try(aws_iam_role_policy_attachment.karpenter_deny_instance_status[0].role, null)
 }
 
 output "dashboard_name" {

@@ -226,14 +226,14 @@ variable "create_pod_identity_association" {
   }
 }
 
-variable "karpenter_interruption_queue_arn" {
+variable "karpenter_queue_arn" {
   description = "ARN of Karpenter's interruption queue, for the router's forward mode (the router sends the events it decides to act on to Karpenter). Null: no forward permission."
   type        = string
   default     = null
 
   validation {
-    condition     = var.karpenter_interruption_queue_arn == null || can(regex("^arn:aws[a-z-]*:sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]+(\\.fifo)?$", var.karpenter_interruption_queue_arn))
-    error_message = "karpenter_interruption_queue_arn must be an SQS queue ARN."
+    condition     = var.karpenter_queue_arn == null || can(regex("^arn:aws[a-z-]*:sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]+(\\.fifo)?$", var.karpenter_queue_arn))
+    error_message = "karpenter_queue_arn must be an SQS queue ARN."
   }
 }
 

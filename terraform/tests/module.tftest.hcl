@@ -202,15 +202,15 @@ run "irsa_kms_forward_and_karpenter_deny" {
   command = plan
 
   variables {
-    name                             = "hr-irsa"
-    identity_type                    = "irsa"
-    oidc_provider_arn                = "arn:aws:iam::111122223333:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
-    kms_key_arn                      = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-    karpenter_interruption_queue_arn = "arn:aws:sqs:eu-west-1:111122223333:Karpenter-prod-eu"
-    create_karpenter_deny_policy     = true
-    karpenter_controller_role_name   = "KarpenterController-prod-eu"
-    alarm_sns_topic_arn              = "arn:aws:sns:eu-west-1:111122223333:oncall"
-    rules                            = { rebalance_recommendation = false, ami_state_change = false }
+    name                           = "hr-irsa"
+    identity_type                  = "irsa"
+    oidc_provider_arn              = "arn:aws:iam::111122223333:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
+    kms_key_arn                    = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    karpenter_queue_arn            = "arn:aws:sqs:eu-west-1:111122223333:Karpenter-prod-eu"
+    create_karpenter_deny_policy   = true
+    karpenter_controller_role_name = "KarpenterController-prod-eu"
+    alarm_sns_topic_arn            = "arn:aws:sns:eu-west-1:111122223333:oncall"
+    rules                          = { rebalance_recommendation = false, ami_state_change = false }
   }
 
   assert {
@@ -226,7 +226,7 @@ run "irsa_kms_forward_and_karpenter_deny" {
     error_message = "the router needs the queue key"
   }
   assert {
-    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "ForwardToKarpenter"]).Resource == var.karpenter_interruption_queue_arn
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "ForwardToKarpenter"]).Resource == var.karpenter_queue_arn
     error_message = "forward mode needs SendMessage on Karpenter's queue"
   }
   assert {

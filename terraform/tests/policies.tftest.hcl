@@ -332,8 +332,8 @@ run "router_permissions_forward_and_key" {
   command = plan
 
   variables {
-    kms_key_arn                      = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-    karpenter_interruption_queue_arn = "arn:aws:sqs:eu-west-1:111122223333:Karpenter-prod-eu"
+    kms_key_arn         = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    karpenter_queue_arn = "arn:aws:sqs:eu-west-1:111122223333:Karpenter-prod-eu"
   }
 
   # doctor reads the attributes of Karpenter's queue with the router's credentials.

@@ -50,8 +50,8 @@ run "kms_alias_instead_of_arn" {
 
 run "karpenter_queue_not_an_sqs_arn" {
   command = plan
-  variables { karpenter_interruption_queue_arn = "https://sqs.eu-west-1.amazonaws.com/111122223333/Karpenter" }
-  expect_failures = [var.karpenter_interruption_queue_arn]
+  variables { karpenter_queue_arn = "https://sqs.eu-west-1.amazonaws.com/111122223333/Karpenter" }
+  expect_failures = [var.karpenter_queue_arn]
 }
 
 run "dispatcher_without_zip" {

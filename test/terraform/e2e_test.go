@@ -61,7 +61,7 @@ func TestModuleAppliedToMoto(t *testing.T) {
 	terraform(t, tf, dir, append([]string{"apply", "-auto-approve", "-input=false"}, vars...)...)
 	var out struct {
 		QueueURL  struct{ Value string }            `json:"queue_url"`
-		DLQURL    struct{ Value string }            `json:"dlq_url"`
+		DLQURL    struct{ Value string }            `json:"dead_letter_queue_url"`
 		RuleNames struct{ Value map[string]string } `json:"rule_names"`
 
 		DispatcherFunctionARN struct{ Value string }            `json:"dispatcher_function_arn"`

@@ -96,6 +96,7 @@ else
 		step "terraform init + validate $dir" tf_init_validate "$dir"
 	done
 	step "terraform test (terraform/tests)" tf_in terraform test -no-color
+	step "terraform test (terraform/examples/basic/tests: the runbook)" tf_in terraform/examples/basic test -no-color
 fi
 
 # ---------------------------------------------------------------- Go

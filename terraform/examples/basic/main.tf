@@ -14,11 +14,13 @@ module "health_router" {
   create_pod_identity_association = true
 
   # Forward mode: the router sends the events it decides to act on to Karpenter's queue.
-  karpenter_interruption_queue_arn = var.karpenter_interruption_queue_arn
+  karpenter_queue_arn = var.karpenter_queue_arn
 
-  # Karpenter v1.12+ drains on scheduled events it finds with DescribeInstanceStatus; deny it.
+  # Karpenter v1.12+ drains on scheduled events it finds with DescribeInstanceStatus. The deny
+  # is created now and attached to Karpenter's role only at the takeover (docs/runbook.md): until
+  # then Karpenter keeps its own handling and the router, in shadow, only records.
   create_karpenter_deny_policy   = true
-  karpenter_controller_role_name = var.karpenter_controller_role_name
+  karpenter_controller_role_name = var.takeover ? var.karpenter_controller_role_name : null
 
   alarm_sns_topic_arn = var.alarm_sns_topic_arn
 

@@ -3,9 +3,9 @@ output "queue_url" {
   value       = module.health_router.queue_url
 }
 
-output "dlq_url" {
-  description = "The router's dead-letter queue."
-  value       = module.health_router.dlq_url
+output "dead_letter_queue_url" {
+  description = "The router's --dead-letter-queue-url."
+  value       = module.health_router.dead_letter_queue_url
 }
 
 output "iam_role_arn" {
@@ -26,4 +26,9 @@ output "router_environment" {
 output "dashboard_name" {
   description = "CloudWatch dashboard."
   value       = module.health_router.dashboard_name
+}
+
+output "karpenter_deny_attached_role" {
+  description = "Karpenter's role the DescribeInstanceStatus deny is attached to (null before the takeover and after a handback)."
+  value       = module.health_router.karpenter_deny_attached_role
 }

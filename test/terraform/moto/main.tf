@@ -60,8 +60,8 @@ module "health_router" {
   create_dashboard = var.create_observability
   create_alarms    = var.create_observability
 
-  karpenter_interruption_queue_arn = "arn:aws:sqs:us-east-1:123456789012:Karpenter-moto-e2e"
-  create_karpenter_deny_policy     = true
+  karpenter_queue_arn          = "arn:aws:sqs:us-east-1:123456789012:Karpenter-moto-e2e"
+  create_karpenter_deny_policy = true
 
   # The other instance's dispatcher feeds this queue too (its cluster_queues).
   extra_sender_arns = [module.dispatcher.dispatcher_role_arn]
@@ -105,8 +105,8 @@ output "dispatcher_helm_values" {
   value = module.dispatcher.helm_values
 }
 
-output "dlq_url" {
-  value = module.health_router.dlq_url
+output "dead_letter_queue_url" {
+  value = module.health_router.dead_letter_queue_url
 }
 
 output "rule_names" {
