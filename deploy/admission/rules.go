@@ -98,6 +98,7 @@ func grammars() (map[string]grammar, error) {
 		policy.AnnotationRespectPDB:    {bools, "true or false"},
 		policy.AnnotationTaintUpcoming: {bools, "true or false"},
 		policy.AnnotationReschedule:    {bools, "true or false"},
+		policy.AnnotationMode:          {oneOf(policy.ModeActive, policy.ModeShadow), policy.ModeActive + " or " + policy.ModeShadow},
 		policy.AnnotationHoldWhileAlertsUnreachable: {oneOf(policy.UnreachableHold, policy.UnreachableDrain),
 			policy.UnreachableHold + " or " + policy.UnreachableDrain},
 		// The name expression must compile as the router compiles it (anchored); CEL's matches()

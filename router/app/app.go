@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -56,6 +58,7 @@ import (
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/reschedule"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/status"
 	"github.com/health-router/health-router/router/upcoming"
@@ -117,8 +120,19 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		restCfg.QPS, restCfg.Burst = options.DefaultKubeClientQPS, options.DefaultKubeClientBurst
 	}
 	trim := cluster.NewTrimmer()
+	ns := Namespace(o.LeaderElectionNamespace)
+	// Uncached: the shadow ledger is one ConfigMap, read and written a few times a minute; a
+	// cache would watch every ConfigMap of the cluster.
+	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the Kubernetes client: %w", err)
+	}
 	metricsOpts := metricsserver.Options{BindAddress: o.MetricsBindAddress}
 	if o.MetricsSecure {
+		// The shadow report names nodes and events: only behind the authorization of
+		// --metrics-secure (the metrics-reader ClusterRole grants GET on it), else on the
+		// calendar's own listener.
+		metricsOpts.ExtraHandlers = map[string]http.Handler{shadow.Path: shadow.Handler(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName))}
 		// HTTPS (a self-signed certificate unless one is given), and a caller the API server
 		// authenticates (TokenReview) and authorizes for GET /metrics (SubjectAccessReview):
 		// Karpenter's and kubebuilder's scaffold.
@@ -147,7 +161,10 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if o.CalendarBindAddress != "" {
 		// Every replica serves it, from its own cache (read on each request).
 		clog := log.With("component", "calendar")
-		h := calendar.Handler(mgr.GetClient(), clk, calendar.HandlerOptions{Log: clog})
+		mux := http.NewServeMux()
+		mux.Handle("/", calendar.Handler(mgr.GetClient(), clk, calendar.HandlerOptions{Log: clog}))
+		mux.Handle("GET "+shadow.Path, shadow.Handler(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName)))
+		h := mux
 		if err := mgr.Add(calendar.NewServer(o.CalendarBindAddress, h, clog)); err != nil {
 			return err
 		}
@@ -221,6 +238,19 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	// DescribeInstanceStatus before the node is drained at once.
 	pipe := pipeline.New(eng, sig, m, decisions, clk, log, o.InstanceParallelism).WithRescheduler(reschedule.NewEvents(ec2Client)).
 		WithFreshReads(mgr.GetAPIReader()).WithStateConfirmation(ec2Client)
+	// Shadow: the pools annotated healthrouter.io/mode=shadow (every pool under --shadow) have
+	// their would-be outcomes recorded, beside what Karpenter did, in the ledger.
+	ledger := shadow.NewLedger(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName), clk, log.With("component", "shadow"))
+	if err := mgr.Add(ledger); err != nil { // leader only
+		return err
+	}
+	if err := shadow.NewWatcher(mgr.GetClient(), ledger, m.ShadowKarpenter).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	pipe.WithShadow(o.Shadow, ledger)
+	if o.Shadow {
+		log.Info("shadow mode: every outcome is decided and recorded, none carried out (--shadow)")
+	}
 	var cs kubernetes.Interface // evictions (kubectl's drain helper): cordon-drain, reboot in place
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain || o.RebootInPlace {
 		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {
@@ -403,4 +433,19 @@ func CacheOptions(scheme *runtime.Scheme, trim *cluster.Trimmer) cache.Options {
 			&policyv1.PodDisruptionBudget{}: {Transform: gates.TrimPDB},
 		},
 	}
+}
+
+// serviceAccountNamespace is where Kubernetes mounts the pod's namespace.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// Namespace is the router's namespace: the leader election's when given, else the pod's, else
+// health-router (out of a cluster, as the chart installs it).
+func Namespace(leaderElection string) string {
+	if leaderElection != "" {
+		return leaderElection
+	}
+	if b, err := os.ReadFile(serviceAccountNamespace); err == nil && strings.TrimSpace(string(b)) != "" {
+		return strings.TrimSpace(string(b))
+	}
+	return "health-router"
 }

@@ -8,7 +8,8 @@
 //     dropped (Karpenter's poller finds the scheduled ones again once it may call
 //     DescribeInstanceStatus);
 //   - the records on NodeClaims (healthrouter.io/deferred, healthrouter.io/in-place) go, and
-//     karpenter.sh/do-not-disrupt where a reboot in place added it;
+//     karpenter.sh/do-not-disrupt where a reboot in place added it; so do the would-be
+//     outcomes of pools in shadow (healthrouter.io/shadow) and their ledger (a ConfigMap);
 //   - the node marks go (the healthrouter.io/maintenance-at label, the healthrouter.io/maintenance
 //     annotation, the healthrouter.io/maintenance-upcoming taint), and the Node's part of a
 //     reboot in place;
@@ -45,6 +46,7 @@ import (
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/upcoming"
 )
 
@@ -79,6 +81,8 @@ type Options struct {
 	LeaseName      string
 	// ConfirmTimeout bounds the wait for Karpenter to act on a forwarded drain.
 	ConfirmTimeout time.Duration
+	// LedgerName is the shadow ledger's ConfigMap (in LeaseNamespace); empty: none is looked for.
+	LedgerName string
 }
 
 // Forwarder sends an event body to Karpenter's interruption queue.
@@ -94,6 +98,8 @@ const (
 	WhatMarks     = "node-marks"    // the node marks of router/upcoming
 	WhatNodeDrain = "node-drain"    // a drain of a node Karpenter does not manage
 	WhatNodeRun   = "in-place-node" // the Node's part of a reboot in place whose NodeClaim is gone
+	WhatShadow    = "shadow"        // would-be outcomes of a pool in shadow (router/shadow)
+	WhatLedger    = "shadow-ledger" // the ConfigMap of would-be outcomes beside Karpenter's drains
 )
 
 // Item is one piece of the router's state and what the handback did with it.
@@ -187,7 +193,33 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 	for i := range nodes.Items {
 		rep.Items = append(rep.Items, h.node(ctx, &nodes.Items[i], runNodes)...)
 	}
+	if it, ok := h.ledger(ctx); ok {
+		rep.Items = append(rep.Items, it)
+	}
 	return rep, nil
+}
+
+// ledger deletes the shadow ledger: the router made it, and nothing else removes it.
+func (h *Handback) ledger(ctx context.Context) (Item, bool) {
+	if h.opts.LedgerName == "" {
+		return Item{}, false
+	}
+	it := Item{Object: "configmap/" + h.opts.LeaseNamespace + "/" + h.opts.LedgerName, What: WhatLedger, Done: "deleted"}
+	cm := &corev1.ConfigMap{}
+	err := h.kube.Get(ctx, client.ObjectKey{Namespace: h.opts.LeaseNamespace, Name: h.opts.LedgerName}, cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		return Item{}, false
+	case err != nil:
+		return problem(it, WhatLedger, err), true
+	case h.opts.DryRun:
+		it.Done = "would be deleted"
+	default:
+		if err := h.kube.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
+			return problem(it, WhatLedger, err), true
+		}
+	}
+	return it, true
 }
 
 // checkLease refuses while the router's leader Lease is held and was renewed within its
@@ -228,10 +260,24 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1
 	base := Item{Object: "nodeclaim/" + nc.Name, NodePool: nc.Labels[karpv1.NodePoolLabelKey], Instance: instanceOf(nc)}
 	_, hasRecords := nc.Annotations[record.Annotation]
 	_, hasRun := nc.Annotations[inplace.Annotation]
-	if !hasRecords && !hasRun {
+	_, hasShadow := nc.Annotations[shadow.Annotation]
+	if !hasRecords && !hasRun && !hasShadow {
 		return nil
 	}
 	var items []Item
+	if hasShadow {
+		it := base
+		it.What, it.Done = WhatShadow, "removed"
+		if h.opts.DryRun {
+			it.Done = "would be removed"
+		} else if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) { delete(c.Annotations, shadow.Annotation) }); err != nil && !apierrors.IsNotFound(err) {
+			it = problem(base, WhatShadow, err)
+		}
+		items = append(items, it)
+		if !hasRecords && !hasRun {
+			return items
+		}
+	}
 	set, setErr := record.Read(nc)
 	st, runOK, runErr := inplace.Read(nc)
 	if setErr != nil {

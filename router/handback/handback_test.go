@@ -25,6 +25,7 @@ import (
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/upcoming"
 )
 
@@ -408,6 +409,21 @@ func TestHandback(t *testing.T) {
 		},
 		leftover: []string{"nodeclaim/a " + record.Annotation},
 	}, {
+		name:    "would-be outcomes of a shadow pool and the ledger go",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{claim(t, "s", nil, nil, map[string]string{shadow.Annotation: shadow.Encode([]shadow.Outcome{{EventID: "ev-s", State: shadow.State}})}),
+				&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "health-router", Name: shadow.DefaultLedgerName}}}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			wantItem(t, rep, "nodeclaim/s", WhatShadow, "removed")
+			wantItem(t, rep, "configmap/health-router/"+shadow.DefaultLedgerName, WhatLedger, "deleted")
+			err := c.Get(context.Background(), client.ObjectKey{Namespace: "health-router", Name: shadow.DefaultLedgerName}, &corev1.ConfigMap{})
+			if !apierrors.IsNotFound(err) {
+				t.Errorf("the ledger is still there: %v", err)
+			}
+		},
+	}, {
 		name:    "a dry run changes nothing and says what it would do",
 		pending: PendingDrain,
 		dryRun:  true,
@@ -435,7 +451,8 @@ func TestHandback(t *testing.T) {
 				f = tt.fwd(c)
 				fwd = f
 			}
-			h := New(c, fwd, clock.RealClock{}, Options{Pending: tt.pending, DryRun: tt.dryRun, ConfirmTimeout: 50 * time.Millisecond})
+			h := New(c, fwd, clock.RealClock{}, Options{Pending: tt.pending, DryRun: tt.dryRun, ConfirmTimeout: 50 * time.Millisecond,
+				LeaseNamespace: "health-router", LedgerName: shadow.DefaultLedgerName})
 			rep, err := h.Run(context.Background())
 			if err != nil {
 				t.Fatal(err)

@@ -24,6 +24,8 @@ const (
 	RecordsUnreadable    = "health_router_records_unreadable_total"            // NodeClaim records this router cannot read (kept as they are)
 	WakesDropped         = "health_router_deferral_wakes_dropped_total"        // releases not queued (the wake queue was full); the recheck covers them
 	EventsHeld           = "health_router_instance_events_held_total"          // label: reason; instances whose decision Events were summed up per pool
+	ShadowDecisions      = "health_router_shadow_decisions_total"              // labels: kind, action, nodepool; would-be outcomes of shadow pools, nothing carried out
+	ShadowKarpenter      = "health_router_shadow_karpenter_drains_total"       // labels: nodepool; NodeClaims with a would-be outcome that Karpenter drained meanwhile
 
 	// Watchdog gauges: Karpenter states users otherwise find by accident.
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool

@@ -20,6 +20,10 @@ type Router struct {
 	GateHolds *prometheus.CounterVec
 	// Unmanaged counts events for nodes Karpenter does not manage, by kind and action.
 	Unmanaged *prometheus.CounterVec
+	// ShadowDecisions counts the would-be outcomes of shadow pools; ShadowKarpenter the
+	// NodeClaims among them Karpenter drained meanwhile.
+	ShadowDecisions *prometheus.CounterVec
+	ShadowKarpenter *prometheus.CounterVec
 	// Implausible counts urgent events that do not fit their node, by kind.
 	Implausible *prometheus.CounterVec
 	// StateConfirmations counts urgent state changes checked against EC2, by result.
@@ -69,6 +73,12 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		GateHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off, an urgent drain over the pool's urgent-drain breaker), by gate (pdb, alerts, repair-cutoff, urgent-breaker).",
 		}, []string{LabelGate}),
+		ShadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: ShadowDecisions, Help: "Would-be outcomes of pools in shadow (healthrouter.io/mode=shadow, or --shadow), by kind, action and nodepool: decided and recorded, nothing carried out.",
+		}, []string{LabelKind, LabelAction, LabelNodePool}),
+		ShadowKarpenter: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: ShadowKarpenter, Help: "NodeClaims with a would-be outcome of a pool in shadow that began deleting meanwhile (Karpenter's own handling drained them), by nodepool: health-router status --shadow pairs each with what the router would have done.",
+		}, []string{LabelNodePool}),
 		Implausible: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Implausible, Help: "Urgent events that do not fit the node they name (a Spot interruption warning for a node that is not Spot, a capacity-reservation interruption for one that is not reserved), by kind: decided as ordinary drains, paced and gated, and never forwarded to Karpenter.",
 		}, []string{LabelKind}),
@@ -91,7 +101,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Reschedules, Help: "Scheduled events of pools annotated healthrouter.io/reschedule=true the router tried to move into the pool's window, by result: moved, in-window (already there), not-moved (no deadline, too close, no opening before the deadline, no open event), refused (EC2 refused the call) or unavailable (EC2 did not answer; the ordinary policy applied).",
 		}, []string{LabelResult}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.StateConfirmations, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
+	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.ShadowDecisions, m.ShadowKarpenter, m.StateConfirmations, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now: the active records on NodeClaims, as the leader's deferral controller holds them."}, deferred))
 	return m
 }

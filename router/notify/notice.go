@@ -19,6 +19,9 @@ const (
 	PhaseReceived Phase = "received"
 	// PhaseDecided: the router decided what to do with one instance of the event.
 	PhaseDecided Phase = "decided"
+	// PhaseShadow: the router decided one instance of a pool in shadow: Action is what it
+	// would have done; nothing was carried out.
+	PhaseShadow Phase = "shadow"
 )
 
 // Notice is what a webhook is told: the data a template renders. Its JSON form (the template

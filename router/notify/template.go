@@ -19,7 +19,7 @@ import (
 // annotation), so a `<!channel>` or a disguised link `<http://evil|click>` in one arrives as
 // text, not as a mention or a link, and any value yields valid JSON.
 const DefaultTemplate = `{"text": "{{with .Cluster}}[{{slackText .}}] {{end}}` +
-	`{{if eq .Phase "received"}}Received {{slackText .Kind}}{{else}}Decided {{slackText .Action}}: {{slackText .Kind}}{{end}}` +
+	`{{if eq .Phase "received"}}Received {{slackText .Kind}}{{else if eq .Phase "shadow"}}Shadow, nothing done: would {{slackText .Action}} for {{slackText .Kind}}{{else}}Decided {{slackText .Action}}: {{slackText .Kind}}{{end}}` +
 	` of {{slackText (join .Instances ", ")}}{{with .MoreInstances}} and {{.}} more{{end}}` +
 	`{{with .Node}} (node {{slackText .}}{{with $.NodePool}}, nodepool {{slackText .}}{{end}}){{end}}` +
 	`\n{{slackText .Summary}}` +

@@ -195,6 +195,12 @@ type Run struct {
 	// off, their nodes are replaced. It needs permission to patch Nodes, evict pods, read
 	// DaemonSets and (for instance-reboot) ec2:RebootInstances.
 	RebootInPlace bool
+	// Shadow puts every pool (and every node Karpenter does not manage) in shadow: each
+	// outcome is decided and recorded (router/shadow), none carried out.
+	Shadow bool
+	// ShadowLedger is the ConfigMap, in the router's namespace, that keeps the would-be
+	// outcomes beside what Karpenter did (health-router status --shadow).
+	ShadowLedger string
 	// MaxReceives is how many deliveries a failing message gets before the router
 	// dead-letters it itself, with its last error (0: never).
 	MaxReceives int

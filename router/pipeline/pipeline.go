@@ -40,6 +40,7 @@ import (
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/reschedule"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -96,6 +97,16 @@ type Pipeline struct {
 	stateOf   singleflight.Group // one DescribeInstanceStatus at a time per instance (a shutting-down and its terminated arrive together)
 	fresh     client.Reader
 	cluster   string
+	shadowAll bool           // --shadow: every pool's outcomes only recorded
+	ledger    *shadow.Ledger // nil: would-be outcomes only on the NodeClaims
+}
+
+// WithShadow has the pipeline record the would-be outcomes of pools in shadow in ledger (nil:
+// on their NodeClaims only); all puts every pool, and nodes Karpenter does not manage, in
+// shadow (--shadow).
+func (p *Pipeline) WithShadow(all bool, ledger *shadow.Ledger) *Pipeline {
+	p.shadowAll, p.ledger = all, ledger
+	return p
 }
 
 // InPlacer begins and cancels reboots in place (router/inplace's Runner). Begin fails with
@@ -322,14 +333,27 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		return "", false, err
 	}
 	log := p.log.With("event_id", ev.ID, "kind", ev.Kind, "instance", id)
-	if redecide == "" && p.skip(ev, resolved.NodeClaim, log) {
+	shadowed := p.shadowed(resolved)
+	switch {
+	case shadowed && redecide == "" && p.shadowRecorded(resolved.NodeClaim, ev, log):
+		return "", true, nil
+	case !shadowed && redecide == "" && p.skip(ev, resolved.NodeClaim, log):
 		return "", true, nil
 	}
 	ev = p.plausible(ev, resolved, log)
 	ev, unconfirmed := p.confirmState(ctx, ev, id, resolved, log)
-	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", log)
+	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", shadowed, log)
 	if err != nil || skipped {
 		return "", skipped, err
+	}
+	if shadowed {
+		if unconfirmed != "" {
+			o.Decision.Warnings = append(o.Decision.Warnings, unconfirmed)
+		}
+		if out != nil {
+			*out = o.Decision
+		}
+		return p.shadow(ctx, ev, o, redecide, bulk.quiet, log)
 	}
 	if destructive(o.Decision.Action) && o.Resolved.NodeClaim != nil && p.fresh != nil {
 		var gone bool
@@ -493,15 +517,21 @@ func (p *Pipeline) skip(ev event.Event, nc *karpv1.NodeClaim, log *slog.Logger) 
 // decide decides ev for the instance, moving its scheduled event into the pool's window
 // first where the pool asks (and deciding the event as EC2 then holds it). It returns the
 // event decided; skipped when the moved maintenance was recorded already.
-func (p *Pipeline) decide(ctx context.Context, ev event.Event, id string, resolved cluster.Resolved, redecide bool, log *slog.Logger) (engine.Outcome, event.Event, bool, error) {
+func (p *Pipeline) decide(ctx context.Context, ev event.Event, id string, resolved cluster.Resolved, redecide, shadowed bool, log *slog.Logger) (engine.Outcome, event.Event, bool, error) {
 	fixed := func(context.Context, string) (cluster.Resolved, error) { return resolved, nil }
 	o, err := p.engine.DecideInstance(ctx, ev, fixed, id, p.clock.Now())
 	if err != nil {
 		return engine.Outcome{}, ev, false, err
 	}
 	d := o.Decision
-	if p.resched != nil && !redecide && o.Resolved.NodePool != nil &&
-		reschedule.Eligible(ev, d.Action, o.Resolved.NodeClaim != nil, policy.FromAnnotations(o.Resolved.NodePool.Annotations)) {
+	eligible := p.resched != nil && !redecide && o.Resolved.NodePool != nil &&
+		reschedule.Eligible(ev, d.Action, o.Resolved.NodeClaim != nil, policy.FromAnnotations(o.Resolved.NodePool.Annotations))
+	if eligible && shadowed {
+		// Moving the event is a write at EC2: in shadow it is only said.
+		o.Decision.Reason = "would move the scheduled event into the window (" + policy.AnnotationReschedule + "); " + o.Decision.Reason
+		eligible = false
+	}
+	if eligible {
 		moved, how, changed := p.reschedule(ctx, ev, id, o.Resolved)
 		if changed {
 			// The event as EC2 now holds it: it may be a maintenance recorded already (the
@@ -525,6 +555,70 @@ func (p *Pipeline) decide(ctx context.Context, ev event.Event, id string, resolv
 		o.Decision.Reason = "would defer (" + o.Decision.Reason + "), but the instance has no NodeClaim: Karpenter does not manage it"
 	}
 	return o, ev, false, nil
+}
+
+// shadowed reports whether the instance's outcome is only recorded: its pool is in shadow
+// (healthrouter.io/mode=shadow), or the whole router is (--shadow).
+func (p *Pipeline) shadowed(res cluster.Resolved) bool {
+	if p.shadowAll {
+		return true
+	}
+	return res.NodePool != nil && res.NodeClaim != nil && policy.FromAnnotations(res.NodePool.Annotations).Shadow
+}
+
+// shadowRecorded reports whether ev's would-be outcome is recorded on the NodeClaim already.
+// Unlike skip, a NodeClaim Karpenter is draining is decided: that is the comparison a shadow
+// run exists for.
+func (p *Pipeline) shadowRecorded(nc *karpv1.NodeClaim, ev event.Event, log *slog.Logger) bool {
+	outs, _ := shadow.Read(nc) // unreadable: decided, and the write says why it cannot record
+	if shadow.Recorded(outs, ev) {
+		log.Debug("shadow outcome recorded already", "nodeclaim", nc.Name)
+		p.metrics.AlreadyRecorded.Inc()
+		return true
+	}
+	return false
+}
+
+// shadow records the would-be outcome of a shadow pool's decision and carries nothing out:
+// no drain, deferral, reboot, mark or pod notice (the webhook is told what would have been
+// done). A close still reaches the actions begun before the pool went into shadow (ending
+// them is the safe side), and a deferral of that time coming due is dropped: the pool's events
+// are Karpenter's now.
+func (p *Pipeline) shadow(ctx context.Context, ev event.Event, o engine.Outcome, redecide string, quiet bool, log *slog.Logger) (policy.Action, bool, error) {
+	d := o.Decision
+	p.engine.Unreserve(d.NodePool, d.NodeClaim) // nothing is signalled: no pacing slot is held
+	ilog := log.With("node", d.Node, "nodepool", d.NodePool, "action", d.Action)
+	if d.Cancel {
+		if err := p.cancelHeld(ctx, ev, o.Resolved, ilog); err != nil {
+			return "", false, err
+		}
+	}
+	if redecide != "" && o.Resolved.NodeClaim != nil {
+		if err := p.signal.Drop(ctx, o.Resolved.NodeClaim, redecide, "its pool is in shadow now: nothing is carried out, Karpenter's own handling decides"); err != nil {
+			return "", false, err
+		}
+	}
+	recorded, err := p.signal.Shadow(ctx, ev, d, o.Resolved, quiet)
+	if err != nil {
+		return "", false, err
+	}
+	if !recorded {
+		p.metrics.AlreadyRecorded.Inc()
+		return "", true, nil
+	}
+	p.metrics.ShadowDecisions.WithLabelValues(string(ev.Kind), string(d.Action), d.NodePool).Inc()
+	if p.ledger != nil {
+		out := shadow.OutcomeOf(ev, d, p.clock.Now())
+		p.ledger.Add(shadow.Entry{NodePool: d.NodePool, NodeClaim: d.NodeClaim, Node: d.Node, Instance: d.InstanceID, Kind: ev.Kind, EventID: ev.ID,
+			Start: ev.Deadline.UTC(), Decided: out.Decided, Would: d.Action, WouldAt: out.At, Hold: d.Hold, Reason: d.Reason})
+	}
+	if p.notify != nil && d.Action != policy.ActionSkip {
+		n := notify.FromDecision(ev, d, p.cluster)
+		n.Phase = notify.PhaseShadow
+		p.notify.Notify(n)
+	}
+	ilog.Info("shadow: would-be outcome recorded, nothing carried out", "until", d.Until, "hold", d.Hold, "reason", d.Reason)
+	return d.Action, false, nil
 }
 
 // destructive reports whether an action cannot be taken back: the node is drained or

@@ -44,6 +44,8 @@ func NodePoolAnnotations() []AnnotationDoc {
 		types = append(types, "`"+string(t)+"`")
 	}
 	return []AnnotationDoc{
+		{Key: AnnotationMode, Values: "`" + ModeActive + "` | `" + ModeShadow + "`", Default: "`" + ModeActive + "`",
+			Doc: "`" + ModeShadow + "`: the pool's events are decided as usual and each would-be outcome recorded (the `" + Prefix + "shadow` annotation on the NodeClaim, an Event, `health_router_shadow_decisions_total`, `health-router status --shadow`), beside what Karpenter did meanwhile; nothing is carried out (no drain, deferral, reboot, mark or pod notice). For adopting the router while Karpenter keeps its own handling (docs/runbook.md). Any other value is a problem and the pool is active: in shadow while Karpenter's handling is off, its events would be lost"},
 		{Key: AnnotationAction, Values: actions + " (exactly, in lower case)", Default: "Karpenter's behaviour",
 			Doc: "the pool's action for every event kind. Without it (and without a per-kind or per-type key) the router does what Karpenter does: drain everything actionable, record rebalance recommendations only. Any other value (`Defer`, a typo) is a problem and the safe side applies: the key's events are deferred (held to the window or deadline minus drain-lead, and paced), rebalance recommendations recorded only"},
 		{Key: ActionKey("<kind>"), Family: kindKeys, Values: "same", Default: "—",

@@ -18,6 +18,9 @@ func Examples() []map[string]string {
 	for _, v := range []string{"12.5%", "20abc%", "1e1%", "-3", "40%", "3"} {
 		ex = append(ex, one(AnnotationRepairMaxUnhealthy, v))
 	}
+	for _, v := range []string{"shadow", "active", "Shadow", "dry-run", ""} {
+		ex = append(ex, one(AnnotationMode, v))
+	}
 	for _, v := range []string{"20%", "5", "abc", "100.0%"} {
 		ex = append(ex, one(AnnotationUrgentDrainMax, v))
 	}

@@ -37,6 +37,13 @@ func failSafeCases() []failSafeCase {
 	defaultCutoff := func(p Policy) bool { return p.RepairCutoff(10) == 2 } // 20% of 10
 	defers := func(p Policy) bool { a, _ := p.ActionFor(retirement); return a == ActionDefer }
 	return []failSafeCase{
+		// mode: shadow or active; anything else is active (shadow while Karpenter's handling is
+		// off would lose the pool's events).
+		{"mode shadow", map[string]string{AnnotationMode: "shadow"}, "", func(p Policy) bool { return p.Shadow }},
+		{"mode active", map[string]string{AnnotationMode: "active"}, "", func(p Policy) bool { return !p.Shadow }},
+		{"mode capitalised", map[string]string{AnnotationMode: "Shadow"}, "want active or shadow", func(p Policy) bool { return !p.Shadow }},
+		{"mode dry-run", map[string]string{AnnotationMode: "dry-run"}, "the pool is active", func(p Policy) bool { return !p.Shadow }},
+		{"mode empty", map[string]string{AnnotationMode: ""}, "want active or shadow", func(p Policy) bool { return !p.Shadow }},
 		// max-concurrent-drains: whole numbers and whole percentages only; an invalid value paces at 1.
 		{"drains 12.5%", map[string]string{AnnotationMaxConcurrentDrains: "12.5%"}, "pacing at 1", pacedAtOne},
 		{"drains 20abc%", map[string]string{AnnotationMaxConcurrentDrains: "20abc%"}, "pacing at 1", pacedAtOne},

@@ -44,6 +44,16 @@ const (
 	// and capacity-reservation interruptions, shutting-down or terminated instances) within
 	// UrgentWindow, the pool's further urgent drains are held. Unset: no breaker.
 	AnnotationUrgentDrainMax = Prefix + "urgent-drain-max"
+	// AnnotationMode is ModeActive (the default) or ModeShadow: in shadow the pool's events are
+	// decided as usual and their would-be outcomes recorded (router/shadow), and nothing is
+	// carried out, while Karpenter keeps its own handling.
+	AnnotationMode = Prefix + "mode"
+)
+
+// Modes of a NodePool (AnnotationMode).
+const (
+	ModeActive = "active"
+	ModeShadow = "shadow"
 )
 
 // RecommendedUrgentDrainMax is the urgent-drain breaker a pool gets for an invalid
@@ -156,6 +166,9 @@ type Policy struct {
 	UrgentDrainMax *intstr.IntOrString
 	// TaintUpcoming is healthrouter.io/taint-upcoming.
 	TaintUpcoming bool
+	// Shadow is healthrouter.io/mode=shadow: decide, record the would-be outcome, carry
+	// nothing out.
+	Shadow bool
 	// Reschedule is healthrouter.io/reschedule: move scheduled events into Window. It is
 	// true only with a Window the owner set in full, not one on FallbackWindowDuration.
 	Reschedule bool
@@ -289,6 +302,16 @@ func FromAnnotations(annotations map[string]string) Policy {
 				n = RecommendedUrgentDrainMax
 			}
 			p.UrgentDrainMax = &n
+		case key == AnnotationMode:
+			switch v {
+			case ModeActive:
+			case ModeShadow:
+				p.Shadow = true
+			default:
+				// Active, not shadow: a pool in shadow while Karpenter's handling is switched
+				// off would lose its events; acting beside Karpenter loses none.
+				invalid(fmt.Sprintf("want %s or %s", ModeActive, ModeShadow), "the pool is active (its outcomes are carried out), as without the annotation")
+			}
 		case key == AnnotationReschedule:
 			if b, err := strconv.ParseBool(v); err == nil {
 				p.Reschedule = b

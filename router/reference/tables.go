@@ -10,6 +10,7 @@ import (
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
 	"github.com/health-router/health-router/router/watchdog"
@@ -39,6 +40,9 @@ func WrittenKeys() []Written {
 		{Key: inplace.Annotation, On: "NodeClaim annotation",
 			Doc: fmt.Sprintf("the run of a reboot in place (pool action `reboot-in-place`; `router/inplace`): versioned JSON (`\"version\": %d`) `{event_id, event_arn, type, instance, node, start, end, step, began, step_since, attempts, last_error, cordoned, protected, node_protected, node_uid, boot_id, rebooted, reboot_asked, not_ready_since, why, outcome}`; `step` is one of `%s`, `%s`, `%s`, `%s`, `%s`, `%s`, `%s`, `%s`, `%s`, `%s` (`wait`: the Node serves until shortly before AWS's start; `release`: a postponed maintenance gives an emptied Node back). The leader resumes a run from it, and acts only if its `instance` and `node` are the NodeClaim's own. When the run ends it stays as a tombstone with `outcome` (`done`, `done: <note>` or `fallback: <why>`), so that the same event at the same start does not start it again; a run of another event, or of the same one at a new start, replaces it; a close of its maintenance before the reboot ends it. While the run is in progress the router also puts `karpenter.sh/do-not-disrupt: \"true\"` on the NodeClaim (`protected`: it added it, and removes only that)",
 				inplace.Version, inplace.StepWait, inplace.StepRelease, inplace.StepCordon, inplace.StepEvict, inplace.StepReboot, inplace.StepAwait, inplace.StepReady, inplace.StepUncordon, inplace.StepDone, inplace.StepFallback)},
+		{Key: shadow.Annotation, On: "NodeClaim annotation",
+			Doc: fmt.Sprintf("the would-be outcomes of a pool in shadow (`router/shadow`): versioned JSON `{\"version\": %d, \"outcomes\": [{event_id, key, match, kind, state: \"%s\", action, at, hold, reason, decided}]}`, the %d newest. Apart from the records: nothing the router acts on reads it, so a pool taken out of shadow decides its next events as if it had never been in shadow. The same outcomes, with when Karpenter drained each NodeClaim, are kept in the ConfigMap `<fullname>-shadow` of the router's namespace (`--shadow-ledger`; key `%s`, the %d newest), read by `health-router status --shadow`",
+				shadow.Version, shadow.State, shadow.Kept, shadow.LedgerKey, shadow.MaxEntries)},
 		{Key: inplace.Annotation, On: "Node annotation",
 			Doc: "during a reboot in place, what the run changed on the Node, JSON `{event_id, cordoned, protected}`, written in the same patch as the change: the cordon (`spec.unschedulable`) and `karpenter.sh/do-not-disrupt` (which Karpenter reads on a registered node, not on its NodeClaim). Removed with the undo: the cordon is lifted and do-not-disrupt removed only where the run set them; after a fallback the Node stays cordoned"},
 		{Key: upcoming.LabelMaintenanceAt, On: "Node label",
@@ -79,6 +83,7 @@ func Events() []Event {
 		{Reason: signal.ReasonDeferralDropped, On: "NodeClaim", Type: "Warning", Doc: "a record whose event no longer parses (edited by hand, for example) was dropped"},
 		{Reason: signal.ReasonRecordUnreadable, On: "NodeClaim", Type: "Warning", Doc: "the NodeClaim's records are a newer router's, or damaged: kept as they are, and the write refused"},
 		{Reason: signal.ReasonRescheduled, On: "Node and NodeClaim", Type: "Normal", Doc: "the router moved the instance's scheduled event into its pool's window (`healthrouter.io/reschedule`): the EC2 event, its former and new start, the window opening and drain-lead"},
+		{Reason: signal.ReasonShadow, On: "Node and NodeClaim", Type: "Normal", Doc: "a pool in shadow (`healthrouter.io/mode=shadow`, or `--shadow`): what the router would have done with the event (drain, deferral until when, reboot in place, ignore) and why; nothing was carried out"},
 		{Reason: signal.ReasonNotManaged, On: "Node", Type: "Warning", Doc: "an event for a node Karpenter does not manage (no NodeClaim), and what `--unmanaged-nodes` did about it"},
 		{Reason: signal.ReasonInvalidAnnotation, On: "NodePool", Type: "Warning", Doc: "`healthrouter.io/` annotations of the pool were ignored (invalid or out-of-range values, unknown keys): one Event listing every problem and what applies instead, cut at the API server's 1,024 bytes (`health-router status` lists them all)"},
 		{Reason: signal.ReasonUrgentDrainsHeld, On: "NodePool", Type: "Warning", Doc: "the pool's urgent-drain breaker (`healthrouter.io/urgent-drain-max`) holds an urgent drain: how many of the pool's nodes were drained for urgent events within the minute, and the breaker's limit (health_router_gates_holds_total{gate=\"urgent-breaker\"})"},

@@ -36,6 +36,7 @@ import (
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/shadow"
 )
 
 // Mode is how a drain is signalled to Karpenter.
@@ -63,6 +64,8 @@ const (
 	ReasonRecordUnreadable   = "HealthRouterRecordUnreadable"
 	ReasonNotManaged         = "HealthEventNotManaged"
 	ReasonRescheduled        = "HealthEventRescheduled"
+	// ReasonShadow: a pool in shadow; what the router would have done, nothing carried out.
+	ReasonShadow = "HealthEventShadowDecision"
 	// ReasonUrgentDrainsHeld (Warning, on the NodePool): the pool's urgent-drain breaker holds
 	// an urgent drain.
 	ReasonUrgentDrainsHeld = "HealthRouterUrgentDrainsHeld"
@@ -75,6 +78,7 @@ var ErrNotManaged = errors.New("not managed by Karpenter: the node has no NodeCl
 // actions are the Event actions of each reason.
 var actions = map[string]string{
 	ReasonDrained: "Drain", ReasonDeferred: "Defer", ReasonIgnored: "Ignore", ReasonDeferralCancelled: "CancelDeferral",
+	ReasonShadow: "Shadow",
 }
 
 // sendAPI is the part of SQS the forward mode uses.
@@ -420,6 +424,59 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 		s.event(res, eventType(d), ReasonDeferred, "%s (%s) deferred until %s: %s", ev.Kind, ev.ID, d.Until.UTC().Format(time.RFC3339), summary(d))
 	}
 	return changed, nil
+}
+
+// Shadow records the would-be outcome of decision d on the NodeClaim (router/shadow), and
+// carries nothing out. recorded is false when it was recorded before (a redelivery, or the
+// other source's report of the same maintenance): nothing is written, no Event is posted. An
+// instance with no NodeClaim (a node Karpenter does not manage) has nothing to write on:
+// recorded is true, and the caller keeps the outcome elsewhere (the ledger).
+func (s *Signaller) Shadow(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) (recorded bool, err error) {
+	out := shadow.OutcomeOf(ev, d, s.clock.Now())
+	if res.NodeClaim != nil {
+		err = s.update(ctx, res.NodeClaim, func(nc *karpv1.NodeClaim) (bool, error) {
+			outs, err := shadow.Read(nc)
+			if err != nil {
+				return false, err
+			}
+			if shadow.Recorded(outs, ev) {
+				return false, nil
+			}
+			recorded = true
+			nc.Annotations[shadow.Annotation] = shadow.Encode(shadow.Add(outs, out))
+			return true, nil
+		})
+		if err != nil {
+			return false, fmt.Errorf("recording the would-be outcome on nodeclaim %s: %w", res.NodeClaim.Name, err)
+		}
+	} else {
+		recorded = true
+	}
+	if recorded && !quiet {
+		when := ""
+		if d.Action == policy.ActionDefer {
+			when = " until " + d.Until.UTC().Format(time.RFC3339)
+		}
+		s.event(res, corev1.EventTypeNormal, ReasonShadow, "shadow: %s (%s) would be %s%s: %s; nothing done", ev.Kind, ev.ID, wouldBe(d.Action), when, summary(d))
+	}
+	return recorded, nil
+}
+
+// wouldBe is an action as a participle: "would be drained".
+func wouldBe(a policy.Action) string {
+	switch a {
+	case policy.ActionDrain:
+		return "drained"
+	case policy.ActionDefer:
+		return "deferred"
+	case policy.ActionIgnore:
+		return "ignored"
+	case policy.ActionRebootInPlace:
+		return "rebooted in place"
+	case policy.ActionSkip:
+		return "skipped"
+	}
+	return string(a)
 }
 
 // holdImage is the image a drain held by the AMI check waits on.

@@ -107,6 +107,7 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_INSTANCE_STATUS_INTERVAL" $s.instanceStatusInterval)
   (list "HEALTH_ROUTER_ALERTMANAGER_URL" $s.alertmanagerURL)
   (list "HEALTH_ROUTER_UNMANAGED_NODES" $s.unmanagedNodes)
+  (list "HEALTH_ROUTER_SHADOW_LEDGER" (printf "%s-shadow" (include "health-router.fullname" $)))
   (list "HEALTH_ROUTER_AWS_ENDPOINT_URL" $s.awsEndpointURL) }}
 {{- with $s.senderIDs }}
 - name: HEALTH_ROUTER_SENDER_IDS
@@ -123,7 +124,8 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_LEADER_ELECT" $s.leaderElect)
   (list "HEALTH_ROUTER_INSTANCE_STATUS_POLLER" $s.instanceStatusPoller)
   (list "HEALTH_ROUTER_NODE_MARKS" $s.nodeMarks)
-  (list "HEALTH_ROUTER_REBOOT_IN_PLACE" $s.rebootInPlace) }}
+  (list "HEALTH_ROUTER_REBOOT_IN_PLACE" $s.rebootInPlace)
+  (list "HEALTH_ROUTER_SHADOW" $s.shadow) }}
 {{- range $bools }}
 {{- if not (kindIs "invalid" (index . 1)) }}
 - name: {{ index . 0 }}

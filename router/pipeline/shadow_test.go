@@ -1,0 +1,243 @@
+package pipeline
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/nodedrain"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/shadow"
+	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/upcoming"
+)
+
+// routerWrites lists what the router wrote on the cluster's NodeClaims and Nodes that is not a
+// would-be outcome: records, drain stamps, deletions, cordons, marks.
+func routerWrites(t *testing.T, r *rig) []string {
+	t.Helper()
+	var out []string
+	for _, nc := range r.claims(t) {
+		for k := range nc.Annotations {
+			if strings.HasPrefix(k, policy.Prefix) && k != shadow.Annotation {
+				out = append(out, nc.Name+": "+k)
+			}
+		}
+		if !nc.DeletionTimestamp.IsZero() {
+			out = append(out, nc.Name+": deleted")
+		}
+	}
+	var nodes corev1.NodeList
+	if err := r.kube.List(context.Background(), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		if n.Spec.Unschedulable {
+			out = append(out, n.Name+": cordoned")
+		}
+		if !upcoming.Current(&n).None() {
+			out = append(out, n.Name+": marked")
+		}
+		if _, ok := n.Annotations[nodedrain.AnnotationNodeDrain]; ok {
+			out = append(out, n.Name+": node drain")
+		}
+	}
+	return out
+}
+
+func shadowOf(t *testing.T, r *rig, name string) []shadow.Outcome {
+	t.Helper()
+	nc := &karpv1.NodeClaim{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: name}, nc); err != nil {
+		t.Fatal(err)
+	}
+	outs, err := shadow.Read(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return outs
+}
+
+// TestShadowCarriesNothingOut: a pool in shadow decides as usual (drain, defer by its window)
+// and records each would-be outcome; nothing is drained, deferred, marked or notified, and a
+// redelivery records nothing twice.
+func TestShadowCarriesNothingOut(t *testing.T) {
+	shadowed := map[string]string{policy.AnnotationMode: policy.ModeShadow}
+	deferring := map[string]string{policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer",
+		policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h"}
+	tests := []struct {
+		name    string
+		pools   map[string]map[string]string
+		claims  map[string]int
+		all     bool
+		ev      func() (string, func() []string)
+		want    policy.Action
+		wantAt  time.Time
+		claimed bool // the outcome is on a NodeClaim
+	}{
+		{name: "a retirement in a shadow pool would drain", pools: map[string]map[string]string{"web": shadowed}, claims: map[string]int{"web": 1},
+			want: policy.ActionDrain, wantAt: now, claimed: true},
+		{name: "a retirement in a deferring shadow pool would defer to the window", pools: map[string]map[string]string{"kafka": deferring}, claims: map[string]int{"kafka": 1},
+			want: policy.ActionDefer, wantAt: time.Date(2026, 11, 21, 2, 0, 0, 0, time.UTC).AddDate(0, 0, 7), claimed: true},
+		{name: "--shadow: an active pool is in shadow too", pools: map[string]map[string]string{"web": nil}, claims: map[string]int{"web": 1}, all: true,
+			want: policy.ActionDrain, wantAt: now, claimed: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, tt.pools, tt.claims)
+			r.p.WithShadow(tt.all, nil)
+			ev := retirement("ret-1", now.Add(10*24*time.Hour), instanceID(0))
+			res, err := r.p.Process(context.Background(), ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Actions[tt.want] != 1 {
+				t.Fatalf("actions %+v, want one %s", res.Actions, tt.want)
+			}
+			if w := routerWrites(t, r); len(w) != 0 {
+				t.Errorf("the router carried something out in shadow: %v", w)
+			}
+			outs := shadowOf(t, r, r.claims(t)[0].Name)
+			if len(outs) != 1 || outs[0].Action != tt.want || !outs[0].At.Equal(tt.wantAt) || outs[0].State != shadow.State {
+				t.Fatalf("would-be outcomes %+v, want one %s at %s", outs, tt.want, tt.wantAt)
+			}
+			pool := r.claims(t)[0].Labels[karpv1.NodePoolLabelKey]
+			if got := testutil.ToFloat64(r.m.ShadowDecisions.WithLabelValues("scheduled-change", string(tt.want), pool)); got != 1 {
+				t.Errorf("shadow decisions metric = %v", got)
+			}
+			if got := testutil.ToFloat64(r.m.Decisions.WithLabelValues("scheduled-change", string(tt.want), pool)); got != 0 {
+				t.Errorf("a shadow decision counted among the decisions carried out: %v", got)
+			}
+			// A redelivery: recorded already, nothing written again.
+			res, err = r.p.Process(context.Background(), ev)
+			if err != nil || res.AlreadyRecorded != 1 {
+				t.Fatalf("redelivery: %+v, %v", res, err)
+			}
+			if outs := shadowOf(t, r, r.claims(t)[0].Name); len(outs) != 1 {
+				t.Errorf("redelivery recorded again: %+v", outs)
+			}
+		})
+	}
+}
+
+// TestShadowDecidesWhileKarpenterDrains: in shadow Karpenter acts on the same event, often
+// first; a NodeClaim it is deleting is still decided (and recorded), where an active pool
+// skips it.
+func TestShadowDecidesWhileKarpenterDrains(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer"}}, map[string]int{"web": 1})
+	nc := r.claims(t)[0]
+	if err := r.kube.Delete(context.Background(), &nc); err != nil { // Karpenter's own handling, first
+		t.Fatal(err)
+	}
+	res, err := r.p.Process(context.Background(), retirement("ret-1", now.Add(19*24*time.Hour), instanceID(0)))
+	if err != nil || res.Actions[policy.ActionDefer] != 1 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if outs := shadowOf(t, r, nc.Name); len(outs) != 1 || outs[0].Action != policy.ActionDefer {
+		t.Fatalf("would-be outcomes %+v", outs)
+	}
+}
+
+// TestShadowUnmanagedNode: under --shadow a node Karpenter does not manage, whose drain
+// --unmanaged-nodes=cordon-drain would begin, is not cordoned.
+func TestShadowUnmanagedNode(t *testing.T) {
+	rr := newRig(t, map[string]map[string]string{"web": nil}, map[string]int{"web": 1}, 0)
+	clk := clocktesting.NewFakeClock(now)
+	drainer := &countingDrainer{}
+	rr.p = New(engine.New(cluster.New(rr.kube), nil, engine.WithUnmanaged(policy.UnmanagedCordonDrain)), signal.New(rr.kube, rr.kube, signal.ModeDeleteNodeClaim, nil, "", rr.recorder, clk),
+		rr.m, nil, clk, slog.New(slog.NewTextHandler(io.Discard, nil)), 4).WithNodeDrainer(drainer).WithShadow(true, nil)
+	res, err := rr.p.Process(context.Background(), spot("spot-1", instanceID(0)))
+	if err != nil || res.Actions[policy.ActionDrain] != 1 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if drainer.begun != 0 {
+		t.Errorf("an unmanaged node's drain begun in shadow")
+	}
+	if w := routerWrites(t, rr); len(w) != 0 {
+		t.Errorf("carried out in shadow: %v", w)
+	}
+}
+
+type countingDrainer struct{ begun int }
+
+func (d *countingDrainer) Begin(context.Context, *corev1.Node, nodedrain.Drain) (bool, error) {
+	d.begun++
+	return false, nil
+}
+func (d *countingDrainer) Cancel(context.Context, string, nodedrain.Drain) (bool, error) {
+	return false, nil
+}
+
+// TestShadowDropsDeferralComingDue: a deferral recorded while the pool was active, coming due
+// after the pool went into shadow, is dropped (its outcome recorded as would-be), not drained:
+// the pool's events are Karpenter's now.
+func TestShadowDropsDeferralComingDue(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationAction: "defer"}}, map[string]int{"web": 1})
+	ev := retirement("ret-1", now.Add(3*24*time.Hour), instanceID(0))
+	if _, err := r.p.Process(context.Background(), ev); err != nil {
+		t.Fatal(err)
+	}
+	nc := r.claims(t)[0]
+	recs := record.Records(&nc)
+	if len(recs) != 1 || !recs[0].Active() {
+		t.Fatalf("records %+v", recs)
+	}
+	np := &karpv1.NodePool{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "web"}, np); err != nil {
+		t.Fatal(err)
+	}
+	np.Annotations = map[string]string{policy.AnnotationMode: policy.ModeShadow}
+	if err := r.kube.Update(context.Background(), np); err != nil {
+		t.Fatal(err)
+	}
+	d, err := r.p.Redecide(context.Background(), &nc, recs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Action != policy.ActionDrain {
+		t.Fatalf("would-be action %s, want drain (no deferral in the pool's policy now)", d.Action)
+	}
+	after := r.claims(t)[0]
+	if !after.DeletionTimestamp.IsZero() {
+		t.Fatal("drained in shadow")
+	}
+	if len(record.Records(&after)) != 0 {
+		t.Errorf("the deferral stays: %+v", record.Records(&after))
+	}
+	if outs := shadowOf(t, r, after.Name); len(outs) != 1 {
+		t.Errorf("would-be outcomes %+v", outs)
+	}
+}
+
+// TestShadowLedger: the ledger gets one entry per would-be outcome, with the event's start.
+func TestShadowLedger(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMode: policy.ModeShadow}}, map[string]int{"web": 2})
+	ledger := shadow.NewLedger(r.kube, "health-router", shadow.DefaultLedgerName, clocktesting.NewFakeClock(now), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r.p.WithShadow(false, ledger)
+	start := now.Add(19 * 24 * time.Hour)
+	if _, err := r.p.Process(context.Background(), retirement("ret-1", start, instanceID(0), instanceID(1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := ledger.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := shadow.ReadLedger(context.Background(), r.kube, "health-router", shadow.DefaultLedgerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 2 || entries[0].Would != policy.ActionDrain || !entries[0].Start.Equal(start) || entries[0].NodePool != "web" {
+		t.Fatalf("ledger %+v", entries)
+	}
+}
