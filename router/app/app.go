@@ -325,6 +325,9 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	// while the leader's receives meet an error no retry mends; a missing or denied queue
 	// is logged and checked again with backoff, never a crash loop (docs/running.md).
 	ready := intake.NewReadiness(clk)
+	if o.PodName != "" && o.PodNamespace != "" {
+		ready.OnChange(podEvents(ctx, mgr.GetAPIReader(), mgr.GetEventRecorder("health-router"), o.PodNamespace, o.PodName, log.With("component", "queues")))
+	}
 	if err := mgr.Add(intake.NewQueueCheck(sqsClient, []intake.Queue{
 		{Role: intake.RoleIntake, URL: o.QueueURL}, {Role: intake.RoleDeadLetter, URL: o.DeadLetterQueueURL}, {Role: intake.RoleKarpenter, URL: o.KarpenterQueueURL},
 	}, ready, clk, log.With("component", "queues"))); err != nil {

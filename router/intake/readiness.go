@@ -56,8 +56,11 @@ func NewReadiness(clk clock.PassiveClock) *Readiness {
 	return &Readiness{clock: clk, pending: map[string]pending{}, problems: map[string]problem{}}
 }
 
-// OnChange has f called (outside the lock) each time readiness turns, with the reason it
-// is not ready: the hook of the Kubernetes Event a platform engineer sees on the pod.
+// OnChange has f called (outside the lock) each time the queues' permanent problems change:
+// a queue found missing or denied (at start or by a receive), or all of them usable again
+// (ready true, reason ""). A transient error, or one more attempt meeting the same problem,
+// calls nothing. It is the hook of the Kubernetes Event a platform engineer sees on the pod;
+// set it before the queues are checked.
 func (r *Readiness) OnChange(f func(ready bool, reason string)) { r.onChange = f }
 
 // Check is the readiness check (controller-runtime's healthz.Checker): nil when ready, else
@@ -88,16 +91,38 @@ func (r *Readiness) reason() string {
 	return strings.Join(rs, "; ")
 }
 
-// update applies f under the lock and tells OnChange when readiness or its reason turned.
+// update applies f under the lock and calls OnChange when the permanent problems changed.
 func (r *Readiness) update(f func()) {
 	r.mu.Lock()
-	before := r.reason()
+	before, _ := r.permanent()
 	f()
-	after := r.reason()
+	after, reason := r.permanent()
 	r.mu.Unlock()
-	if before != after && (before == "") != (after == "") && r.onChange != nil {
-		r.onChange(after == "", after)
+	if before != after && r.onChange != nil {
+		r.onChange(after == "", reason)
 	}
+}
+
+// permanent names each queue failing with a permanent error and the kind of error (what
+// OnChange tells about: its key), and the same with the errors (its reason). Called with
+// r.mu held.
+func (r *Readiness) permanent() (key, reason string) {
+	var ks, rs []string
+	add := func(role, url string, err error) {
+		ks = append(ks, role+" "+url+": "+awscalls.Classify(err).String())
+		rs = append(rs, role+" "+url+": "+awscalls.Describe(err))
+	}
+	for url, p := range r.problems {
+		add(p.role, url, p.err)
+	}
+	for url, p := range r.pending {
+		if p.err != nil && awscalls.Classify(p.err).Permanent() {
+			add(p.role, url, p.err)
+		}
+	}
+	slices.Sort(ks)
+	slices.Sort(rs)
+	return strings.Join(ks, "; "), strings.Join(rs, "; ")
 }
 
 // expect makes the queue pending: not ready until Usable says it is.

@@ -166,6 +166,14 @@ func TestQueueCheckWaitsForAMissingQueue(t *testing.T) {
 	}
 	intakeURL := strings.Replace(aws.ToString(dlq.QueueUrl), "hr-dlq", "hr-intake", 1)
 	ready := NewReadiness(clock.RealClock{})
+	turns := make(chan string, 10)
+	ready.OnChange(func(ok bool, reason string) {
+		if ok {
+			turns <- "ready"
+		} else {
+			turns <- reason
+		}
+	})
 	check := NewQueueCheck(client, []Queue{{RoleIntake, intakeURL}, {RoleDeadLetter, aws.ToString(dlq.QueueUrl)}, {RoleKarpenter, ""}}, ready, clock.RealClock{},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if ready.Check(nil) == nil {
@@ -197,5 +205,15 @@ func TestQueueCheckWaitsForAMissingQueue(t *testing.T) {
 	}
 	if err := ready.Check(nil); err != nil {
 		t.Fatalf("not ready once the queue exists: %v", err)
+	}
+	// OnChange (the pod's Event) is told of the missing queue once, however many checks
+	// met it, and of its repair; not of "not checked yet".
+	close(turns)
+	var got []string
+	for turn := range turns {
+		got = append(got, turn)
+	}
+	if len(got) != 2 || !strings.Contains(got[0], "intake queue "+intakeURL+": does not exist") || got[1] != "ready" {
+		t.Errorf("OnChange told:\n%s", strings.Join(got, "\n"))
 	}
 }
