@@ -18,8 +18,8 @@ help: ## list the targets
 build: ## build bin/health-router
 	$(GO) build -o $(BIN) ./cmd/health-router
 
-demo: ## the live router on local stand-ins (moto_server, envtest): the demo scenario end to end; KARPENTER=1: in front of the real Karpenter
-	KARPENTER=$(KARPENTER) $(GO) run ./test/demo/live
+demo: ## the live router on local stand-ins (moto_server, envtest): the demo scenario end to end, what it did and why; KEEP=1: stays up (kubectl, status, /metrics) until Ctrl-C; KARPENTER=1: in front of the real Karpenter
+	KEEP=$(KEEP) KARPENTER=$(KARPENTER) $(GO) run ./test/demo/live
 
 replay: build ## the what-if tool on the demo scenario (test/demo): no servers at all
 	$(BIN) replay --cluster test/demo/cluster.yaml --events test/demo/events --aws test/demo/aws.yaml --now $(DEMO_NOW)

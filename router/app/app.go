@@ -70,6 +70,16 @@ import (
 // manager serves on /metrics).
 func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheus.Registerer, log *slog.Logger) error {
 	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	// A malformed queue URL is a mistake in the pod's spec: refused at once, with the flag
+	// named, rather than retried.
+	for _, q := range []struct{ flag, url string }{{"--queue-url", o.QueueURL}, {"--dead-letter-queue-url", o.DeadLetterQueueURL}, {"--karpenter-queue-url", o.KarpenterQueueURL}} {
+		if q.url == "" {
+			continue
+		}
+		if _, err := awscalls.ParseQueueURL(q.url); err != nil {
+			return fmt.Errorf("%s: %w", q.flag, err)
+		}
+	}
 	scheme, err := cluster.NewScheme()
 	if err != nil {
 		return err
@@ -341,10 +351,22 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return err
 		}
 	}
+	// Readiness waits for every queue to be found usable (every replica checks), and fails
+	// while the leader's receives meet an error no retry mends; a missing or denied queue
+	// is logged and checked again with backoff, never a crash loop (docs/running.md).
+	ready := intake.NewReadiness(clk)
+	if o.PodName != "" && o.PodNamespace != "" {
+		ready.OnChange(podEvents(ctx, mgr.GetAPIReader(), mgr.GetEventRecorder("health-router"), o.PodNamespace, o.PodName, log.With("component", "queues")))
+	}
+	if err := mgr.Add(intake.NewQueueCheck(sqsClient, []intake.Queue{
+		{Role: intake.RoleIntake, URL: o.QueueURL}, {Role: intake.RoleDeadLetter, URL: o.DeadLetterQueueURL}, {Role: intake.RoleKarpenter, URL: o.KarpenterQueueURL},
+	}, ready, clk, log.With("component", "queues"))); err != nil {
+		return err
+	}
 	in := intake.New(intake.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, Account: account, Region: region, SenderIDs: o.SenderIDs,
 		Workers: o.Workers, Receivers: o.Receivers, Visibility: o.Visibility, WaitTime: o.WaitTime, HandleTimeout: o.HandleTimeout, MaxReceives: o.MaxReceives,
-	}, sqsClient, pipe, m, pub, clk, log)
+	}, sqsClient, pipe, m, pub, clk, log).WithReadiness(ready)
 	if err := mgr.Add(in); err != nil {
 		return err
 	}
@@ -408,6 +430,9 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		}
 		return nil
 	}); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("queues", ready.Check); err != nil {
 		return err
 	}
 	log.Info("starting", "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -39,7 +40,7 @@ func Doctor(ctx context.Context, o options.Doctor, restCfg *rest.Config) (doctor
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the cluster: %w", err)
 	}
-	d := doctor.New(sqs.NewFromConfig(awsCfg), eventbridge.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg), iam.NewFromConfig(awsCfg), kube)
+	d := doctor.New(sqs.NewFromConfig(awsCfg), eventbridge.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg), iam.NewFromConfig(awsCfg), sts.NewFromConfig(awsCfg), kube)
 	return d.Run(ctx, doctor.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, KarpenterQueueURL: o.KarpenterQueueURL,
 		KarpenterRoleARN: o.KarpenterRoleARN, KarpenterNamespace: o.KarpenterNamespace, Namespace: o.Namespace, Gates: o.Gates,

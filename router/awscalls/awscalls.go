@@ -1,6 +1,9 @@
 // Package awscalls counts every AWS API call the router makes, by API and result, with an
 // aws-sdk-go-v2 middleware: one place for all clients (SQS, EC2, CloudWatch), so that the
-// economy of the checks and the intake shows in health_router_aws_calls_total.
+// economy of the checks and the intake shows in health_router_aws_calls_total. It is also
+// the one place that says what a failed call means (Classify: transient, or the queue is
+// missing, the caller denied, the credentials refused) and what an SQS queue URL is
+// (ParseQueueURL), for the router, its readiness and doctor alike.
 package awscalls
 
 import (

@@ -1,6 +1,8 @@
 // Package doctor checks a live setup from the router's own credentials and prints a
-// checklist with fixes: the queues, the EventBridge rules, whether Karpenter can still act on
-// the same events behind the router's back, the router's RBAC, and the feature gates.
+// checklist with fixes: the credentials themselves first (sts:GetCallerIdentity), the queues
+// (a malformed URL, an unreachable endpoint, a missing queue and a denied one each told
+// apart), the EventBridge rules, whether Karpenter can still act on the same events behind
+// the router's back, the router's RBAC, and the feature gates.
 package doctor
 
 import (
@@ -21,6 +23,7 @@ import (
 	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"github.com/aws/smithy-go"
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authorization/v1"
@@ -29,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
+	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/policy"
@@ -68,6 +72,11 @@ func (r Report) Print(w io.Writer) {
 			fmt.Fprintf(w, "       fix: %s\n", i.Fix)
 		}
 	}
+}
+
+// stsAPI is what doctor asks STS: who the credentials are, before anything else.
+type stsAPI interface {
+	GetCallerIdentity(context.Context, *sts.GetCallerIdentityInput, ...func(*sts.Options)) (*sts.GetCallerIdentityOutput, error)
 }
 
 type sqsAPI interface {
@@ -118,12 +127,13 @@ type Doctor struct {
 	events eventsAPI
 	ec2    ec2API
 	iam    iamAPI        // may be nil
+	sts    stsAPI        // may be nil: the credentials are then not checked first
 	kube   client.Client // may be nil: the cluster checks then say they could not be made
 }
 
 // New returns a Doctor.
-func New(sqsClient sqsAPI, events eventsAPI, ec2Client ec2API, iamClient iamAPI, kube client.Client) *Doctor {
-	return &Doctor{sqs: sqsClient, events: events, ec2: ec2Client, iam: iamClient, kube: kube}
+func New(sqsClient sqsAPI, events eventsAPI, ec2Client ec2API, iamClient iamAPI, stsClient stsAPI, kube client.Client) *Doctor {
+	return &Doctor{sqs: sqsClient, events: events, ec2: ec2Client, iam: iamClient, sts: stsClient, kube: kube}
 }
 
 // kinds maps each detail-type the router handles to the kind people know it by.
@@ -139,29 +149,20 @@ var kinds = map[string]string{
 // Run checks everything and returns the checklist.
 func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	var r Report
-	intakeARN := d.queue(ctx, &r, "intake queue", c.QueueURL, true)
-	d.queue(ctx, &r, "dead-letter queue", c.DeadLetterQueueURL, false)
-	if intakeARN != "" {
-		d.rules(ctx, &r, intakeARN)
-	}
-	if c.KarpenterQueueURL != "" {
-		if arn := d.queue(ctx, &r, "Karpenter's interruption queue", c.KarpenterQueueURL, false); arn != "" {
-			d.karpenterRules(ctx, &r, arn)
+	// Credentials first: when they do not work, every AWS check below would fail the same
+	// way, and the list of failures would hide the one cause.
+	if !d.credentials(ctx, &r) {
+		for _, q := range []struct{ name, url string }{{CheckIntakeQueue, c.QueueURL}, {CheckDeadLetterQueue, c.DeadLetterQueueURL}, {CheckKarpenterQueue, c.KarpenterQueueURL}} {
+			if q.url != "" || q.name != CheckKarpenterQueue {
+				d.queueURL(&r, q.name, q.url) // needs no AWS call
+			}
+		}
+		r = append(r, Item{Unknown, CheckSkipped, "the queues, EventBridge rules, Karpenter's role and the router's EC2 permissions were not checked: they would fail as the credentials did", "fix the credentials (above) and run doctor again"})
+		if !c.InstanceStatusPoller {
+			d.routerInstanceStatus(ctx, &r, false) // off: no AWS call needed to say so
 		}
 	} else {
-		r = append(r, Item{Unknown, CheckKarpenterRules, "no --karpenter-queue-url given", "pass Karpenter's --interruption-queue URL to check that no rule feeds it directly"})
-	}
-	d.describeInstanceStatus(ctx, &r, c.KarpenterRoleARN)
-	d.routerInstanceStatus(ctx, &r, c.InstanceStatusPoller)
-	var sample scopeSample
-	if c.Reschedule || c.RebootInPlace {
-		sample = d.sample(ctx)
-	}
-	if c.Reschedule {
-		d.routerReschedule(ctx, &r, sample)
-	}
-	if c.RebootInPlace {
-		d.routerReboot(ctx, &r, sample)
+		d.aws(ctx, &r, c)
 	}
 	takeover(&r)
 	if d.kube == nil {
@@ -173,6 +174,72 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	d.gates(ctx, &r, c)
 	d.pools(ctx, &r)
 	return r
+}
+
+// Check names of the credentials and the queues.
+const (
+	CheckCredentials     = "AWS credentials"
+	CheckSkipped         = "AWS checks"
+	CheckIntakeQueue     = "intake queue"
+	CheckDeadLetterQueue = "dead-letter queue"
+	CheckKarpenterQueue  = "Karpenter's interruption queue"
+)
+
+// credentials asks STS who the credentials are (sts:GetCallerIdentity, which no policy can
+// deny): it reports whether they work. Without an STS client it says nothing and trusts them.
+func (d *Doctor) credentials(ctx context.Context, r *Report) bool {
+	if d.sts == nil {
+		return true
+	}
+	out, err := d.sts.GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{})
+	if err == nil {
+		*r = append(*r, Item{OK, CheckCredentials, fmt.Sprintf("%s (account %s)", aws.ToString(out.Arn), aws.ToString(out.Account)), ""})
+		return true
+	}
+	f := awscalls.Classify(err)
+	detail, fix := "", ""
+	switch f {
+	case awscalls.Credentials:
+		detail = "AWS refuses these credentials (invalid, expired, or no credentials found)"
+		fix = "in the pod: check the ServiceAccount's IRSA annotation or Pod Identity association; on a workstation: AWS_PROFILE, or log in again (aws sso login)"
+	case awscalls.Unreachable:
+		detail = "STS does not answer (the endpoint's name does not resolve, or the connection is refused)"
+		fix = "check --region and --aws-endpoint-url, and the network path to STS (a VPC endpoint in a private cluster)"
+	default:
+		detail = "STS could not say who these credentials are"
+		fix = "run doctor again; if it persists, check the region and the network path to STS"
+	}
+	*r = append(*r, Item{Fail, CheckCredentials, fmt.Sprintf("%s: %v", detail, err), fix})
+	return false
+}
+
+// aws runs the checks that ask AWS: the queues and their rules, Karpenter's role, and the
+// router's own EC2 permissions.
+func (d *Doctor) aws(ctx context.Context, r *Report, c Config) {
+	intakeARN := d.queue(ctx, r, CheckIntakeQueue, c.QueueURL, true)
+	d.queue(ctx, r, CheckDeadLetterQueue, c.DeadLetterQueueURL, false)
+	if intakeARN != "" {
+		d.rules(ctx, r, intakeARN)
+	}
+	if c.KarpenterQueueURL != "" {
+		if arn := d.queue(ctx, r, CheckKarpenterQueue, c.KarpenterQueueURL, false); arn != "" {
+			d.karpenterRules(ctx, r, arn)
+		}
+	} else {
+		*r = append(*r, Item{Unknown, CheckKarpenterRules, "no --karpenter-queue-url given", "pass Karpenter's --interruption-queue URL to check that no rule feeds it directly"})
+	}
+	d.describeInstanceStatus(ctx, r, c.KarpenterRoleARN)
+	d.routerInstanceStatus(ctx, r, c.InstanceStatusPoller)
+	var sample scopeSample
+	if c.Reschedule || c.RebootInPlace {
+		sample = d.sample(ctx)
+	}
+	if c.Reschedule {
+		d.routerReschedule(ctx, r, sample)
+	}
+	if c.RebootInPlace {
+		d.routerReboot(ctx, r, sample)
+	}
 }
 
 // CheckPoolAnnotations names the check of the NodePools' healthrouter.io/ annotations.
@@ -432,13 +499,12 @@ func takeover(r *Report) {
 // queue checks a queue is reachable, encrypted, and (for the intake) keeps messages long
 // enough and redrives to a dead-letter queue. It returns the queue's ARN.
 func (d *Doctor) queue(ctx context.Context, r *Report, name, url string, intake bool) string {
-	if url == "" {
-		*r = append(*r, Item{Fail, name, "no URL given", "set the flag from the Terraform outputs"})
+	if !d.queueURL(r, name, url) {
 		return ""
 	}
 	out, err := d.sqs.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
 	if err != nil {
-		*r = append(*r, Item{Fail, name, fmt.Sprintf("%s is not reachable: %v", url, err), "check the URL and the router role's sqs:GetQueueAttributes permission"})
+		*r = append(*r, queueFailure(name, url, err))
 		return ""
 	}
 	a := out.Attributes
@@ -468,6 +534,39 @@ func (d *Doctor) queue(ctx context.Context, r *Report, name, url string, intake 
 		*r = append(*r, Item{OK, name + " redrive", fmt.Sprintf("to %s after %d receives", redrive.DeadLetterTargetArn, n), ""})
 	}
 	return a["QueueArn"]
+}
+
+// queueURL checks that url is an SQS queue URL (no AWS call): a malformed one is told apart
+// from one that does not answer. It reports whether the URL can be asked about.
+func (d *Doctor) queueURL(r *Report, name, url string) bool {
+	if url == "" {
+		*r = append(*r, Item{Fail, name, "no URL given", "set the flag from the Terraform outputs"})
+		return false
+	}
+	if _, err := awscalls.ParseQueueURL(url); err != nil {
+		*r = append(*r, Item{Fail, name, "malformed: " + err.Error(), "give the queue's URL, https://sqs.<region>.amazonaws.com/<account>/<name> (the Terraform module's queue URL outputs)"})
+		return false
+	}
+	return true
+}
+
+// queueFailure is the item of a queue SQS did not describe: unreachable, missing, denied, or
+// refused credentials, each with its own fix.
+func queueFailure(name, url string, err error) Item {
+	switch awscalls.Classify(err) {
+	case awscalls.Unreachable:
+		return Item{Fail, name, fmt.Sprintf("%s is unreachable: no answer from SQS (%v)", url, err),
+			"check --region and --aws-endpoint-url, DNS and the network path to SQS (a VPC endpoint in a private cluster)"}
+	case awscalls.NotFound:
+		return Item{Fail, name, fmt.Sprintf("%s does not exist (%v)", url, err),
+			"create it (the Terraform module), or correct the URL: its account, region and name"}
+	case awscalls.Denied:
+		return Item{Fail, name, fmt.Sprintf("%s: access denied to these credentials (%v)", url, err),
+			"grant the router's role sqs:GetQueueAttributes on it (and the queue policy, and kms:Decrypt on its key when SSE-KMS)"}
+	case awscalls.Credentials:
+		return Item{Fail, name, fmt.Sprintf("%s: AWS refused the credentials (%v)", url, err), "check the router's IRSA or Pod Identity role"}
+	}
+	return Item{Fail, name, fmt.Sprintf("%s could not be read, a transient error (%v)", url, err), "run doctor again"}
 }
 
 // rules checks that enabled EventBridge rules feed the intake queue with every kind.

@@ -64,7 +64,7 @@ func TestRouterReschedule(t *testing.T) {
 func TestRunReschedule(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		srv, client := harness.NewEC2InstanceStatus(t)
-		r := New(nil, nil, client, nil, nil).Run(context.Background(), Config{Reschedule: on})
+		r := New(nil, nil, client, nil, nil, nil).Run(context.Background(), Config{Reschedule: on})
 		n := 0
 		for _, i := range r {
 			if i.Check == CheckRouterReschedule {
@@ -113,7 +113,7 @@ func TestRouterReboot(t *testing.T) {
 	}
 	for _, on := range []bool{false, true} {
 		srv, client := harness.NewEC2InstanceStatus(t)
-		New(nil, nil, client, nil, nil).Run(context.Background(), Config{RebootInPlace: on})
+		New(nil, nil, client, nil, nil, nil).Run(context.Background(), Config{RebootInPlace: on})
 		if want := map[bool]int{false: 0, true: 1}[on]; len(srv.Reboots()) != want {
 			t.Errorf("RebootInPlace %v: %d calls, want %d", on, len(srv.Reboots()), want)
 		}
@@ -158,7 +158,7 @@ func TestScopeProof(t *testing.T) {
 			srv.Add(tagged, &harness.Instance{})
 			srv.Add(untagged, &harness.Instance{})
 			tt.setup(srv)
-			r := New(nil, nil, ec2Client, nil, kube()).Run(context.Background(), Config{RebootInPlace: true, Reschedule: true, Gates: checks.NewFeatureGates()})
+			r := New(nil, nil, ec2Client, nil, nil, kube()).Run(context.Background(), Config{RebootInPlace: true, Reschedule: true, Gates: checks.NewFeatureGates()})
 			for _, check := range []string{CheckRouterReboot, CheckRouterReschedule} {
 				var own, scope *Item
 				for i := range r {

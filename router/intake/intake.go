@@ -28,6 +28,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"k8s.io/utils/clock"
 
+	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/pipeline"
@@ -111,6 +112,7 @@ type Intake struct {
 	backoff   *retry.ExponentialJitterBackoff
 	publisher Publisher
 	deleter   *deleter
+	ready     *Readiness // nil: receives tell no readiness probe
 }
 
 // Publisher receives the figures the CloudWatch dashboards show; nil-safe NopPublisher
@@ -143,6 +145,14 @@ func New(cfg Config, sqsClient sqsAPI, p *pipeline.Pipeline, m *metrics.Router, 
 	}
 	return &Intake{cfg: cfg, sqs: sqsClient, pipeline: p, metrics: m, clock: clk, log: log,
 		backoff: retry.NewExponentialJitterBackoff(maxRetryBackoff), publisher: publisher, deleter: newDeleter(sqsClient, cfg.QueueURL)}
+}
+
+// WithReadiness has each receive tell ready whether the intake queue is usable: a receive
+// failing with an error no retry mends (the queue deleted, the role denied, the credentials
+// refused) makes the router NotReady until a receive succeeds again.
+func (in *Intake) WithReadiness(ready *Readiness) *Intake {
+	in.ready = ready
+	return in
 }
 
 // NeedLeaderElection makes only the leader consume: one active consumer per cluster.
@@ -205,6 +215,9 @@ func (in *Intake) receive(ctx, work context.Context, slots chan struct{}, share 
 		var msgs []sqstypes.Message
 		if err == nil {
 			msgs = out.Messages
+			if in.ready != nil && in.ready.Usable(in.cfg.QueueURL) {
+				in.log.Info("receiving from the intake queue again", "queue", in.cfg.QueueURL)
+			}
 		}
 		for range n - len(msgs) { // the slots nothing came for
 			<-slots
@@ -214,7 +227,12 @@ func (in *Intake) receive(ctx, work context.Context, slots chan struct{}, share 
 				return
 			}
 			// The SDK has retried already; an SQS outage keeps the loop waiting, not crashing.
-			in.log.Error("receiving from the intake queue", "err", err)
+			// An error no retry mends (the queue gone, access denied) also fails readiness.
+			if in.ready != nil && in.ready.Failed(RoleIntake, in.cfg.QueueURL, err) {
+				in.log.Error("receiving from the intake queue: the router is NotReady until a receive succeeds", "queue", in.cfg.QueueURL, "problem", awscalls.Classify(err), "err", err)
+			} else {
+				in.log.Error("receiving from the intake queue", "err", err)
+			}
 			select {
 			case <-in.clock.After(5 * time.Second):
 			case <-ctx.Done():

@@ -159,6 +159,11 @@ type Run struct {
 	CalendarBindAddress    string
 	HealthProbeBindAddress string
 	ShutdownTimeout        time.Duration
+	// PodName and PodNamespace name the router's own Pod (the downward API's metadata.name
+	// and metadata.namespace), on which it posts a Warning Event when a queue makes it
+	// NotReady and a Normal one when it is usable again; empty: no such Event (the reason is
+	// in the log). No flag sets them yet.
+	PodName, PodNamespace string
 
 	CloudWatchMetrics  bool
 	CloudWatchInterval time.Duration

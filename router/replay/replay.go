@@ -70,7 +70,10 @@ type Row struct {
 	Warnings   []string       `json:"warnings"`
 	Checks     []policy.Check `json:"checks"`
 	Gates      []policy.Gate  `json:"gates"`
-	Source     string         `json:"source"` // file (and line) the event came from
+	// Source is the file the event came from, and its line in a JSON-lines file:
+	// "events/spot.json" (the file's path from the --events directory's parent) or
+	// "storm.jsonl:3" (--events naming the file).
+	Source string `json:"source"`
 }
 
 // Run replays the events and writes the rows to w; warnings about the inputs go to errw.
@@ -90,6 +93,12 @@ func Run(ctx context.Context, o Options, w, errw io.Writer) error {
 	}
 	if len(ignored) > 0 {
 		fmt.Fprintf(errw, "replay: %s: ignored objects of kinds %s\n", o.ClusterFile, strings.Join(ignored, ", "))
+	}
+	if !slices.ContainsFunc(objs, func(o client.Object) bool { _, ok := o.(*corev1.Node); return ok }) {
+		// Every event would resolve to no instance: a table of "not in this cluster" rows
+		// that look like answers.
+		return fmt.Errorf("--cluster %s: no Nodes in the snapshot, so no event could name one of its instances; "+
+			"export them with the rest: kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses -o yaml", o.ClusterFile)
 	}
 	problems := 0
 	for _, obj := range objs {
@@ -272,7 +281,7 @@ func toRow(d policy.Decision, source string) Row {
 
 func writeTable(w io.Writer, rows []Row, checked bool, g replayGates) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT\tKIND\tINSTANCE\tNODEPOOL\tACTION\tUNTIL\tREASON")
+	fmt.Fprintln(tw, "SOURCE\tEVENT\tKIND\tINSTANCE\tNODEPOOL\tACTION\tUNTIL\tREASON")
 	for _, r := range rows {
 		until := "-"
 		if r.Until != nil {
@@ -282,13 +291,13 @@ func writeTable(w io.Writer, rows []Row, checked bool, g replayGates) error {
 		if len(id) > 8 {
 			id = id[:8]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", or(id, "-"), r.Kind, or(r.InstanceID, "-"), or(r.NodePool, "-"), r.Action, until, r.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Source, or(id, "-"), r.Kind, or(r.InstanceID, "-"), or(r.NodePool, "-"), r.Action, until, r.Reason)
 		for _, c := range r.Checks {
 			mark := "ok"
 			if !c.Passed {
 				mark = "FAILED"
 			}
-			fmt.Fprintf(tw, "\t\t\t\t\t\t  check %s %s: %s\n", c.Name, mark, c.Reason)
+			fmt.Fprintf(tw, "\t\t\t\t\t\t\t  check %s %s: %s\n", c.Name, mark, c.Reason)
 		}
 		for _, gt := range r.Gates {
 			mark := "open"
@@ -299,10 +308,10 @@ func writeTable(w io.Writer, rows []Row, checked bool, g replayGates) error {
 			if !gt.Since.IsZero() {
 				since = " (since " + gt.Since.UTC().Format(time.RFC3339) + ")"
 			}
-			fmt.Fprintf(tw, "\t\t\t\t\t\t  gate %s %s: %s%s\n", gt.Name, mark, gt.Reason, since)
+			fmt.Fprintf(tw, "\t\t\t\t\t\t\t  gate %s %s: %s%s\n", gt.Name, mark, gt.Reason, since)
 		}
 		for _, wn := range r.Warnings {
-			fmt.Fprintf(tw, "\t\t\t\t\t\t  warning: %s\n", wn)
+			fmt.Fprintf(tw, "\t\t\t\t\t\t\t  warning: %s\n", wn)
 		}
 	}
 	if !checked {
@@ -330,13 +339,17 @@ type body struct {
 }
 
 // readEvents reads a JSON file (one event), a JSON-lines file (.jsonl or .ndjson), or a
-// directory of both, in name order.
+// directory of both, in name order. A directory with no such file, or files with no event,
+// are refused: an empty table would read as "nothing to do".
 func readEvents(path string) ([]body, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
 	files := []string{path}
+	// Each body's source is named from the directory's parent ("events/spot.json"), or by
+	// the file's name ("storm.jsonl:3"): short enough for the table, and enough to find it.
+	base := filepath.Dir(filepath.Clean(path))
 	if st.IsDir() {
 		entries, err := os.ReadDir(path)
 		if err != nil {
@@ -350,9 +363,16 @@ func readEvents(path string) ([]body, error) {
 			}
 		}
 		sort.Strings(files)
+		if len(files) == 0 {
+			return nil, fmt.Errorf("%s: no .json, .jsonl or .ndjson files in the directory", path)
+		}
 	}
 	var out []body
 	for _, f := range files {
+		name := f
+		if rel, err := filepath.Rel(base, f); err == nil {
+			name = filepath.ToSlash(rel)
+		}
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
@@ -366,14 +386,17 @@ func readEvents(path string) ([]body, error) {
 				if len(line) == 0 {
 					continue
 				}
-				out = append(out, body{source: fmt.Sprintf("%s:%d", f, n), body: append([]byte(nil), line...)})
+				out = append(out, body{source: fmt.Sprintf("%s:%d", name, n), body: append([]byte(nil), line...)})
 			}
 			if err := sc.Err(); err != nil {
 				return nil, fmt.Errorf("%s: %w", f, err)
 			}
 		default:
-			out = append(out, body{source: f, body: b})
+			out = append(out, body{source: name, body: b})
 		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no events (the files are empty)", path)
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -325,5 +326,70 @@ func TestReplayStrict(t *testing.T) {
 	if err := Run(context.Background(), Options{ClusterFile: "../../test/demo/cluster.yaml", EventsPath: "../../test/demo/events/06-spot-interruption.json",
 		Now: demoNow, Gates: checks.NewFeatureGates(), Output: "json", Strict: true}, &bytes.Buffer{}, &errw); err != nil {
 		t.Errorf("the demo's pools under --strict: %v (%s)", err, errw.String())
+	}
+}
+
+// Inputs that would print an empty or meaningless table are refused, each naming what is
+// missing: an events directory with no event files, event files with no event, and a
+// cluster snapshot with no Nodes (every event would resolve to nothing).
+func TestReplayRefusesEmptyInputs(t *testing.T) {
+	empty, other, blank := t.TempDir(), t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(other, "README.md"), []byte("not events"), 0o644)
+	os.WriteFile(filepath.Join(blank, "storm.jsonl"), []byte("\n\n"), 0o644)
+	noNodes := filepath.Join(t.TempDir(), "cluster.yaml")
+	os.WriteFile(noNodes, []byte("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata:\n  name: default\n"), 0o644)
+	for _, tc := range []struct {
+		name            string
+		cluster, events string
+		want            string
+	}{
+		{"empty directory", "../../test/demo/cluster.yaml", empty, "--events: " + empty + ": no .json, .jsonl or .ndjson files"},
+		{"no event files", "../../test/demo/cluster.yaml", other, "no .json, .jsonl or .ndjson files"},
+		{"empty files", "../../test/demo/cluster.yaml", blank, "--events: " + blank + ": no events"},
+		{"no Nodes", noNodes, "../../test/demo/events", "--cluster " + noNodes + ": no Nodes in the snapshot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := Run(context.Background(), Options{ClusterFile: tc.cluster, EventsPath: tc.events, Now: demoNow, Gates: checks.NewFeatureGates(), Output: "table"}, &out, &bytes.Buffer{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+			if out.Len() != 0 {
+				t.Errorf("a table was written:\n%s", out.String())
+			}
+		})
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from this run")
+
+// The demo's table, with its SOURCE column (the file, and the line of a JSON-lines file, of
+// each row), checks, gates and warnings, is the golden file: `go test ./router/replay -update`
+// rewrites it after a deliberate change.
+func TestReplayDemoTableGolden(t *testing.T) {
+	var out bytes.Buffer
+	if err := Run(context.Background(), Options{
+		ClusterFile: "../../test/demo/cluster.yaml", EventsPath: "../../test/demo/events", AWSFile: "../../test/demo/aws.yaml",
+		Now: demoNow, Gates: checks.NewFeatureGates(), Output: "table",
+	}, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "demo-table.golden")
+	if *update {
+		if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if out.String() != string(want) {
+		t.Errorf("the demo's table differs from %s (-update rewrites it):\n%s", golden, out.String())
+	}
+	for _, source := range []string{"events/06-spot-interruption.json ", "events/17-malformed.jsonl:2 "} {
+		if !strings.Contains(out.String(), "\n"+source) {
+			t.Errorf("no row starts with source %q", source)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -58,7 +59,15 @@ func Moto(t testing.TB) string {
 
 // StartMoto starts moto_server on a free loopback port, waits until it answers, and returns
 // its URL and a function that stops it (for programs: the demo and the load harness).
-func StartMoto() (string, func(), error) {
+func StartMoto() (string, func(), error) { return startMoto(false) }
+
+// StartMotoDetached is StartMoto with moto_server in a process group of its own, so that a
+// Ctrl-C at the terminal reaches the program and not moto_server: the program stops what
+// uses moto (the router, whose receive would otherwise retry against a dead SQS through its
+// whole shutdown grace period) before it stops moto. The program must call the stop function.
+func StartMotoDetached() (string, func(), error) { return startMoto(true) }
+
+func startMoto(detached bool) (string, func(), error) {
 	bin, err := exec.LookPath("moto_server")
 	if err != nil {
 		return "", nil, fmt.Errorf("moto_server is not on PATH (pip install 'moto[server]'): %w", err)
@@ -70,6 +79,9 @@ func StartMoto() (string, func(), error) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	cmd := exec.Command(bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port))
+	if detached {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
 	if err := cmd.Start(); err != nil {
 		return "", nil, fmt.Errorf("starting moto_server: %w", err)
 	}

@@ -92,6 +92,7 @@ func TestDoctorTakeover(t *testing.T) {
 			eventbridge.NewFromConfig(c, func(o *eventbridge.Options) { o.BaseEndpoint = aws.String(url) }),
 			ec2.NewFromConfig(c, func(o *ec2.Options) { o.BaseEndpoint = aws.String(url) }),
 			iam.NewFromConfig(c, func(o *iam.Options) { o.BaseEndpoint = aws.String(sim.URL) }),
+			nil, // no STS: moto, authorising every call, would deny GetCallerIdentity, which AWS never does
 			nil, // no cluster: the Kubernetes checks are not what this test is about
 		)
 		return d.Run(ctx, doctor.Config{QueueURL: intake, DeadLetterQueueURL: dlq, KarpenterQueueURL: karpenter, KarpenterRoleARN: karpenterRole, InstanceStatusPoller: poller})

@@ -12,6 +12,7 @@ import (
 	ebtypes "github.com/aws/aws-sdk-go-v2/service/eventbridge/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -103,13 +104,17 @@ func TestDoctor(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		return doctor.New(sqsc, ebc, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(url) }), nil, kube).Run(ctx, doctor.Config{
+		return doctor.New(sqsc, ebc, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(url) }), nil,
+			sts.NewFromConfig(cfg, func(o *sts.Options) { o.BaseEndpoint = aws.String(url) }), kube).Run(ctx, doctor.Config{
 			QueueURL: queue, DeadLetterQueueURL: dlqURL, KarpenterQueueURL: karpURL,
 			KarpenterNamespace: "kube-system", Namespace: "health-router", Gates: g,
 		})
 	}
 
 	r := run(admin, intakeURL)
+	if i := item(t, r, doctor.CheckCredentials); i.Status != doctor.OK || !strings.Contains(i.Detail, "123456789012") {
+		t.Errorf("credentials: %s (%s), want ok naming moto's account", i.Status, i.Detail)
+	}
 	for check, want := range map[string]doctor.Status{
 		"intake queue":                           doctor.OK,
 		"intake queue encryption":                doctor.OK,

@@ -2,20 +2,23 @@
 // for SQS, EventBridge and EC2, and envtest's kube-apiserver with the Karpenter CRDs for the
 // cluster. It loads test/demo/cluster.yaml into the API server, puts the demo events through
 // EventBridge rules that target the intake queue, runs `health-router run`'s wiring, prints
-// what the router did, and cleans up. `make demo` runs it.
+// what the router did and why, and cleans up. `make demo` runs it; with KEEP=1 (`make demo
+// KEEP=1`) everything stays up, with the metrics port on, until Ctrl-C.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	ossignal "os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"text/tabwriter"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -29,8 +32,12 @@ import (
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/app"
@@ -38,7 +45,6 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/options"
-	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/replay"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
@@ -73,19 +79,39 @@ func quietLogs(w io.Writer) {
 	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }
 
+// Where the kept demo serves what it prints: the router's metrics and probes.
+const (
+	keptMetrics = "127.0.0.1:8080"
+	keptProbes  = "127.0.0.1:8081"
+)
+
 func run() error {
 	quietLogs(os.Stderr)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// Ctrl-C stops what the demo started: the router, envtest, moto_server.
+	sigCtx, stop := ossignal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	keep := os.Getenv("KEEP") != "" && os.Getenv("KEEP") != "0"
+	ctx, cancel := context.WithTimeout(sigCtx, 10*time.Minute)
+	if keep {
+		ctx, cancel = context.WithCancel(sigCtx)
+	}
 	defer cancel()
 	root, err := repoRoot()
 	if err != nil {
 		return err
 	}
 	if os.Getenv("KARPENTER") != "" && os.Getenv("KARPENTER") != "0" {
+		if keep {
+			fmt.Println("(KEEP=1 is for the demo on its own; with KARPENTER=1 everything stops at the end)")
+		}
 		return runWithKarpenter(root)
 	}
 	step("starting moto_server (SQS, EventBridge, EC2) on a loopback port")
-	motoURL, stopMoto, err := harness.StartMoto()
+	start := harness.StartMoto
+	if keep {
+		start = harness.StartMotoDetached // stopped after the router when Ctrl-C ends the demo
+	}
+	motoURL, stopMoto, err := start()
 	if err != nil {
 		return err
 	}
@@ -155,11 +181,23 @@ func run() error {
 		Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 30 * time.Second, Region: region, Account: options.OriginAny, AWSEndpointURL: motoURL,
 		Gates: gates, MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second,
 	}
-	routerCtx, stopRouter := context.WithCancel(ctx)
+	var reg prometheus.Registerer = prometheus.NewRegistry()
+	if keep {
+		// The registry the manager serves on /metrics, as `health-router run` uses it.
+		o.MetricsBindAddress, o.HealthProbeBindAddress, reg = keptMetrics, keptProbes, ctrlmetrics.Registry
+	}
+	routerCtx, stopRouter := context.WithCancel(sigCtx)
 	defer stopRouter()
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	go func() { done <- app.Run(routerCtx, o, restCfg, prometheus.NewRegistry(), log) }()
+	go func() { done <- app.Run(routerCtx, o, restCfg, reg, log) }()
+	stopped := func() error {
+		stopRouter()
+		if err := <-done; err != nil {
+			return fmt.Errorf("router: %w", err)
+		}
+		return nil
+	}
 
 	step("putting the demo events through EventBridge (times shifted to now)")
 	sent, poison, err := putEvents(ctx, ebc, sqsc, intakeURL, filepath.Join(root, "test/demo/events"))
@@ -167,42 +205,76 @@ func run() error {
 		return err
 	}
 	fmt.Printf("    %d events through EventBridge (its rules drop the RDS Health event: EC2 scheduled changes only), %d poison messages straight into the queue\n", sent, poison)
-	time.Sleep(8 * time.Second) // let the router work through them
-	stopRouter()
-	if err := <-done; err != nil {
-		return fmt.Errorf("router: %w", err)
+	step("waiting for the intake queue to be quiet (nothing waiting, nothing in flight, for 2s)")
+	waited, err := waitQuiet(ctx, sqsc, intakeURL, 2*time.Second, 250*time.Millisecond, 90*time.Second)
+	if err != nil {
+		if ctx.Err() != nil {
+			return errors.Join(ctx.Err(), stopped())
+		}
+		fmt.Printf("    %v; the table shows what the router has done so far\n", err)
+	} else {
+		fmt.Printf("    quiet after %s\n", waited.Round(100*time.Millisecond))
 	}
+	// The report is read while the router still runs: its Events are all posted by now.
+	if err := report(ctx, kube, sqsc, intakeURL, dlqURL, claims); err != nil {
+		return errors.Join(err, stopped())
+	}
+	if keep {
+		if err := kept(sigCtx, restCfg, motoURL, intakeURL); err != nil {
+			return errors.Join(err, stopped())
+		}
+	}
+	return stopped()
+}
 
-	return report(ctx, kube, sqsc, intakeURL, dlqURL, claims)
+// kept prints how to look at the demo still running, and waits for Ctrl-C.
+func kept(ctx context.Context, restCfg *rest.Config, motoURL, intakeURL string) error {
+	dir, err := os.MkdirTemp("", "health-router-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(kubeconfig, restCfg); err != nil {
+		return err
+	}
+	fmt.Printf(`
+The demo is still up (KEEP=1): moto_server, kube-apiserver and the router. Try, in another terminal:
+    kubectl --kubeconfig %[1]s get nodeclaims,nodes
+    kubectl --kubeconfig %[1]s get events --sort-by=.lastTimestamp
+    go run ./cmd/health-router status --kubeconfig %[1]s
+    curl -s http://%[2]s/metrics | grep ^health_router_
+    curl -s http://%[3]s/readyz
+    AWS_ENDPOINT_URL=%[4]s AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=%[5]s aws sqs get-queue-attributes --queue-url %[6]s --attribute-names All
+Ctrl-C stops everything the demo started.
+`, kubeconfig, keptMetrics, keptProbes, motoURL, region, intakeURL)
+	<-ctx.Done()
+	fmt.Println("\nstopping the router, kube-apiserver and etcd, moto_server")
+	return nil
+}
+
+// writeKubeconfig writes a kubeconfig for envtest's API server (its client certificate).
+func writeKubeconfig(path string, cfg *rest.Config) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["demo"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["demo"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["demo"] = &clientcmdapi.Context{Cluster: "demo", AuthInfo: "demo"}
+	kc.CurrentContext = "demo"
+	return clientcmd.WriteToFile(*kc, path)
 }
 
 func step(s string) { fmt.Printf("==> %s\n", s) }
 
 func report(ctx context.Context, kube client.Client, sqsc *sqs.Client, intakeURL, dlqURL string, claims []string) error {
 	fmt.Println()
-	fmt.Println("What the router did, per NodeClaim:")
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODECLAIM\tNODEPOOL\tSTATE\tDEFERRALS (event kind -> until, state)")
-	sort.Strings(claims)
-	for _, name := range claims {
-		nc := &karpv1.NodeClaim{}
-		if err := kube.Get(ctx, client.ObjectKey{Name: name}, nc); err != nil {
-			return err
-		}
-		state := "running"
-		switch {
-		case !nc.DeletionTimestamp.IsZero():
-			state = "DELETED (Karpenter drains it)"
-		case nc.Annotations[cluster.AnnotationDrainSignalled] != "":
-			state = "drain signalled"
-		}
-		var ds []string
-		for _, d := range record.Records(nc) {
-			ds = append(ds, fmt.Sprintf("%s -> %s, %s (%s)", d.Kind, d.Until.Format("2006-01-02 15:04"), d.State, d.Hold))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, nc.Labels[karpv1.NodePoolLabelKey], state, strings.Join(ds, "; "))
+	fmt.Println("What the router did, per NodeClaim, and why:")
+	rows, err := readClaims(ctx, kube, claims)
+	if err != nil {
+		return err
 	}
-	tw.Flush()
+	if err := writeClaims(os.Stdout, rows); err != nil {
+		return err
+	}
 	attrs, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(intakeURL), AttributeNames: []sqstypes.QueueAttributeName{"ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"}})
 	if err != nil {
 		return err

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 )
@@ -28,27 +34,103 @@ func TestQuietLogsFulfilsControllerRuntime(t *testing.T) {
 	}
 }
 
-// TestDemo runs `make demo`'s program (moto_server and envtest for real, about 25 s with
-// the envtest binaries built) and checks that a newcomer sees the report and no stack trace.
+// TestDemo runs `make demo KEEP=1`'s program (moto_server and envtest for real, about 25 s
+// with the envtest binaries built): a newcomer sees the report with its reasons and no stack
+// trace; while it is kept up, the metrics, the readiness probe and `health-router status`
+// through the printed kubeconfig answer; and Ctrl-C stops everything it started (moto_server's
+// port is closed, the kubeconfig removed).
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs moto_server and envtest (about 25 s)")
 	}
-	cmd := exec.Command("go", "run", ".")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	bin := filepath.Join(t.TempDir(), "demo")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building the demo: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "KEEP=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	var stdout bytes.Buffer
+	lines := bufio.NewScanner(pipe)
+	up := false
+	for lines.Scan() {
+		stdout.WriteString(lines.Text() + "\n")
+		if strings.HasPrefix(lines.Text(), "Ctrl-C stops everything") {
+			up = true
+			break
+		}
+	}
+	if !up {
+		cmd.Wait()
+		t.Fatalf("the demo ended before it was kept up\nstdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"==> starting moto_server", "==> waiting for the intake queue to be quiet", "quiet after", "What the router did, per NodeClaim, and why:",
+		"NODECLAIM", "REASON", "DELETED (Karpenter drains it)", "deferred", "drain (no annotation: Karpenter's behaviour)", "Dead-letter queue:", "The demo is still up (KEEP=1)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	kubeconfig := regexp.MustCompile(`kubectl --kubeconfig (\S+) get nodeclaims`).FindStringSubmatch(out)
+	moto := regexp.MustCompile(`AWS_ENDPOINT_URL=(\S+) `).FindStringSubmatch(out)
+	if kubeconfig == nil || moto == nil {
+		t.Fatalf("no kubeconfig or moto URL printed:\n%s", out)
+	}
+	get := func(url string) string {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Errorf("GET %s: %v", url, err)
+			return ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %s\n%s", url, resp.Status, b)
+		}
+		return string(b)
+	}
+	if m := get("http://" + keptMetrics + "/metrics"); !strings.Contains(m, "health_router_") {
+		t.Errorf("no health_router_ metrics on %s", keptMetrics)
+	}
+	get("http://" + keptProbes + "/readyz")
+	status := exec.Command("go", "run", "../../../cmd/health-router", "status", "--kubeconfig", kubeconfig[1])
+	if b, err := status.CombinedOutput(); err != nil || !strings.Contains(string(b), "kafka") {
+		t.Errorf("health-router status through the printed kubeconfig: %v\n%s", err, b)
+	}
+
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { io.Copy(&stdout, pipe); exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("the demo after Ctrl-C: %v\nstderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the demo did not stop within 60s of Ctrl-C")
+	}
+	if _, err := os.Stat(kubeconfig[1]); !os.IsNotExist(err) {
+		t.Errorf("the kubeconfig is left behind: %v", err)
+	}
+	if resp, err := http.Get(moto[1] + "/moto-api/"); err == nil {
+		resp.Body.Close()
+		t.Errorf("moto_server still answers on %s after Ctrl-C", moto[1])
 	}
 	all := stdout.String() + stderr.String()
 	for _, bad := range []string{"was never called", "Detected at:", "goroutine ", "panic"} {
 		if strings.Contains(all, bad) {
 			t.Errorf("demo output contains %q:\n%s", bad, all)
-		}
-	}
-	for _, want := range []string{"==> starting moto_server", "What the router did, per NodeClaim:", "NODECLAIM", "DELETED (Karpenter drains it)", "deferred", "Dead-letter queue:"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("demo output lacks %q:\n%s", want, stdout.String())
 		}
 	}
 	if testing.Verbose() {
