@@ -59,6 +59,7 @@ import (
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/status"
 	"github.com/health-router/health-router/router/upcoming"
+	"github.com/health-router/health-router/router/version"
 	"github.com/health-router/health-router/router/watchdog"
 )
 
@@ -380,7 +381,8 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	}); err != nil {
 		return err
 	}
-	log.Info("starting", "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
+	build := version.Get()
+	log.Info("starting", "version", build.Version, "commit", build.Commit, "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
 	return mgr.Start(ctx)
 }
 

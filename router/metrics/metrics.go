@@ -24,6 +24,7 @@ const (
 	RecordsUnreadable    = "health_router_records_unreadable_total"            // NodeClaim records this router cannot read (kept as they are)
 	WakesDropped         = "health_router_deferral_wakes_dropped_total"        // releases not queued (the wake queue was full); the recheck covers them
 	EventsHeld           = "health_router_instance_events_held_total"          // label: reason; instances whose decision Events were summed up per pool
+	BuildInfo            = "health_router_build_info"                          // gauge, always 1; labels: version, commit, go_version, karpenter_version
 
 	// Watchdog gauges: Karpenter states users otherwise find by accident.
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool
@@ -64,6 +65,12 @@ const (
 	LabelGate      = "gate"
 	LabelNode      = "node"
 	LabelOutcome   = "outcome"
+
+	// Labels of BuildInfo (router/version).
+	LabelVersion          = "version"
+	LabelCommit           = "commit"
+	LabelGoVersion        = "go_version"
+	LabelKarpenterVersion = "karpenter_version"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the
