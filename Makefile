@@ -8,6 +8,11 @@ export CGO_ENABLED := 0
 export GOFLAGS := -trimpath $(GOFLAGS)
 GO ?= go
 BIN := bin/health-router
+# What `health-router version`, the health_router_build_info metric and the start log line
+# say: stamped into the binary by the linker (router/version), for make build and the image.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+VERSION_PKG := github.com/health-router/health-router/router/version
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
 .PHONY: help build test unit fmt lint fuzz bench demo replay clean image image-push chart-docs docs manifests sim
@@ -15,8 +20,8 @@ DEMO_NOW ?= 2026-11-21T12:00:00Z
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
-build: ## build bin/health-router
-	$(GO) build -o $(BIN) ./cmd/health-router
+build: ## build bin/health-router, stamped with VERSION and REVISION (git describe, the commit)
+	$(GO) build -ldflags "-X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(REVISION)" -o $(BIN) ./cmd/health-router
 
 demo: ## the live router on local stand-ins (moto_server, envtest): the demo scenario end to end, what it did and why; KEEP=1: stays up (kubectl, status, /metrics) until Ctrl-C; KARPENTER=1: in front of the real Karpenter
 	KEEP=$(KEEP) KARPENTER=$(KARPENTER) $(GO) run ./test/demo/live
@@ -59,8 +64,8 @@ bench: ## benchmarks, the load harness, the live bench on envtest + moto (LIVE_F
 
 # The container image (deploy/image): linux/amd64 and linux/arm64, from an empty base, no daemon.
 # SOURCE_DATE_EPOCH is the commit time, so one commit gives one digest.
-IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-IMAGE_REVISION ?= $(shell git rev-parse HEAD)
+IMAGE_VERSION ?= $(VERSION)
+IMAGE_REVISION ?= $(REVISION)
 IMAGE_TAG ?= $(IMAGE_VERSION)
 export SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct)
 

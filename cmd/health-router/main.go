@@ -2,17 +2,19 @@
 // EC2 instances: drain now, defer to a maintenance window, or ignore.
 //
 //	health-router run --queue-url URL --dead-letter-queue-url URL [--karpenter-queue-url URL] ...
+//	health-router doctor --queue-url URL --dead-letter-queue-url URL ...
 //	health-router replay --cluster CLUSTER.yaml --events PATH [--aws AWS.yaml] [--now RFC3339] [-o table|json]
 //	health-router status [--nodepool NAME] [-o table|json | --ics]
+//	health-router version [-o json]
 //
-// Installed as kubectl-health_router (a copy or a symlink), it is a kubectl plugin:
-// kubectl health-router status.
+// `health-router <command> --help` prints a command's flags and examples. Installed as
+// kubectl-health_router (a copy or a symlink), it is a kubectl plugin: kubectl health-router
+// status.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -22,37 +24,29 @@ import (
 	"syscall"
 	"time"
 	_ "time/tzdata" // window schedules name zones (CRON_TZ=...); do not depend on the image's tzdata
-
-	"github.com/health-router/health-router/router/options"
-	"github.com/health-router/health-router/router/replay"
 )
-
-const usage = `usage: %[1]s <command> [flags]
-
-commands:
-  run      consume the intake queue, decide, and signal Karpenter (in the cluster)
-  doctor   check a live setup (queues, rules, Karpenter's own handling, RBAC, feature gates)
-  replay   decide recorded events against a cluster snapshot (no AWS, no cluster needed)
-  status   per NodePool: policy, window, deferred events, drains in flight, check holds
-
-Run "%[1]s <command> -h" for a command's flags. Every flag has an environment
-fallback: --queue-url is also HEALTH_ROUTER_QUEUE_URL.
-`
 
 // pluginBinary is the name kubectl looks for to run "kubectl health-router".
 const pluginBinary = "kubectl-health_router"
 
+// Exit codes: a mistake on the command line (a flag, a value, a command) is 2, as for the
+// shell's builtins and Go's flag package; a command that ran and failed is 1.
+const (
+	exitFailed = 1
+	exitUsage  = 2
+)
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, programName(os.Args[0]), os.Args[1:], os.Stdout, os.Stderr)
+	code := execute(ctx, programName(os.Args[0]), os.Args[1:], env{getenv: os.Getenv, now: time.Now().UTC()}, os.Stdout, os.Stderr)
 	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "health-router:", err)
-		os.Exit(2)
-	}
+	os.Exit(code)
+}
+
+// env is what a command reads from the process besides its arguments.
+type env struct {
+	getenv func(string) string
+	now    time.Time
 }
 
 // programName is how the user called us: "kubectl health-router" through the plugin binary.
@@ -63,40 +57,28 @@ func programName(arg0 string) string {
 	return "health-router"
 }
 
-func run(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprintf(stderr, usage, name)
-		return errors.New("no command")
+// usageError is a mistake on the command line: it is told in one line, with where to find
+// the command's help.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// execute runs the command args name, and returns the process's exit code. Help goes to
+// stdout; a mistake is one line on stderr and the way to the help.
+func execute(ctx context.Context, name string, args []string, e env, stdout, stderr io.Writer) int {
+	root := newRoot(name, e, stdout, stderr)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
 	}
-	switch args[0] {
-	case "replay":
-		o, err := options.ParseReplay(args[1:], os.Getenv, time.Now().UTC())
-		if err != nil {
-			return err
-		}
-		return replay.Run(ctx, o, stdout, stderr)
-	case "run":
-		o, err := options.ParseRun(args[1:], os.Getenv)
-		if err != nil {
-			return err
-		}
-		return runRouter(ctx, o, stderr)
-	case "doctor":
-		o, err := options.ParseDoctor(args[1:], os.Getenv)
-		if err != nil {
-			return err
-		}
-		return runDoctor(ctx, o, stdout, stderr)
-	case "status":
-		o, err := options.ParseStatus(args[1:], os.Getenv, time.Now().UTC())
-		if err != nil {
-			return err
-		}
-		return runStatus(ctx, o, stdout, stderr)
-	case "-h", "--help", "help":
-		fmt.Fprintf(stdout, usage, name)
-		return nil
+	if cmd == nil {
+		cmd = root
 	}
-	fmt.Fprintf(stderr, usage, name)
-	return fmt.Errorf("unknown command %q", args[0])
+	if errors.As(err, new(usageError)) {
+		fmt.Fprintf(stderr, "%s: %v\nSee '%s --help'.\n", cmd.CommandPath(), err, cmd.CommandPath())
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)
+	return exitFailed
 }

@@ -39,6 +39,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/crypto/x509roots/fallback/bundle"
+
+	"github.com/health-router/health-router/router/version"
 )
 
 // Where things are in the image.
@@ -90,8 +92,8 @@ func build(args []string) error {
 	fs.StringVar(&o.pkg, "package", "./cmd/health-router", "the main package to build")
 	platforms := fs.String("platforms", "linux/amd64,linux/arm64", "comma-separated os/arch list")
 	fs.StringVar(&o.caBundle, "ca-bundle", "", "CA bundle file to put in the image instead of the one pinned by go.mod (golang.org/x/crypto/x509roots/fallback); the digest then depends on that file")
-	fs.StringVar(&o.version, "version", "dev", "org.opencontainers.image.version")
-	fs.StringVar(&o.revision, "revision", "", "org.opencontainers.image.revision: the commit (required)")
+	fs.StringVar(&o.version, "version", "dev", "org.opencontainers.image.version, and what the binary's version command says")
+	fs.StringVar(&o.revision, "revision", "", "org.opencontainers.image.revision: the commit (required), and the binary's")
 	fs.StringVar(&o.source, "source", "https://github.com/health-router/health-router", "org.opencontainers.image.source")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -180,7 +182,7 @@ func index(o buildOptions, ca []byte) (v1.ImageIndex, error) {
 	idx = mutate.Annotations(idx, labels(o)).(v1.ImageIndex)
 	for _, p := range o.platforms {
 		bin := filepath.Join(work, "health-router-"+p.Architecture)
-		if err := goBuild(o.pkg, p, bin); err != nil {
+		if err := goBuild(o.pkg, p, bin, version.LDFlags(o.version, o.revision)); err != nil {
 			return nil, err
 		}
 		img, err := image(o, p, bin, ca)
@@ -193,9 +195,10 @@ func index(o buildOptions, ca []byte) (v1.ImageIndex, error) {
 	return idx, nil
 }
 
-// goBuild builds a static binary: no cgo, no paths of this machine, no build ID that varies.
-func goBuild(pkg string, p v1.Platform, out string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", out, pkg)
+// goBuild builds a static binary: no cgo, no paths of this machine, no build ID that varies;
+// stamp is more linker flags (the version and the commit, router/version).
+func goBuild(pkg string, p v1.Platform, out, stamp string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid= "+stamp, "-o", out, pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Architecture)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

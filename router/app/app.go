@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -62,6 +63,7 @@ import (
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/status"
 	"github.com/health-router/health-router/router/upcoming"
+	"github.com/health-router/health-router/router/version"
 	"github.com/health-router/health-router/router/watchdog"
 )
 
@@ -69,7 +71,7 @@ import (
 // registered with reg (controller-runtime's metrics.Registry in production, which the
 // manager serves on /metrics).
 func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheus.Registerer, log *slog.Logger) error {
-	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	RouteLogs(log)
 	// A malformed queue URL is a mistake in the pod's spec: refused at once, with the flag
 	// named, rather than retried.
 	for _, q := range []struct{ flag, url string }{{"--queue-url", o.QueueURL}, {"--dead-letter-queue-url", o.DeadLetterQueueURL}, {"--karpenter-queue-url", o.KarpenterQueueURL}} {
@@ -150,6 +152,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Logger: logr.New(shutdownSink{LogSink: logr.FromSlogHandler(log.Handler()).GetSink(), ctx: ctx}),
 		Scheme: scheme,
 		Cache:  CacheOptions(scheme, trim),
 		// Pods are read per node when a gate or the watchdog needs them (a field selector on
@@ -435,8 +438,51 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if err := mgr.AddReadyzCheck("queues", ready.Check); err != nil {
 		return err
 	}
-	log.Info("starting", "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
+	build := version.Get()
+	log.Info("starting", "version", build.Version, "commit", build.Commit, "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
 	return mgr.Start(ctx)
+}
+
+// RouteLogs sends what the libraries log to log: controller-runtime's logger and klog's,
+// through which client-go and its leader election log ("attempting to acquire leader lease"),
+// so that every line of the process is JSON like the router's own. Both are process-wide.
+func RouteLogs(log *slog.Logger) {
+	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	klog.SetSlogLogger(log)
+}
+
+// errLeaderElectionLost is the text of the error controller-runtime's manager reports when
+// its leader election ends (manager/internal.go, an errors.New of its own).
+const errLeaderElectionLost = "leader election lost"
+
+// shutdownSink is the manager's logger: every line goes to the router's log, but for the one
+// error the manager logs on every shutdown of a run with leader election. Cancelling the
+// election, the manager's last step, calls its OnStoppedLeading, which reports "leader
+// election lost" into the stop sequence, logged at ERROR as "error received after stop
+// sequence was engaged" (controller-runtime#3535): once ctx is done, the election ended
+// because it was asked to, and the line is Info. A lease lost while running (ctx not done)
+// stays an error, and ends run with it.
+type shutdownSink struct {
+	logr.LogSink
+	ctx context.Context
+}
+
+func (s shutdownSink) Error(err error, msg string, kv ...any) {
+	if s.ctx.Err() != nil && err != nil && err.Error() == errLeaderElectionLost {
+		if s.LogSink.Enabled(0) {
+			s.LogSink.Info(0, "leader election ended with the shutdown", kv...)
+		}
+		return
+	}
+	s.LogSink.Error(err, msg, kv...)
+}
+
+func (s shutdownSink) WithValues(kv ...any) logr.LogSink {
+	return shutdownSink{LogSink: s.LogSink.WithValues(kv...), ctx: s.ctx}
+}
+
+func (s shutdownSink) WithName(name string) logr.LogSink {
+	return shutdownSink{LogSink: s.LogSink.WithName(name), ctx: s.ctx}
 }
 
 // leaderRunnable is a manager runnable that runs only on the elected leader.

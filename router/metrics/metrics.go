@@ -26,6 +26,7 @@ const (
 	EventsHeld           = "health_router_instance_events_held_total"          // label: reason; instances whose decision Events were summed up per pool
 	ShadowDecisions      = "health_router_shadow_decisions_total"              // labels: kind, action, nodepool; would-be outcomes of shadow pools, nothing carried out
 	ShadowKarpenter      = "health_router_shadow_karpenter_drains_total"       // labels: nodepool; NodeClaims with a would-be outcome that Karpenter drained meanwhile
+	BuildInfo            = "health_router_build_info"                          // gauge, always 1; labels: version, commit, go_version, karpenter_version
 
 	// Watchdog gauges: Karpenter states users otherwise find by accident.
 	WatchdogStuckEmpty       = "health_router_watchdog_stuck_empty_nodeclaims"         // labels: nodepool
@@ -66,6 +67,12 @@ const (
 	LabelGate      = "gate"
 	LabelNode      = "node"
 	LabelOutcome   = "outcome"
+
+	// Labels of BuildInfo (router/version).
+	LabelVersion          = "version"
+	LabelCommit           = "commit"
+	LabelGoVersion        = "go_version"
+	LabelKarpenterVersion = "karpenter_version"
 )
 
 // CloudWatchNamespace is the namespace of every CloudWatch metric the router and the

@@ -1,6 +1,10 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/health-router/health-router/router/version"
+)
 
 // Router holds the router's Prometheus collectors.
 type Router struct {
@@ -101,7 +105,14 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: Reschedules, Help: "Scheduled events of pools annotated healthrouter.io/reschedule=true the router tried to move into the pool's window, by result: moved, in-window (already there), not-moved (no deadline, too close, no opening before the deadline, no open event), refused (EC2 refused the call) or unavailable (EC2 did not answer; the ordinary policy applied).",
 		}, []string{LabelResult}),
 	}
-	reg.MustRegister(m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.ShadowDecisions, m.ShadowKarpenter, m.StateConfirmations, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
+	// Which build is running, as Prometheus exporters say it: one series at 1, the build in
+	// its labels, so that a query can join it (group_left) or count the versions of a fleet.
+	v := version.Get()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: BuildInfo, Help: "Always 1; the labels say which build of the router is running: its version and commit, the Go version and the Karpenter API (sigs.k8s.io/karpenter) version it is built with.",
+	}, []string{LabelVersion, LabelCommit, LabelGoVersion, LabelKarpenterVersion})
+	build.WithLabelValues(v.Version, v.Commit, v.GoVersion, v.KarpenterVersion).Set(1)
+	reg.MustRegister(build, m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.ShadowDecisions, m.ShadowKarpenter, m.StateConfirmations, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now: the active records on NodeClaims, as the leader's deferral controller holds them."}, deferred))
 	return m
 }

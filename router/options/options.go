@@ -4,7 +4,6 @@
 package options
 
 import (
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"k8s.io/component-base/featuregate"
 
 	"github.com/health-router/health-router/router/checks"
@@ -33,71 +33,53 @@ func EnvName(flagName string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// parse parses args, then fills every flag not given from its environment variable.
-func parse(fs *flag.FlagSet, args []string, getenv func(string) string) error {
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || err != nil {
-			return
-		}
-		if v := getenv(EnvName(f.Name)); v != "" {
-			if e := f.Value.Set(v); e != nil {
-				err = fmt.Errorf("%s=%q (for --%s): %v", EnvName(f.Name), v, f.Name, e)
-			}
-		}
-	})
-	return err
-}
-
 // replayFlags defines the flags of `health-router replay` on o; now and gates are parsed
 // further by ParseReplay.
-func replayFlags(o *replay.Options) (fs *flag.FlagSet, now, gates *string) {
-	fs = flag.NewFlagSet("replay", flag.ContinueOnError)
+func replayFlags(o *replay.Options) (fs *pflag.FlagSet, now, gates *string) {
+	fs = newFlagSet("replay")
 	fs.StringVar(&o.ClusterFile, "cluster", "", "`path` of the cluster snapshot (required): what kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses -o yaml prints (a List), or multi-document YAML or JSON of those objects; add pods,poddisruptionbudgets -A for the PodDisruptionBudget gate (without Pods it is not run, and the table says so); other kinds are left out with a note on stderr")
 	fs.StringVar(&o.EventsPath, "events", "", "`path` of the events (required): a JSON file (one event), a JSON-lines file (.jsonl or .ndjson, one event per line), or a directory of both, read in name order")
 	fs.StringVar(&o.AWSFile, "aws", "", "`path` of what EC2 answers the pre-signal checks (and the scheduled events of pools that move them, a what-if): the JSON that aws ec2 describe-images, describe-capacity-reservations and describe-instance-status --output json print, or the short YAML; a file or a directory of them; without it no check runs")
 	fs.StringVar(&o.AlertsFile, "alerts", "", "`path` of what Alertmanager answered (curl $ALERTMANAGER/api/v2/alerts?active=true&silenced=false&inhibited=false: its JSON array, unedited: labels, startsAt and status.state are read), for the pools' hold-while-alerts gate; without it the alert gate is not run, and the table says so")
-	now = fs.String("now", "", "the time to decide at, RFC 3339 (default: the current time)")
-	gates = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false")
-	fs.StringVar(&o.Output, "o", "table", "output: table (for people) or json (one object per event and instance)")
+	now = fs.String("now", "", "the `time` to decide at, RFC 3339 (default: the current time)")
+	gates = fs.String("feature-gates", "", "feature `gates`, as Karpenter's: ReservedCapacity=true|false")
+	fs.StringVarP(&o.Output, "output", "o", "table", "output: table (for people) or json (one object per event and instance)")
 	fs.BoolVar(&o.Strict, "strict", false, "exit non-zero when a NodePool of the snapshot has annotation problems (each is printed on stderr either way): a pool with one decides on the safe side, not as its owner meant")
 	return fs, now, gates
 }
 
+// NewReplay returns the parser of `health-router replay`; now is the default of --now.
+func NewReplay(now time.Time) *Parser[replay.Options] {
+	gates := checks.NewFeatureGates()
+	o := &replay.Options{Gates: gates}
+	fs, nowFlag, gateFlag := replayFlags(o)
+	return newParser(fs, func() (replay.Options, error) { return finishReplay(*o, gates, now, *nowFlag, *gateFlag) })
+}
+
 // ParseReplay parses `health-router replay` flags.
 func ParseReplay(args []string, getenv func(string) string, now time.Time) (replay.Options, error) {
-	gates := checks.NewFeatureGates()
-	o := replay.Options{Gates: gates}
-	fs, nowFlag, gateFlag := replayFlags(&o)
-	if err := parse(fs, args, getenv); err != nil {
-		return o, err
-	}
+	return NewReplay(now).Parse(args, getenv)
+}
+
+func finishReplay(o replay.Options, gates featuregate.MutableFeatureGate, now time.Time, nowFlag, gateFlag string) (replay.Options, error) {
 	switch {
 	case o.ClusterFile == "":
 		return o, fmt.Errorf("--cluster is required")
 	case o.EventsPath == "":
 		return o, fmt.Errorf("--events is required")
 	case o.Output != "table" && o.Output != "json":
-		return o, fmt.Errorf("-o %q: want table or json", o.Output)
+		return o, fmt.Errorf("--output %q: want table or json", o.Output)
 	}
 	o.Now = now
-	if *nowFlag != "" {
-		t, err := time.Parse(time.RFC3339, *nowFlag)
+	if nowFlag != "" {
+		t, err := time.Parse(time.RFC3339, nowFlag)
 		if err != nil {
-			return o, fmt.Errorf("--now %q: want RFC 3339, such as 2026-11-21T12:00:00Z", *nowFlag)
+			return o, fmt.Errorf("--now %q: want RFC 3339, such as 2026-11-21T12:00:00Z", nowFlag)
 		}
 		o.Now = t
 	}
-	if *gateFlag != "" {
-		if err := gates.Set(*gateFlag); err != nil {
+	if gateFlag != "" {
+		if err := gates.Set(gateFlag); err != nil {
 			return o, fmt.Errorf("--feature-gates: %v", err)
 		}
 	}
@@ -222,20 +204,20 @@ type Run struct {
 
 // runFlags defines the flags of `health-router run` on o; mode, gateFlag and level are parsed
 // further by ParseRun.
-func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string) {
-	fs = flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.StringVar(&o.QueueURL, "queue-url", "", "URL of the SQS intake queue the EventBridge rules feed (required)")
-	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "URL of the SQS dead-letter queue for messages the router cannot act on (required)")
-	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "URL of Karpenter's interruption queue (its --interruption-queue); drains are forwarded there (signal mode forward)")
-	mode = fs.String("signal", "", "how a drain is signalled: forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
+func runFlags(o *Run) (fs *pflag.FlagSet, mode, gateFlag, level, headers *string) {
+	fs = newFlagSet("run")
+	fs.StringVar(&o.QueueURL, "queue-url", "", "`URL` of the SQS intake queue the EventBridge rules feed (required)")
+	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "`URL` of the SQS dead-letter queue for messages the router cannot act on (required)")
+	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue (its --interruption-queue); drains are forwarded there (signal mode forward)")
+	mode = fs.String("signal", "", "how a drain is signalled (`mode`): forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
 	fs.IntVar(&o.Workers, "workers", DefaultWorkers, "messages worked on at once (1 to 100)")
 	fs.IntVar(&o.Receivers, "receivers", DefaultReceivers, "SQS receive loops filling the workers, each with one long poll in flight and its share of the free workers (1 to --workers): one loop brings at most 10 messages per round trip to SQS")
 	fs.DurationVar(&o.Visibility, "visibility-timeout", 30*time.Second, "how long a received message stays invisible between heartbeats (10s to 12h)")
 	fs.DurationVar(&o.WaitTime, "wait-time", 20*time.Second, "SQS long-poll wait (0s to 20s)")
 	fs.DurationVar(&o.HandleTimeout, "handle-timeout", 2*time.Minute, "longest work on one message (Kubernetes and AWS calls), plus 25 ms per instance it names; past it the message is retried with backoff, and the retry skips the instances whose outcome is recorded")
-	fs.StringVar(&o.Region, "region", "", "AWS region (default: the AWS SDK's, from AWS_REGION or the profile); events of other regions are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every region")
-	fs.StringVar(&o.Account, "account", "", "AWS account ID (default: the router's own, from sts:GetCallerIdentity, which needs no permission); events of other accounts are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every account")
-	fs.Func("sender-ids", "comma-separated SQS SenderIds the intake acts on; a message of another sender is dead-lettered as foreign-sender (default: any sender, the queue policy decides). A role's ID (AROA..., from aws iam get-role) stands for every session of the role; see running.md for EventBridge's", func(v string) error {
+	fs.StringVar(&o.Region, "region", "", "AWS `region` (default: the AWS SDK's, from AWS_REGION or the profile); events of other regions are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every region")
+	fs.StringVar(&o.Account, "account", "", "AWS `account` ID (default: the router's own, from sts:GetCallerIdentity, which needs no permission); events of other accounts are dead-lettered as foreign, a guard against misconfiguration, not authentication; any: accept every account")
+	fs.Func("sender-ids", "comma-separated SQS SenderIds (`ids`) the intake acts on; a message of another sender is dead-lettered as foreign-sender (default: any sender, the queue policy decides). A role's ID (AROA..., from aws iam get-role) stands for every session of the role; see running.md for EventBridge's", func(v string) error {
 		o.SenderIDs = nil
 		for _, id := range strings.Split(v, ",") {
 			id = strings.TrimSpace(id)
@@ -246,35 +228,35 @@ func runFlags(o *Run) (fs *flag.FlagSet, mode, gateFlag, level, headers *string)
 		}
 		return nil
 	})
-	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins such as moto_server); empty for AWS")
-	gateFlag = fs.String("feature-gates", "", "feature gates, as Karpenter's: ReservedCapacity=true|false (default true); keep them equal to Karpenter's")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
+	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this `URL` (local stand-ins such as moto_server); empty for AWS")
+	gateFlag = fs.String("feature-gates", "", "feature `gates`, as Karpenter's: ReservedCapacity=true|false (default true); keep them equal to Karpenter's")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: in-cluster, or $KUBECONFIG)")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas: only the leader consumes the queue; a standby takes over")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "health-router.healthrouter.io", "name of the leader election Lease")
-	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; 0 to disable")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", ":8080", "`address` of the Prometheus /metrics endpoint; 0 to disable")
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", false, "serve /metrics over HTTPS (a self-signed certificate) to callers the API server authenticates (TokenReview) and authorizes for GET on the non-resource URL /metrics (SubjectAccessReview); needs create on tokenreviews and subjectaccessreviews. Off: plain HTTP, no authentication")
-	fs.StringVar(&o.CalendarBindAddress, "calendar-bind-address", "", "address (host:port) of the maintenance calendar, GET /calendar.ics, on a listener of its own with no authentication: it names nodes, events and drain times, so keep it inside the cluster (a NetworkPolicy) and never expose it publicly; empty: not served")
-	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready once the cache of Nodes, NodeClaims, NodePools, EC2NodeClasses and PodDisruptionBudgets is synced)")
+	fs.StringVar(&o.CalendarBindAddress, "calendar-bind-address", "", "`address` (host:port) of the maintenance calendar, GET /calendar.ics, on a listener of its own with no authentication: it names nodes, events and drain times, so keep it inside the cluster (a NetworkPolicy) and never expose it publicly; empty: not served")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "`address` of /healthz and /readyz (ready once the cache of Nodes, NodeClaims, NodePools, EC2NodeClasses and PodDisruptionBudgets is synced)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for in-flight messages")
 	fs.BoolVar(&o.CloudWatchMetrics, "cloudwatch-metrics", false, "publish the dashboard metrics to CloudWatch (namespace HealthRouter), from the leader only")
 	fs.DurationVar(&o.CloudWatchInterval, "cloudwatch-interval", time.Minute, "how often CloudWatch metrics are published (at least 10s); each publish sends a Heartbeat, for the \"router silent\" alarm")
 	fs.StringVar(&o.ClusterName, "cluster-name", "", "cluster name, the ClusterName dimension of the CloudWatch metrics (required with --cloudwatch-metrics)")
-	level = fs.String("log-level", "info", "log level: debug, info, warn or error (JSON logs; keys event_id, kind, instance, node, nodepool, action)")
+	level = fs.String("log-level", "info", "log `level`: debug, info, warn or error (JSON logs; keys event_id, kind, instance, node, nodepool, action)")
 	fs.Float64Var(&o.KubeClientQPS, "kube-client-qps", DefaultKubeClientQPS, "requests per second each Kubernetes client the router makes (the cache, writes, Events) may make, however the kubeconfig is found (Karpenter's default)")
 	fs.IntVar(&o.KubeClientBurst, "kube-client-burst", DefaultKubeClientBurst, "burst of requests each Kubernetes client may make above --kube-client-qps")
 	fs.IntVar(&o.InstanceParallelism, "instance-parallelism", 16, "instances of one event decided and carried out at once (1-256)")
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "poll ec2:DescribeInstanceStatus for the cluster's instances (scheduled events, impaired status) as the leader, taking over Karpenter's own poller (Karpenter v1.12+); needs the permission")
-	fs.StringVar(&o.AlertmanagerURL, "alertmanager-url", "", "base URL of the Alertmanager (API v2, with any route prefix) the pools' hold-while-alerts gate asks, e.g. http://alertmanager.monitoring:9093; empty: a pool asking for the gate finds it unreachable")
+	fs.StringVar(&o.AlertmanagerURL, "alertmanager-url", "", "base `URL` of the Alertmanager (API v2, with any route prefix) the pools' hold-while-alerts gate asks, e.g. http://alertmanager.monitoring:9093; empty: a pool asking for the gate finds it unreachable")
 	fs.DurationVar(&o.InstanceStatusInterval, "instance-status-interval", time.Minute, "how often the instance-status poller runs (at least 10s; Karpenter's interval is 1m)")
 	fs.DurationVar(&o.ForwardConfirmTimeout, "forward-confirm-timeout", 20*time.Second, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the router deletes the NodeClaim itself")
-	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (a clear \"not managed by Karpenter\" outcome: an Event on the Node and a metric; the message is deleted, nothing retried) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected, as aws-node-termination-handler would: one router for every node of the cluster)")
+	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what (`mode`) the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (a clear \"not managed by Karpenter\" outcome: an Event on the Node and a metric; the message is deleted, nothing retried) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected, as aws-node-termination-handler would: one router for every node of the cluster)")
 	fs.BoolVar(&o.NodeMarks, "node-marks", true, "show each node's pending outcome (deferred, held) on its Node: the label healthrouter.io/maintenance-at (Unix seconds), the annotation healthrouter.io/maintenance, and in pools annotated healthrouter.io/taint-upcoming=true a PreferNoSchedule taint; needs permission to patch Nodes")
 	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "keep nodes through reboot-type scheduled events for the pools annotated healthrouter.io/action.scheduled-change.<type>=reboot-in-place: cordon, evict (PDBs respected), let AWS reboot (or RebootInstances for instance-reboot), uncordon once Ready; off, those nodes are replaced. Needs permission to patch Nodes, create pods/eviction and get DaemonSets, and ec2:RebootInstances")
 	fs.IntVar(&o.PodEventsPerEvent, "pod-events-per-event", podnotice.DefaultPerEvent, "Kubernetes Events written on the pods of the nodes an event drains or defers, at most this many per event (and 110 per node); the pods past it are counted in one summary Event per namespace; 0: no pod Events")
 	fs.Float64Var(&o.InstanceEventsPerSecond, "instance-events-per-second", signal.DefaultInstanceEventsPerSecond, "instances a second whose decision gets its Kubernetes Events (on the Node and the NodeClaim), with a burst of ten seconds' worth; past it the instances are counted and told in one Event per NodePool and reason every 30s (their records stay on their NodeClaims), so that a burst of 1,000 Spot warnings does not write 2,000 Events while Karpenter launches replacements; 0: no bound")
 	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount (the Terraform module's default is 100); 0: never")
-	fs.StringVar(&o.WebhookURL, "webhook-url", "", "URL that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
+	fs.StringVar(&o.WebhookURL, "webhook-url", "", "`URL` that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
 	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
 	headers = fs.String("webhook-headers", "", "headers of every webhook request, name=value,name=value (e.g. Authorization=Bearer <token>); values cannot contain commas")
 	return fs, mode, gateFlag, level, headers
@@ -299,19 +281,24 @@ func validHTTPURL(v string) bool {
 // RunFlagNames lists the flags of `health-router run`, for the chart's test that every one is
 // reachable from its values.
 func RunFlagNames() []string {
-	fs, _, _, _, _ := runFlags(&Run{Gates: checks.NewFeatureGates()})
 	var names []string
-	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	NewRun().Flags.VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
 	return names
+}
+
+// NewRun returns the parser of `health-router run`.
+func NewRun() *Parser[Run] {
+	o := &Run{Gates: checks.NewFeatureGates()}
+	fs, mode, gateFlag, level, headers := runFlags(o)
+	return newParser(fs, func() (Run, error) { return finishRun(*o, *mode, *gateFlag, *level, *headers) })
 }
 
 // ParseRun parses `health-router run` flags and validates them.
 func ParseRun(args []string, getenv func(string) string) (Run, error) {
-	o := Run{Gates: checks.NewFeatureGates()}
-	fs, mode, gateFlag, level, headers := runFlags(&o)
-	if err := parse(fs, args, getenv); err != nil {
-		return o, err
-	}
+	return NewRun().Parse(args, getenv)
+}
+
+func finishRun(o Run, mode, gateFlag, level, headers string) (Run, error) {
 	switch {
 	case o.KubeClientQPS <= 0:
 		return o, fmt.Errorf("--kube-client-qps %g: want a positive rate", o.KubeClientQPS)
@@ -364,7 +351,7 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	case o.CalendarBindAddress != "" && o.CalendarBindAddress == o.HealthProbeBindAddress:
 		return o, fmt.Errorf("--calendar-bind-address %q: the calendar has a listener of its own, apart from --health-probe-bind-address", o.CalendarBindAddress)
 	}
-	switch signal.Mode(*mode) {
+	switch signal.Mode(mode) {
 	case "":
 		o.Signal = signal.ModeDeleteNodeClaim
 		if o.KarpenterQueueURL != "" {
@@ -378,17 +365,17 @@ func ParseRun(args []string, getenv func(string) string) (Run, error) {
 	case signal.ModeDeleteNodeClaim:
 		o.Signal = signal.ModeDeleteNodeClaim
 	default:
-		return o, fmt.Errorf("--signal %q: want forward or delete-nodeclaim", *mode)
+		return o, fmt.Errorf("--signal %q: want forward or delete-nodeclaim", mode)
 	}
-	if *gateFlag != "" {
-		if err := o.Gates.Set(*gateFlag); err != nil {
+	if gateFlag != "" {
+		if err := o.Gates.Set(gateFlag); err != nil {
 			return o, fmt.Errorf("--feature-gates: %v", err)
 		}
 	}
-	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
-		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+	if err := o.LogLevel.UnmarshalText([]byte(level)); err != nil {
+		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	if err := parseWebhook(&o, *headers); err != nil {
+	if err := parseWebhook(&o, headers); err != nil {
 		return o, err
 	}
 	return o, nil
@@ -452,39 +439,45 @@ type Doctor struct {
 
 // doctorFlags defines the flags of `health-router doctor` on o; gates is parsed further by
 // ParseDoctor.
-func doctorFlags(o *Doctor) (fs *flag.FlagSet, gates *string) {
-	fs = flag.NewFlagSet("doctor", flag.ContinueOnError)
-	fs.StringVar(&o.QueueURL, "queue-url", "", "the SQS intake queue (required)")
-	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "the dead-letter queue (required)")
-	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "Karpenter's interruption queue, to check that no rule feeds it directly")
-	fs.StringVar(&o.KarpenterRoleARN, "karpenter-role-arn", "", "Karpenter's controller role, to check it cannot call ec2:DescribeInstanceStatus (needs iam:SimulatePrincipalPolicy)")
-	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "namespace of Karpenter's Deployment, for its feature gates")
-	fs.StringVar(&o.Namespace, "namespace", "health-router", "the router's namespace, for its leader election permissions")
-	fs.StringVar(&o.Region, "region", "", "AWS region (default: from the AWS SDK's environment)")
-	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this endpoint (local stand-ins)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, or $KUBECONFIG)")
-	gates = fs.String("feature-gates", "", "the router's feature gates, to compare with Karpenter's")
+func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
+	fs = newFlagSet("doctor")
+	fs.StringVar(&o.QueueURL, "queue-url", "", "`URL` of the SQS intake queue (required)")
+	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "`URL` of the dead-letter queue (required)")
+	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue, to check that no rule feeds it directly")
+	fs.StringVar(&o.KarpenterRoleARN, "karpenter-role-arn", "", "`ARN` of Karpenter's controller role, to check it cannot call ec2:DescribeInstanceStatus (needs iam:SimulatePrincipalPolicy)")
+	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "`namespace` of Karpenter's Deployment, for its feature gates")
+	fs.StringVar(&o.Namespace, "namespace", "health-router", "the router's `namespace`, for its leader election permissions")
+	fs.StringVar(&o.Region, "region", "", "AWS `region` (default: from the AWS SDK's environment)")
+	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this `URL` (local stand-ins)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: in-cluster, or $KUBECONFIG)")
+	gates = fs.String("feature-gates", "", "the router's feature `gates`, to compare with Karpenter's")
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller (the same environment variable), for the takeover check")
 	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
 	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "whether the router runs with --reboot-in-place (the same environment variable), to check that it may call ec2:RebootInstances")
 	return fs, gates
 }
 
+// NewDoctor returns the parser of `health-router doctor`.
+func NewDoctor() *Parser[Doctor] {
+	o := &Doctor{Gates: checks.NewFeatureGates()}
+	fs, gateFlag := doctorFlags(o)
+	return newParser(fs, func() (Doctor, error) { return finishDoctor(*o, *gateFlag) })
+}
+
 // ParseDoctor parses `health-router doctor` flags.
 func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
-	o := Doctor{Gates: checks.NewFeatureGates()}
-	fs, gateFlag := doctorFlags(&o)
-	if err := parse(fs, args, getenv); err != nil {
-		return o, err
-	}
+	return NewDoctor().Parse(args, getenv)
+}
+
+func finishDoctor(o Doctor, gateFlag string) (Doctor, error) {
 	switch {
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":
 		return o, fmt.Errorf("--dead-letter-queue-url is required")
 	}
-	if *gateFlag != "" {
-		if err := o.Gates.Set(*gateFlag); err != nil {
+	if gateFlag != "" {
+		if err := o.Gates.Set(gateFlag); err != nil {
 			return o, fmt.Errorf("--feature-gates: %v", err)
 		}
 	}
@@ -493,10 +486,6 @@ func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
 
 // FlagSets returns the flags of every command, one FlagSet named after its command, as the
 // command defines them: the reference (docs/reference.md) is generated from them.
-func FlagSets() []*flag.FlagSet {
-	run, _, _, _, _ := runFlags(&Run{Gates: checks.NewFeatureGates()})
-	doctor, _ := doctorFlags(&Doctor{Gates: checks.NewFeatureGates()})
-	rep, _, _ := replayFlags(&replay.Options{Gates: checks.NewFeatureGates()})
-	status, _ := statusFlags(&Status{})
-	return []*flag.FlagSet{run, doctor, rep, status}
+func FlagSets() []*pflag.FlagSet {
+	return []*pflag.FlagSet{NewRun().Flags, NewDoctor().Flags, NewReplay(time.Time{}).Flags, NewStatus(time.Time{}).Flags, NewVersion().Flags}
 }

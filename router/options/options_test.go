@@ -1,13 +1,13 @@
 package options
 
 import (
-	"flag"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/health-router/health-router/router/checks"
+	"github.com/spf13/pflag"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -40,7 +40,7 @@ func TestParseReplayErrorsNameTheFlag(t *testing.T) {
 	}{
 		{[]string{"--events", "ev"}, nil, "--cluster"},
 		{[]string{"--cluster", "c"}, nil, "--events"},
-		{[]string{"--cluster", "c", "--events", "e", "-o", "yaml"}, nil, "-o"},
+		{[]string{"--cluster", "c", "--events", "e", "-o", "yaml"}, nil, "--output"},
 		{[]string{"--cluster", "c", "--events", "e", "--now", "tomorrow"}, nil, "--now"},
 		{[]string{"--cluster", "c", "--events", "e", "--feature-gates", "Bogus=true"}, nil, "--feature-gates"},
 		{[]string{"--cluster", "c", "--events", "e", "extra"}, nil, "unexpected argument"},
@@ -169,7 +169,7 @@ func TestFlagSets(t *testing.T) {
 	for _, fs := range FlagSets() {
 		names = append(names, fs.Name())
 		n := 0
-		fs.VisitAll(func(f *flag.Flag) {
+		fs.VisitAll(func(f *pflag.Flag) {
 			n++
 			if strings.TrimSpace(f.Usage) == "" {
 				t.Errorf("%s --%s has no usage", fs.Name(), f.Name)
@@ -179,8 +179,8 @@ func TestFlagSets(t *testing.T) {
 			t.Errorf("%s has no flags", fs.Name())
 		}
 	}
-	if got := strings.Join(names, " "); got != "run doctor replay status" {
-		t.Errorf("commands %q, want run doctor replay status", got)
+	if got := strings.Join(names, " "); got != "run doctor replay status version" {
+		t.Errorf("commands %q, want run doctor replay status version", got)
 	}
 }
 

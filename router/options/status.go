@@ -1,9 +1,10 @@
 package options
 
 import (
-	"flag"
 	"fmt"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 // Status is the configuration of `health-router status` (also `kubectl health-router status`).
@@ -18,33 +19,39 @@ type Status struct {
 
 // statusFlags defines the flags of `health-router status` on o; now is parsed further by
 // ParseStatus.
-func statusFlags(o *Status) (fs *flag.FlagSet, now *string) {
-	fs = flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: $KUBECONFIG, in-cluster, or ~/.kube/config)")
-	fs.StringVar(&o.NodePool, "nodepool", "", "show this NodePool only, an error if it does not exist (default: every NodePool)")
-	now = fs.String("now", "", "the time to report at, RFC 3339 (default: the current time): for the window and the until-times")
-	fs.StringVar(&o.Output, "o", "table", "output: table (for people) or json")
+func statusFlags(o *Status) (fs *pflag.FlagSet, now *string) {
+	fs = newFlagSet("status")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: $KUBECONFIG, in-cluster, or ~/.kube/config)")
+	fs.StringVar(&o.NodePool, "nodepool", "", "show this NodePool (by `name`) only, an error if it does not exist (default: every NodePool)")
+	now = fs.String("now", "", "the `time` to report at, RFC 3339 (default: the current time): for the window and the until-times")
+	fs.StringVarP(&o.Output, "output", "o", "table", "output: table (for people) or json")
 	fs.BoolVar(&o.ICS, "ics", false, "print the planned maintenance as an iCalendar (.ics) feed instead: deferred drains and the pools' windows of the next 14 days; not with -o json")
 	return fs, now
 }
 
+// NewStatus returns the parser of `health-router status`; now is the default of --now.
+func NewStatus(now time.Time) *Parser[Status] {
+	o := &Status{Now: now}
+	fs, nowFlag := statusFlags(o)
+	return newParser(fs, func() (Status, error) { return finishStatus(*o, *nowFlag) })
+}
+
 // ParseStatus parses `health-router status` flags; now is the default of --now.
 func ParseStatus(args []string, getenv func(string) string, now time.Time) (Status, error) {
-	o := Status{Now: now}
-	fs, nowFlag := statusFlags(&o)
-	if err := parse(fs, args, getenv); err != nil {
-		return o, err
-	}
+	return NewStatus(now).Parse(args, getenv)
+}
+
+func finishStatus(o Status, nowFlag string) (Status, error) {
 	if o.Output != "table" && o.Output != "json" {
-		return o, fmt.Errorf("-o %q: want table or json", o.Output)
+		return o, fmt.Errorf("--output %q: want table or json", o.Output)
 	}
 	if o.ICS && o.Output == "json" {
-		return o, fmt.Errorf("--ics prints a calendar, -o json a report: choose one")
+		return o, fmt.Errorf("--ics prints a calendar, --output json a report: choose one")
 	}
-	if *nowFlag != "" {
-		t, err := time.Parse(time.RFC3339, *nowFlag)
+	if nowFlag != "" {
+		t, err := time.Parse(time.RFC3339, nowFlag)
 		if err != nil {
-			return o, fmt.Errorf("--now %q: want RFC 3339, such as 2026-11-21T12:00:00Z", *nowFlag)
+			return o, fmt.Errorf("--now %q: want RFC 3339, such as 2026-11-21T12:00:00Z", nowFlag)
 		}
 		o.Now = t
 	}

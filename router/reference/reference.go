@@ -9,10 +9,11 @@ package reference
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
@@ -77,12 +78,13 @@ func Render() ([]byte, error) {
 
 	p("\n## Flags\n\n")
 	p("Every flag has an environment fallback, `%s` and the flag's name in capitals with `_` for\n", options.EnvPrefix)
-	p("`-`; a flag on the command line wins. Parsing fails fast with a message naming the flag.\n")
+	p("`-`; a flag on the command line wins. Parsing fails fast with a message naming the flag (exit\n")
+	p("code 2); `health-router <command> --help` prints the same flags with examples.\n")
 	for _, fs := range options.FlagSets() {
 		p("\n### `health-router %s`\n\n", fs.Name())
 		p("| flag | environment | default | meaning |\n| --- | --- | --- | --- |\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			p("| `%s` | `%s` | %s | %s |\n", flagName(f.Name), options.EnvName(f.Name), cell(flagDefault(f.DefValue)), cell(f.Usage))
+		fs.VisitAll(func(f *pflag.Flag) {
+			p("| %s | `%s` | %s | %s |\n", flagName(f), strings.Join(options.EnvNames(f), "` or `"), cell(flagDefault(f.DefValue)), cell(f.Usage))
 		})
 	}
 
@@ -126,12 +128,12 @@ func Render() ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// flagName writes a flag as it is typed: -o, --queue-url.
-func flagName(name string) string {
-	if len(name) == 1 {
-		return "-" + name
+// flagName writes a flag as it is typed: `--queue-url`, `-o`, `--output`.
+func flagName(f *pflag.Flag) string {
+	if f.Shorthand != "" {
+		return "`-" + f.Shorthand + "`, `--" + f.Name + "`"
 	}
-	return "--" + name
+	return "`--" + f.Name + "`"
 }
 
 // flagDefault writes a flag's default: empty for none, durations as people write them (2m,

@@ -2,7 +2,7 @@
 // reproducible), loads it with go-containerregistry, checks what a platform team relies on
 // (both platforms, the non-root user, the entrypoint, the OCI labels, no shell, a static binary
 // of the right architecture, the CA bundle pinned by go.mod) and runs the linux/amd64 binary taken out of the
-// image: `--help` and a replay of the demo scenario.
+// image: `--help`, `version` and a replay of the demo scenario.
 package image_test
 
 import (
@@ -296,8 +296,8 @@ func mapKeys[V any](m map[string]V) func(func(string) bool) {
 }
 
 // TestBinaryRuns runs the linux/amd64 binary taken out of the image (this machine is amd64):
-// `--help`, and a replay of the demo scenario, whose decisions must equal those of the binary
-// built from source here.
+// `--help`, `version` (the version and commit the image was built with), and a replay of the
+// demo scenario, whose decisions must equal those of the binary built from source here.
 func TestBinaryRuns(t *testing.T) {
 	if runtime.GOARCH != "amd64" || runtime.GOOS != "linux" {
 		t.Fatalf("runs the linux/amd64 binary: this is %s/%s", runtime.GOOS, runtime.GOARCH)
@@ -328,10 +328,14 @@ func TestBinaryRuns(t *testing.T) {
 		return string(out)
 	}
 	help := run(bin, "--help")
-	for _, want := range []string{"usage: health-router", "run", "doctor", "replay"} {
+	for _, want := range []string{"Usage:\n  health-router <command> [flags]", "run", "doctor", "replay", "version"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("--help does not mention %q:\n%s", want, help)
 		}
+	}
+	// The image's binary says the version and commit it was built for (the labels' own).
+	if v := run(bin, "version", "-o", "json"); !strings.Contains(v, `"version": "`+version+`"`) || !strings.Contains(v, `"commit": "`+revision+`"`) {
+		t.Errorf("version of the image's binary, want %s and %s:\n%s", version, revision, v)
 	}
 	replayArgs := []string{"replay", "--cluster", "test/demo/cluster.yaml", "--events", "test/demo/events", "--aws", "test/demo/aws.yaml", "--now", "2026-11-21T12:00:00Z", "-o", "json"}
 	fromImage := run(bin, replayArgs...)
