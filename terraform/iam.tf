@@ -214,7 +214,7 @@ resource "aws_iam_policy" "karpenter_deny_instance_status" {
 }
 
 resource "aws_iam_role_policy_attachment" "karpenter_deny_instance_status" {
-  count = var.create_karpenter_deny_policy && var.karpenter_controller_role_name != null ? 1 : 0
+  count = var.create_karpenter_deny_policy && var.karpenter_controller_role_name != null && !var.shadow ? 1 : 0
 
   role       = var.karpenter_controller_role_name
   policy_arn = aws_iam_policy.karpenter_deny_instance_status[0].arn

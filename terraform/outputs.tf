@@ -55,6 +55,7 @@ output "router_environment" {
       HEALTH_ROUTER_CLUSTER_NAME          = var.cluster_name
     },
     { for k, v in { HEALTH_ROUTER_KARPENTER_QUEUE_URL = local.karpenter_queue_url } : k => v if v != null },
+    var.shadow ? { HEALTH_ROUTER_SHADOW = "true" } : {},
   )
 }
 
@@ -75,6 +76,7 @@ output "helm_values" {
         cloudWatchMetrics  = true
       },
       { for k, v in { karpenterQueueURL = local.karpenter_queue_url } : k => v if v != null },
+      var.shadow ? { shadow = true } : {},
     )
   })
 }

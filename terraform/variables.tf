@@ -253,6 +253,12 @@ variable "enable_reboot_in_place" {
 # Karpenter side
 ################################################################################
 
+variable "shadow" {
+  description = "Adopt the router in shadow beside Karpenter's own handling (docs/runbook.md): the rules still feed the intake queue (EventBridge delivers each event to Karpenter's rules and to these alike), the router decides every event and records what it would have done, and carries nothing out (helm_values and router_environment set it to shadow); the DescribeInstanceStatus deny is not attached to Karpenter's role, whatever karpenter_controller_role_name says. Set false at the takeover."
+  type        = bool
+  default     = false
+}
+
 variable "create_karpenter_deny_policy" {
   description = "Create an IAM policy that denies ec2:DescribeInstanceStatus, to attach to Karpenter's controller role. Karpenter v1.12+ polls DescribeInstanceStatus every minute and drains instances with scheduled events itself, whatever the router decides; without the permission it logs one error and stops polling."
   type        = bool

@@ -58,12 +58,12 @@ on the command line wins.`,
 	})
 	// `completion bash|zsh|fish|powershell` works, unlisted: the list is for the router's work.
 	root.CompletionOptions.HiddenDefaultCmd = true
-	root.AddCommand(runCommand(e, stderr), doctorCommand(e, stdout, stderr), replayCommand(e, stdout, stderr), statusCommand(e, stdout, stderr), versionCommand(e, stdout))
+	root.AddCommand(runCommand(e, stderr), doctorCommand(e, stdout, stderr), replayCommand(e, stdout, stderr), statusCommand(e, stdout, stderr), handbackCommand(e, stdout, stderr), versionCommand(e, stdout))
 	return root
 }
 
 // commandOrder is the order help lists the commands in: the router, then the tools around it.
-var commandOrder = []string{"run", "doctor", "replay", "status", "version"}
+var commandOrder = []string{"run", "doctor", "replay", "status", "handback", "version"}
 
 // command makes a command whose flags are p's: the command line is parsed by cobra into
 // them, then p completes the options (environment fallbacks, validation) and run runs.
@@ -158,6 +158,27 @@ Read from the cluster (no AWS call).`,
   # The planned maintenance of the next 14 days, for a calendar
   health-router status --ics > maintenance.ics`,
 	}, func(cmd *cobra.Command, o options.Status) error { return runStatus(cmd.Context(), o, stdout, stderr) })
+}
+
+func handbackCommand(e env, stdout, stderr io.Writer) *cobra.Command {
+	return command(options.NewHandback(), e.getenv, &cobra.Command{
+		Use:   "handback --pending drain|drop",
+		Short: "Give the handling of AWS events back to Karpenter: end every piece of the router's state",
+		Long: `Give the handling of AWS events back to Karpenter (the rollback of docs/runbook.md). With the
+router stopped, end every piece of state it keeps in the cluster, with a report of each: the
+events still pending (deferred, held, a reboot in place in progress) are drained now or
+dropped; the records on NodeClaims, the node marks, the drains of unmanaged nodes and the
+shadow ledger go. Refuses while the router's leader Lease is held. Then restore Karpenter's
+EventBridge rules and its ec2:DescribeInstanceStatus (Terraform: takeover = false).`,
+		Example: `  # What it would do
+  health-router handback --pending drain --dry-run
+
+  # Drain what is pending through Karpenter's queue, as the router would have
+  helm -n health-router uninstall health-router
+  health-router handback --pending drain --karpenter-queue-url "$KARPENTER_QUEUE_URL"`,
+	}, func(cmd *cobra.Command, o options.Handback) error {
+		return runHandback(cmd.Context(), o, stdout, stderr)
+	})
 }
 
 func versionCommand(e env, stdout io.Writer) *cobra.Command {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/health-router/health-router/router/calendar"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/status"
 )
 
@@ -83,6 +85,17 @@ func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("connecting to the cluster: %w", err)
 	}
+	if o.Shadow {
+		entries, err := shadow.ReadLedger(ctx, kube, o.Namespace, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName))
+		if err != nil {
+			return err
+		}
+		rep := shadow.BuildReport(entries, o.NodePool)
+		if o.Output == "json" {
+			return rep.WriteJSON(stdout)
+		}
+		return rep.WriteTable(stdout)
+	}
 	rep, err := status.Read(ctx, kube, o.Now, o.NodePool)
 	if err != nil {
 		return err
@@ -94,4 +107,30 @@ func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) 
 		return rep.WriteJSON(stdout)
 	}
 	return rep.WriteTable(stdout)
+}
+
+func runHandback(ctx context.Context, o options.Handback, stdout, stderr io.Writer) error {
+	warnOnly(stderr)
+	restCfg, err := kubeConfig(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	rep, err := app.Handback(ctx, o, restCfg)
+	if err != nil {
+		return err
+	}
+	if o.Output == "json" {
+		if err := rep.WriteJSON(stdout); err != nil {
+			return err
+		}
+	} else if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	if n := rep.Problems(); n > 0 {
+		return fmt.Errorf("%d item(s) left as they were", n)
+	}
+	if !o.DryRun {
+		fmt.Fprintln(stdout, "\nNext: restore Karpenter's own handling: its EventBridge rules, and ec2:DescribeInstanceStatus on its role (Terraform: takeover = false; docs/runbook.md).")
+	}
+	return nil
 }

@@ -132,7 +132,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		restCfg.QPS, restCfg.Burst = options.DefaultKubeClientQPS, options.DefaultKubeClientBurst
 	}
 	trim := cluster.NewTrimmer()
-	ns := Namespace(o.LeaderElectionNamespace)
+	ns := Namespace(cmp.Or(o.LeaderElectionNamespace, o.PodNamespace))
 	// Uncached: the shadow ledger is one ConfigMap, read and written a few times a minute; a
 	// cache would watch every ConfigMap of the cluster.
 	direct, err := client.New(restCfg, client.Options{Scheme: scheme})

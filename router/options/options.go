@@ -22,6 +22,7 @@ import (
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/replay"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -144,7 +145,7 @@ type Run struct {
 	// PodName and PodNamespace name the router's own Pod (the downward API's metadata.name
 	// and metadata.namespace), on which it posts a Warning Event when a queue makes it
 	// NotReady and a Normal one when it is usable again; empty: no such Event (the reason is
-	// in the log). No flag sets them yet.
+	// in the log).
 	PodName, PodNamespace string
 
 	CloudWatchMetrics  bool
@@ -259,6 +260,10 @@ func runFlags(o *Run) (fs *pflag.FlagSet, mode, gateFlag, level, headers *string
 	fs.StringVar(&o.WebhookURL, "webhook-url", "", "`URL` that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
 	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
 	headers = fs.String("webhook-headers", "", "headers of every webhook request, name=value,name=value (e.g. Authorization=Bearer <token>); values cannot contain commas")
+	fs.BoolVar(&o.Shadow, "shadow", false, "shadow mode for every NodePool (and every node Karpenter does not manage): each event is decided and its would-be outcome recorded (on the NodeClaim, as an Event, in a metric and in the --shadow-ledger ConfigMap beside what Karpenter did), nothing carried out; for one pool: the NodePool annotation healthrouter.io/mode=shadow")
+	fs.StringVar(&o.ShadowLedger, "shadow-ledger", shadow.DefaultLedgerName, "`name` of the ConfigMap, in the router's namespace, that keeps the would-be outcomes of pools in shadow beside when Karpenter drained each NodeClaim (health-router status --shadow)")
+	fs.StringVar(&o.PodName, "pod-name", "", "`name` of the router's own Pod (the chart sets it from the downward API): a queue that makes the router NotReady is told in a Warning Event on it; empty: in the log only")
+	fs.StringVar(&o.PodNamespace, "pod-namespace", "", "`namespace` of the router's own Pod (the chart sets it from the downward API); also where the shadow ledger lives when --leader-election-namespace is empty")
 	return fs, mode, gateFlag, level, headers
 }
 

@@ -15,6 +15,12 @@ type Status struct {
 	Output     string
 	// ICS prints the calendar of planned maintenance (router/calendar) instead of the report.
 	ICS bool
+	// Shadow prints the shadow report (router/shadow) instead: the would-be outcomes of the
+	// pools in shadow beside what Karpenter did, read from the ledger ConfigMap
+	// Namespace/ShadowLedger.
+	Shadow       bool
+	Namespace    string
+	ShadowLedger string
 }
 
 // statusFlags defines the flags of `health-router status` on o; now is parsed further by
@@ -26,6 +32,9 @@ func statusFlags(o *Status) (fs *pflag.FlagSet, now *string) {
 	now = fs.String("now", "", "the `time` to report at, RFC 3339 (default: the current time): for the window and the until-times")
 	fs.StringVarP(&o.Output, "output", "o", "table", "output: table (for people) or json")
 	fs.BoolVar(&o.ICS, "ics", false, "print the planned maintenance as an iCalendar (.ics) feed instead: deferred drains and the pools' windows of the next 14 days; not with -o json")
+	fs.BoolVar(&o.Shadow, "shadow", false, "print the shadow report instead: per NodePool in shadow, each event with what the router would have done and when, beside when Karpenter drained the node")
+	fs.StringVarP(&o.Namespace, "namespace", "n", "health-router", "`namespace` of the router (where its shadow ledger is)")
+	fs.StringVar(&o.ShadowLedger, "shadow-ledger", "", "`name` of the shadow ledger ConfigMap (default: the chart's, <release>-shadow with release health-router: health-router-shadow)")
 	return fs, now
 }
 
@@ -47,6 +56,9 @@ func finishStatus(o Status, nowFlag string) (Status, error) {
 	}
 	if o.ICS && o.Output == "json" {
 		return o, fmt.Errorf("--ics prints a calendar, --output json a report: choose one")
+	}
+	if o.ICS && o.Shadow {
+		return o, fmt.Errorf("--ics prints a calendar, --shadow the shadow report: choose one")
 	}
 	if nowFlag != "" {
 		t, err := time.Parse(time.RFC3339, nowFlag)

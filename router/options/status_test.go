@@ -33,6 +33,9 @@ func TestParseStatus(t *testing.T) {
 		{name: "bad now", args: []string{"--now", "saturday"}, err: "--now"},
 		{name: "bad now from the environment", env: map[string]string{"HEALTH_ROUTER_NOW": "saturday"}, err: "--now"},
 		{name: "an argument", args: []string{"kafka"}, err: "unexpected argument"},
+		{name: "the shadow report", args: []string{"--shadow", "-n", "platform", "--nodepool", "kafka"},
+			want: Status{NodePool: "kafka", Now: now, Output: "table", Shadow: true, Namespace: "platform"}},
+		{name: "the shadow report and a calendar", args: []string{"--shadow", "--ics"}, err: "--shadow"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseStatus(tc.args, env(tc.env), now)
@@ -44,6 +47,9 @@ func TestParseStatus(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.want.Namespace == "" {
+				tc.want.Namespace = "health-router"
 			}
 			if got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)

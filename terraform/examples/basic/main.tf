@@ -16,11 +16,13 @@ module "health_router" {
   # Forward mode: the router sends the events it decides to act on to Karpenter's queue.
   karpenter_queue_arn = var.karpenter_queue_arn
 
-  # Karpenter v1.12+ drains on scheduled events it finds with DescribeInstanceStatus. The deny
-  # is created now and attached to Karpenter's role only at the takeover (docs/runbook.md): until
-  # then Karpenter keeps its own handling and the router, in shadow, only records.
+  # Until the takeover (docs/runbook.md) the router runs in shadow beside Karpenter's own
+  # handling: it decides and records, Karpenter acts. Karpenter v1.12+ drains on scheduled events
+  # it finds with DescribeInstanceStatus: the deny is created now and attached to Karpenter's
+  # role only at the takeover.
+  shadow                         = !var.takeover
   create_karpenter_deny_policy   = true
-  karpenter_controller_role_name = var.takeover ? var.karpenter_controller_role_name : null
+  karpenter_controller_role_name = var.karpenter_controller_role_name
 
   alarm_sns_topic_arn = var.alarm_sns_topic_arn
 

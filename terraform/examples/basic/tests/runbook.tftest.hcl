@@ -49,6 +49,10 @@ run "step_1_infrastructure_without_the_deny" {
     condition     = startswith(output.queue_url, "https://sqs.") && startswith(output.dead_letter_queue_url, "https://sqs.")
     error_message = "the queues exist from the first apply"
   }
+  assert {
+    condition     = yamldecode(output.helm_values).settings.shadow == true && output.router_environment.HEALTH_ROUTER_SHADOW == "true"
+    error_message = "before the takeover the router runs in shadow"
+  }
 }
 
 run "step_4_takeover" {
@@ -59,6 +63,10 @@ run "step_4_takeover" {
   assert {
     condition     = output.karpenter_deny_attached_role == "KarpenterController-prod-eu"
     error_message = "the takeover attaches the deny to Karpenter's role"
+  }
+  assert {
+    condition     = !can(yamldecode(output.helm_values).settings.shadow) && !contains(keys(output.router_environment), "HEALTH_ROUTER_SHADOW")
+    error_message = "after the takeover the router acts"
   }
 }
 
