@@ -119,6 +119,8 @@ type Config struct {
 	// RebootInPlace is the router's --reboot-in-place: doctor checks that it may call
 	// ec2:RebootInstances (an instance-reboot kept in place is rebooted by the router).
 	RebootInPlace bool
+	// Shadow is the router's --shadow: every pool in shadow, Karpenter's own handling to stay.
+	Shadow bool
 }
 
 // Doctor runs the checks.
@@ -164,7 +166,7 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	} else {
 		d.aws(ctx, &r, c)
 	}
-	takeover(&r)
+	takeover(&r, c.Shadow)
 	if d.kube == nil {
 		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
 			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"})
@@ -172,7 +174,7 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	}
 	d.rbac(ctx, &r, c.Namespace)
 	d.gates(ctx, &r, c)
-	d.pools(ctx, &r)
+	d.pools(ctx, &r, c.Shadow)
 	return r
 }
 
@@ -247,12 +249,19 @@ const CheckPoolAnnotations = "NodePool annotations"
 
 // pools lists every NodePool whose annotations have problems: such a pool decides on the safe
 // side (held to deadline minus drain-lead, paced), not as its owner meant.
-func (d *Doctor) pools(ctx context.Context, r *Report) {
+func (d *Doctor) pools(ctx context.Context, r *Report, routerShadow bool) {
 	var pools karpv1.NodePoolList
 	if err := d.kube.List(ctx, &pools); err != nil {
 		*r = append(*r, Item{Unknown, CheckPoolAnnotations, fmt.Sprintf("cannot list NodePools: %v", err), "grant the router get/list on nodepools (the chart does)"})
 		return
 	}
+	var inShadow []string
+	for _, np := range pools.Items {
+		if policy.FromAnnotations(np.Annotations).Shadow {
+			inShadow = append(inShadow, np.Name)
+		}
+	}
+	*r = append(*r, mode(*r, routerShadow, inShadow, len(pools.Items)))
 	bad := 0
 	for _, np := range pools.Items {
 		if ps := policy.FromAnnotations(np.Annotations).Problems; len(ps) > 0 {
@@ -474,15 +483,52 @@ func dryRun(err error) (allowed, denied bool) {
 	return false, false
 }
 
+// CheckMode is the check of the router's mode: active, or shadow (router/shadow).
+const CheckMode = "mode"
+
+// mode says which pools are in shadow, and fails where a pool in shadow has nobody acting on
+// its events: Karpenter's own handling is off (its rules gone or its DescribeInstanceStatus
+// denied, as the takeover leaves it).
+func mode(r Report, routerShadow bool, inShadow []string, pools int) Item {
+	status := map[string]Status{}
+	for _, i := range r {
+		status[i.Check] = i.Status
+	}
+	karpenterOff := status[CheckKarpenterRules] == OK || status[CheckKarpenterInstanceStatus] == OK
+	switch {
+	case routerShadow && karpenterOff:
+		return Item{Fail, CheckMode, "shadow (--shadow) while Karpenter's own handling is off: the router carries nothing out and Karpenter is not told, so every event is lost",
+			"either take the router out of shadow (the takeover: docs/runbook.md step 4), or give Karpenter its rules and ec2:DescribeInstanceStatus back"}
+	case routerShadow:
+		return Item{OK, CheckMode, "shadow (--shadow): every pool's events are decided and recorded, none carried out; Karpenter acts. Compare with health-router status --shadow", ""}
+	case len(inShadow) > 0 && karpenterOff:
+		return Item{Fail, CheckMode, fmt.Sprintf("active, with NodePool(s) %s in shadow (healthrouter.io/mode=shadow) while Karpenter's own handling is off: their events are lost", strings.Join(inShadow, ", ")),
+			"remove healthrouter.io/mode=shadow from them (or set it to active) now that the router has taken over"}
+	case len(inShadow) > 0:
+		return Item{OK, CheckMode, fmt.Sprintf("active; in shadow (healthrouter.io/mode=shadow): %s (decided and recorded, nothing carried out: health-router status --shadow)", strings.Join(inShadow, ", ")), ""}
+	}
+	return Item{OK, CheckMode, fmt.Sprintf("active: the router carries out the outcomes of all %d NodePool(s)", pools), ""}
+}
+
 // takeover sums up the takeover from Karpenter's own handling, from the items above: it is
 // complete when Karpenter's rules no longer feed its queue, Karpenter's role is denied
-// ec2:DescribeInstanceStatus, and the router polls instance status itself.
-func takeover(r *Report) {
+// ec2:DescribeInstanceStatus, and the router polls instance status itself. In shadow the
+// takeover is not due: Karpenter keeps its own handling, and the item says so.
+func takeover(r *Report, shadow bool) {
 	status := map[string]Status{}
 	for _, i := range *r {
 		status[i.Check] = i.Status
 	}
 	rules, karpenter, router := status[CheckKarpenterRules], status[CheckKarpenterInstanceStatus], status[CheckRouterInstanceStatus]
+	if shadow {
+		if rules == OK || karpenter == OK {
+			*r = append(*r, Item{Fail, CheckTakeover, "begun while the router is in shadow: Karpenter's own handling is (partly) off and the router acts on nothing",
+				"finish the takeover and take the router out of shadow, or give Karpenter its rules and ec2:DescribeInstanceStatus back (docs/runbook.md)"})
+			return
+		}
+		*r = append(*r, Item{OK, CheckTakeover, "not yet, as it should be in shadow: Karpenter keeps its rules and its instance-status poller", ""})
+		return
+	}
 	switch {
 	case rules == OK && karpenter == OK && router == OK:
 		*r = append(*r, Item{OK, CheckTakeover, "complete: only the router decides queue events, scheduled events and impaired instances, and Karpenter acts on what it sends", ""})

@@ -440,6 +440,8 @@ type Doctor struct {
 	// RebootInPlace is the router's --reboot-in-place (the same environment variable): doctor
 	// checks that the router may call ec2:RebootInstances.
 	RebootInPlace bool
+	// Shadow is the router's --shadow (the same environment variable).
+	Shadow bool
 }
 
 // doctorFlags defines the flags of `health-router doctor` on o; gates is parsed further by
@@ -459,6 +461,7 @@ func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller (the same environment variable), for the takeover check")
 	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
 	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "whether the router runs with --reboot-in-place (the same environment variable), to check that it may call ec2:RebootInstances")
+	fs.BoolVar(&o.Shadow, "shadow", false, "whether the router runs with --shadow (the same environment variable): doctor then expects Karpenter's own handling to be on, and fails where nobody would act on the events")
 	return fs, gates
 }
 
