@@ -15,7 +15,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/health-router/health-router/router/version
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit fmt lint fuzz bench demo replay clean image image-push chart-docs docs manifests sim
+.PHONY: help build test unit fmt lint fuzz bench demo replay clean image image-push release chart-docs docs manifests sim
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -75,6 +75,15 @@ image: ## build the multi-platform OCI image into bin/image (an OCI layout; prin
 image-push: image ## push bin/image to REGISTRY (make image-push REGISTRY=123456789012.dkr.ecr.eu-west-1.amazonaws.com)
 	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make image-push REGISTRY=ghcr.io/you"; exit 1; }
 	$(GO) run ./deploy/image push --layout bin/image --ref $(REGISTRY)/health-router:$(IMAGE_TAG)
+
+# A release (deploy/release; docs/releasing.md): the image layout with its SBOM, the chart, the
+# CLI archives and SHA256SUMS, offline, reproducible. RELEASE_VERSION is SemVer: the tag
+# (git describe), or v0.0.0-dev.g<commit> before the first one. make test releases this
+# machine's platform only (test/release); RELEASE_FLAGS="--platforms host" does the same here.
+RELEASE_VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo v0.0.0-dev.g$$(git describe --always --dirty=.dirty))
+
+release: ## what a release publishes, into bin/release: the image (OCI layout) and its SBOM, the chart, CLI archives for linux and darwin (amd64, arm64), SHA256SUMS
+	$(GO) run ./deploy/release --out bin/release --version $(RELEASE_VERSION) --revision $(IMAGE_REVISION) --helm $$(test/tools/helm-bin.sh) $(RELEASE_FLAGS)
 
 # The Helm chart (deploy/charts/health-router) is the one install path; helm is built from the
 # module proxy by test/tools/helm-bin.sh and cached.

@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -40,6 +39,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/crypto/x509roots/fallback/bundle"
 
+	"github.com/health-router/health-router/deploy/gobuild"
 	"github.com/health-router/health-router/router/version"
 )
 
@@ -182,7 +182,7 @@ func index(o buildOptions, ca []byte) (v1.ImageIndex, error) {
 	idx = mutate.Annotations(idx, labels(o)).(v1.ImageIndex)
 	for _, p := range o.platforms {
 		bin := filepath.Join(work, "health-router-"+p.Architecture)
-		if err := goBuild(o.pkg, p, bin, version.LDFlags(o.version, o.revision)); err != nil {
+		if err := gobuild.Build(o.pkg, p.OS, p.Architecture, bin, version.LDFlags(o.version, o.revision)); err != nil {
 			return nil, err
 		}
 		img, err := image(o, p, bin, ca)
@@ -193,18 +193,6 @@ func index(o buildOptions, ca []byte) (v1.ImageIndex, error) {
 		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &plat}})
 	}
 	return idx, nil
-}
-
-// goBuild builds a static binary: no cgo, no paths of this machine, no build ID that varies;
-// stamp is more linker flags (the version and the commit, router/version).
-func goBuild(pkg string, p v1.Platform, out, stamp string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid= "+stamp, "-o", out, pkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Architecture)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s for %s: %w", pkg, p, err)
-	}
-	return nil
 }
 
 // image is one platform's image: one layer on an empty base.
@@ -318,7 +306,7 @@ func push(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--ref %q: %w", *ref, err)
 	}
-	idx, err := load(*dir)
+	idx, referrers, err := load(*dir)
 	if err != nil {
 		return err
 	}
@@ -329,26 +317,67 @@ func push(args []string) error {
 	if err != nil {
 		return err
 	}
+	// The referrers (the release's SBOM) go by digest after the index they name: a registry
+	// with the OCI referrers API links them itself, for one without it go-containerregistry
+	// keeps the referrers index under the tag sha256-<digest>, as cosign and oras do.
+	for _, r := range referrers {
+		rd, err := r.Digest()
+		if err != nil {
+			return err
+		}
+		if err := remote.Write(tag.Context().Digest(rd.String()), r, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+			return fmt.Errorf("pushing %s's referrer %s: %w", d, rd, err)
+		}
+	}
 	fmt.Printf("%s@%s\n", tag.Context(), d)
 	return nil
 }
 
-// load returns the image index `image build` wrote into an OCI layout directory.
-func load(dir string) (v1.ImageIndex, error) {
+// load returns the image index `image build` wrote into an OCI layout directory, and the
+// artifacts in the layout that refer to it (their subject is the index: the SBOM
+// `make release` attaches).
+func load(dir string) (v1.ImageIndex, []v1.Image, error) {
 	p, err := layout.FromPath(dir)
 	if err != nil {
-		return nil, fmt.Errorf("reading OCI layout %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("reading OCI layout %s: %w", dir, err)
 	}
 	outer, err := p.ImageIndex()
 	if err != nil {
-		return nil, fmt.Errorf("reading OCI layout %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("reading OCI layout %s: %w", dir, err)
 	}
 	m, err := outer.IndexManifest()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if len(m.Manifests) != 1 || !m.Manifests[0].MediaType.IsIndex() {
-		return nil, fmt.Errorf("OCI layout %s: want one image index, found %d entries", dir, len(m.Manifests))
+	var indexes, others []v1.Descriptor
+	for _, desc := range m.Manifests {
+		if desc.MediaType.IsIndex() {
+			indexes = append(indexes, desc)
+		} else {
+			others = append(others, desc)
+		}
 	}
-	return outer.ImageIndex(m.Manifests[0].Digest)
+	if len(indexes) != 1 {
+		return nil, nil, fmt.Errorf("OCI layout %s: want one image index, found %d", dir, len(indexes))
+	}
+	idx, err := outer.ImageIndex(indexes[0].Digest)
+	if err != nil {
+		return nil, nil, err
+	}
+	var referrers []v1.Image
+	for _, desc := range others {
+		img, err := outer.Image(desc.Digest)
+		if err != nil {
+			return nil, nil, err
+		}
+		im, err := img.Manifest()
+		if err != nil {
+			return nil, nil, err
+		}
+		if im.Subject == nil || im.Subject.Digest != indexes[0].Digest {
+			return nil, nil, fmt.Errorf("OCI layout %s: %s is neither the image index nor an artifact referring to it", dir, desc.Digest)
+		}
+		referrers = append(referrers, img)
+	}
+	return idx, referrers, nil
 }

@@ -35,6 +35,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/klog/v2"
 
 	"github.com/health-router/health-router/test/harness"
 )
@@ -302,6 +303,26 @@ func TestDeployment(t *testing.T) {
 	}
 	if spec.PriorityClassName != "system-cluster-critical" {
 		t.Errorf("priorityClassName = %q", spec.PriorityClassName)
+	}
+	// As Karpenter's chart: a system node group tainted CriticalAddonsOnly (any value, any
+	// effect) takes the router.
+	addons := corev1.Toleration{Key: "CriticalAddonsOnly", Operator: corev1.TolerationOpExists}
+	if !slices.Equal(spec.Tolerations, []corev1.Toleration{addons}) {
+		t.Errorf("tolerations %+v, want only %+v", spec.Tolerations, addons)
+	}
+	for _, effect := range []corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute} {
+		taint := corev1.Taint{Key: "CriticalAddonsOnly", Value: "true", Effect: effect}
+		if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool { return tol.ToleratesTaint(klog.Background(), &taint, false) }) {
+			t.Errorf("the pod does not tolerate the taint %s", taint.ToString())
+		}
+	}
+	// `tolerations: []` takes the default away.
+	none := filepath.Join(t.TempDir(), "no-tolerations.yaml")
+	if err := os.WriteFile(none, []byte("tolerations: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := decode(t, "-f", ciValues(t, "default"), "-f", none).deployment.Spec.Template.Spec.Tolerations; len(got) != 0 {
+		t.Errorf("tolerations: [] rendered %+v, want none", got)
 	}
 	if len(spec.Containers) != 1 {
 		t.Fatalf("%d containers, want 1", len(spec.Containers))

@@ -179,8 +179,9 @@ func TestValuesSets(t *testing.T) {
 		if ctr.Image != "111122223333.dkr.ecr.eu-west-1.amazonaws.com/health-router:v0.2.0@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" {
 			t.Errorf("image %q, want repository:tag@digest", ctr.Image)
 		}
-		if spec.NodeSelector["eks.amazonaws.com/nodegroup"] != "system" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "CriticalAddonsOnly" {
-			t.Errorf("nodeSelector %v tolerations %v", spec.NodeSelector, spec.Tolerations)
+		// The values' list replaces the chart's default toleration: it is not merged into it.
+		if spec.NodeSelector["eks.amazonaws.com/nodegroup"] != "system" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "dedicated" {
+			t.Errorf("nodeSelector %v tolerations %v, want the values' one toleration (key dedicated)", spec.NodeSelector, spec.Tolerations)
 		}
 		if port(t, ctr, m.service.Spec.Ports[0].TargetPort) != 9090 || m.service.Spec.Ports[0].Port != 9090 {
 			t.Errorf("metrics.port 9090: Service %+v, container ports %+v", m.service.Spec.Ports, ctr.Ports)

@@ -27,7 +27,9 @@ finish_tools() {
 rc=0
 $timed vet go vet ./... || rc=$?
 if [[ $rc == 0 ]]; then
-  # The Terraform suite runs the Lambda's and test/terraform's Go tests itself.
+  # The Terraform suite runs the Lambda's and test/terraform's Go tests itself. test/release
+  # runs `make release` for this platform only, after test/image (go list's order) has
+  # compiled the image's binary: it adds a link and the archives, not a cross-compile.
   packages=$(go list ./... | grep -v -e /test/terraform -e /lambda/)
   # shellcheck disable=SC2086
   $timed go-test go test -p 1 -count=1 -timeout 30m $packages || rc=$?

@@ -1,0 +1,272 @@
+// Command release writes into one directory what a release of health-router publishes, built
+// on this machine with nothing but the Go module proxy and the caches:
+//
+//	image/                                     the multi-platform image (deploy/image) as an OCI layout,
+//	                                           with its SBOM attached as an artifact referring to the index
+//	health-router_<version>_sbom.spdx.json     that SBOM: SPDX 2.3, the Go modules of the image's binaries
+//	health-router-<version>.tgz                the Helm chart, packaged by helm
+//	health-router_<version>_<os>_<arch>.tar.gz the CLI: the binary, LICENSE, README.md
+//	SHA256SUMS                                 every other file's SHA-256, as sha256sum -c reads it
+//
+//	go run ./deploy/release --out bin/release --version v0.1.0 --revision $(git rev-parse HEAD) --helm $(test/tools/helm-bin.sh)
+//
+// Every file is reproducible: its timestamps are SOURCE_DATE_EPOCH (the commit time, from the
+// Makefile), its entries in a fixed order with fixed owners and modes, the binaries built by
+// deploy/gobuild. A linux CLI archive holds the image's own binary for that platform, taken out
+// of the image rather than built again, so the two cannot differ and the build is not repeated.
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/Masterminds/semver/v3"
+
+	"github.com/health-router/health-router/deploy/gobuild"
+	"github.com/health-router/health-router/router/version"
+)
+
+// The release's names, from the version without its "v" (as the chart's version and
+// appVersion and so the image tag the chart asks for by default, as Karpenter's releases do).
+const (
+	imageDir = "image"
+	sumsFile = "SHA256SUMS"
+)
+
+func sbomFile(version string) string  { return "health-router_" + version + "_sbom.spdx.json" }
+func chartFile(version string) string { return "health-router-" + version + ".tgz" }
+func cliFile(version string, p platform) string {
+	return fmt.Sprintf("health-router_%s_%s_%s.tar.gz", version, p.os, p.arch)
+}
+
+// platform is a Go os/arch pair.
+type platform struct{ os, arch string }
+
+func (p platform) String() string { return p.os + "/" + p.arch }
+
+// parsePlatforms reads a comma-separated os/arch list; "host" is the platform this runs on.
+func parsePlatforms(s string) ([]platform, error) {
+	var out []platform
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "host" {
+			f = runtime.GOOS + "/" + runtime.GOARCH
+		}
+		goos, goarch, ok := strings.Cut(f, "/")
+		if !ok || goos == "" || goarch == "" || strings.Contains(goarch, "/") {
+			return nil, fmt.Errorf("%q is not os/arch", f)
+		}
+		p := platform{goos, goarch}
+		if slices.Contains(out, p) {
+			return nil, fmt.Errorf("%s twice", p)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// releaseVersion is the version the release's files carry: SemVer 2 (a leading "v" is
+// dropped), as helm requires of a chart's version.
+func releaseVersion(s string) (string, error) {
+	v, err := semver.StrictNewVersion(strings.TrimPrefix(s, "v"))
+	if err != nil {
+		return "", fmt.Errorf("--version %q is not a semantic version (v1.2.3, v1.2.3-rc.1): %w", s, err)
+	}
+	return v.String(), nil
+}
+
+// options are the flags.
+type options struct {
+	out, version, revision, source string
+	pkg, chart, helm, license      string
+	readme                         string
+	platforms, imagePlatforms      []platform
+	epoch                          time.Time
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "release:", err)
+		os.Exit(2)
+	}
+}
+
+func run(args []string) error {
+	o, err := parse(args)
+	if err != nil {
+		return err
+	}
+	return release(o)
+}
+
+func parse(args []string) (options, error) {
+	fs := flag.NewFlagSet("release", flag.ContinueOnError)
+	var o options
+	fs.StringVar(&o.out, "out", "bin/release", "directory to write (replaced)")
+	fs.StringVar(&o.version, "version", "", "the release's version, SemVer with or without a leading v (required)")
+	fs.StringVar(&o.revision, "revision", "", "the commit the release is built from (required)")
+	fs.StringVar(&o.source, "source", "https://github.com/health-router/health-router", "the source repository's URL")
+	fs.StringVar(&o.pkg, "package", "./cmd/health-router", "the main package")
+	fs.StringVar(&o.chart, "chart", "deploy/charts/health-router", "the chart directory")
+	fs.StringVar(&o.helm, "helm", os.Getenv("HELM_BIN"), "the helm binary (default $HELM_BIN; make release passes test/tools/helm-bin.sh's)")
+	fs.StringVar(&o.license, "license", "LICENSE", "the LICENSE file the CLI archives carry")
+	fs.StringVar(&o.readme, "readme", "README.md", "the README the CLI archives carry")
+	platforms := fs.String("platforms", "linux/amd64,linux/arm64,darwin/amd64,darwin/arm64", "comma-separated os/arch list of the CLI archives; host: this machine's")
+	imagePlatforms := fs.String("image-platforms", "linux/amd64,linux/arm64", "comma-separated linux/arch list of the image")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if o.version, err = releaseVersion(o.version); err != nil {
+		return o, err
+	}
+	if o.revision == "" {
+		return o, errors.New("--revision is required (the commit the release is built from)")
+	}
+	if o.helm == "" {
+		return o, errors.New("--helm is required (or HELM_BIN): helm packages the chart")
+	}
+	if o.platforms, err = parsePlatforms(*platforms); err != nil {
+		return o, fmt.Errorf("--platforms: %w", err)
+	}
+	if o.imagePlatforms, err = parsePlatforms(*imagePlatforms); err != nil {
+		return o, fmt.Errorf("--image-platforms: %w", err)
+	}
+	for _, p := range o.imagePlatforms {
+		if p.os != "linux" {
+			return o, fmt.Errorf("--image-platforms: %s is not linux/<arch>", p)
+		}
+	}
+	epoch := os.Getenv("SOURCE_DATE_EPOCH")
+	secs, err := strconv.ParseInt(epoch, 10, 64)
+	if err != nil {
+		return o, fmt.Errorf("SOURCE_DATE_EPOCH=%q: want seconds since 1970 (the Makefile sets it to the commit time), so that the release is reproducible", epoch)
+	}
+	o.epoch = time.Unix(secs, 0).UTC()
+	return o, nil
+}
+
+// release writes every file, then SHA256SUMS over them, and lists them with their sizes.
+func release(o options) error {
+	if err := os.RemoveAll(o.out); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "health-router-release-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	// The image, by deploy/image itself: one way to build it, whether for `make image` or here.
+	var names []string
+	for _, p := range o.imagePlatforms {
+		names = append(names, p.String())
+	}
+	layoutDir := filepath.Join(o.out, imageDir)
+	cmd := exec.Command("go", "run", "./deploy/image", "build", "--out", layoutDir, "--package", o.pkg,
+		"--platforms", strings.Join(names, ","), "--version", o.version, "--revision", o.revision, "--source", o.source)
+	cmd.Stderr = os.Stderr
+	if out, err := cmd.Output(); err != nil {
+		return fmt.Errorf("building the image (deploy/image): %w\n%s", err, out)
+	}
+
+	img, err := openImage(layoutDir, o.version)
+	if err != nil {
+		return err
+	}
+	sbom, err := spdxDocument(o, img)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.out, sbomFile(o.version)), sbom, 0o644); err != nil {
+		return err
+	}
+	if err := attachSBOM(layoutDir, img.desc, sbom, sbomFile(o.version), o.epoch); err != nil {
+		return fmt.Errorf("attaching the SBOM to %s: %w", layoutDir, err)
+	}
+
+	if err := packageChart(o, work); err != nil {
+		return err
+	}
+
+	license, err := os.ReadFile(o.license)
+	if err != nil {
+		return err
+	}
+	readme, err := os.ReadFile(o.readme)
+	if err != nil {
+		return err
+	}
+	for _, p := range o.platforms {
+		bin, ok := img.binaries[p]
+		if !ok {
+			path := filepath.Join(work, "health-router-"+p.os+"-"+p.arch)
+			if err := gobuild.Build(o.pkg, p.os, p.arch, path, version.LDFlags(o.version, o.revision)); err != nil {
+				return err
+			}
+			if bin, err = os.ReadFile(path); err != nil {
+				return err
+			}
+		}
+		archive, err := tarGz(o.epoch, nil, []archiveFile{
+			{name: "health-router", mode: 0o755, body: bin},
+			{name: "LICENSE", mode: 0o644, body: license},
+			{name: "README.md", mode: 0o644, body: readme},
+		})
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(o.out, cliFile(o.version, p)), archive, 0o644); err != nil {
+			return err
+		}
+	}
+
+	sums, err := checksums(os.DirFS(o.out))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.out, sumsFile), sums, 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("health-router %s (%s): image index %s\n", o.version, o.revision, img.desc.Digest)
+	return listing(os.Stdout, o.out)
+}
+
+// packageChart packages the chart with helm at the release's version and writes it with
+// SOURCE_DATE_EPOCH as every entry's time (helm stamps the time of packaging).
+func packageChart(o options, work string) error {
+	dir := filepath.Join(work, "chart")
+	var stderr bytes.Buffer
+	cmd := exec.Command(o.helm, "package", o.chart, "--version", o.version, "--app-version", o.version, "--destination", dir)
+	// helm's own state stays out of the user's home.
+	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+filepath.Join(work, "helm-config"), "HELM_CACHE_HOME="+filepath.Join(work, "helm-cache"), "HELM_DATA_HOME="+filepath.Join(work, "helm-data"))
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("helm package %s: %w\n%s", o.chart, err, stderr.String())
+	}
+	packaged, err := os.ReadFile(filepath.Join(dir, chartFile(o.version)))
+	if err != nil {
+		return fmt.Errorf("helm package %s: %w", o.chart, err)
+	}
+	chart, err := retime(packaged, o.epoch)
+	if err != nil {
+		return fmt.Errorf("%s: %w", chartFile(o.version), err)
+	}
+	return os.WriteFile(filepath.Join(o.out, chartFile(o.version)), chart, 0o644)
+}
