@@ -164,6 +164,10 @@ func (mt *maintenance) from(source string) bool {
 // the instance and type that started at from starts at to, under EC2's key too. It keeps when
 // the router first knew it: a move never excuses a late drain.
 func (m *model) moved(key, inst string, typ event.ScheduledType, from, to, now time.Time) {
+	if in := m.insts[inst]; in != nil && in.pool == PoolShadow {
+		m.fail("%s: the router moved a %s maintenance of %s, a node of a pool in shadow, at EC2", now.Format(time.RFC3339), typ, inst)
+		return
+	}
 	for _, mt := range m.maints {
 		if mt.inst == inst && mt.state == stateActive && mt.start.Equal(from) && (mt.typ == typ || mt.typ == "") {
 			mt.start, mt.typ, mt.keys[key] = to, typ, true
@@ -185,8 +189,8 @@ func (in *instance) runningAfter(at time.Time) bool {
 
 // cause returns why a drain of in at now is allowed, or "" when nothing allows it.
 func (m *model) cause(in *instance, now time.Time) string {
-	if in.pool == PoolBatch {
-		return ""
+	if in.pool == PoolBatch || in.pool == PoolShadow {
+		return "" // shadow: nothing is ever carried out
 	}
 	if in.pool == "" {
 		// The managed node group's node under --unmanaged-nodes=cordon-drain: Karpenter's
@@ -350,7 +354,7 @@ func (m *model) inFlight(pool, except, reason string) int {
 func (m *model) lost(now time.Time) {
 	for _, mt := range m.maints {
 		in := m.insts[mt.inst]
-		if mt.state != stateActive || in == nil || in.pool == PoolBatch || in.pool == "" || now.Before(mt.start) {
+		if mt.state != stateActive || in == nil || in.pool == PoolBatch || in.pool == PoolShadow || in.pool == "" || now.Before(mt.start) {
 			continue
 		}
 		if mt.known.After(mt.start.Add(-drainLead - 2*tick)) {

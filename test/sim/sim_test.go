@@ -28,7 +28,9 @@ import (
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/router/upcoming"
 )
 
 // moves counts the scheduled events EC2 moved at the router's request, over all runs.
@@ -44,7 +46,7 @@ var eventsSummarised atomic.Int64
 // The harsher world is driven, not only possible: stale reads the router's cache served,
 // batches decided by workers at once, failovers where the old leader overlapped the new, AWS
 // reboots that found a kept node out of service, drains of the unmanaged node begun.
-var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds, contradicted atomic.Int64
+var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds, contradicted, shadowOutcomes atomic.Int64
 
 // checks is rapid's -rapid.checks.
 func checks() *int {
@@ -73,13 +75,16 @@ type machine struct {
 	horizon time.Time         // the latest maintenance the run made
 	evSeq   int
 	pollIDs map[string]string // instance/type -> EC2 instance-event ID
-	plans   map[string]awsReboot
-	goBase  int
+	// shadowSeen is how many would-be outcomes each NodeClaim of the shadow pool showed last.
+	shadowSeen map[string]int
+	plans      map[string]awsReboot
+	goBase     int
 }
 
 func newMachine(t *rapid.T) *machine {
 	mode := rapid.SampledFrom([]signal.Mode{signal.ModeDeleteNodeClaim, signal.ModeForward}).Draw(t, "mode")
-	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, polled: map[string]effect{}, plans: map[string]awsReboot{}}
+	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, polled: map[string]effect{}, plans: map[string]awsReboot{},
+		shadowSeen: map[string]int{}}
 	w, err := newWorldHooked(mode, m)
 	if err != nil {
 		t.Fatal(err)
@@ -739,6 +744,40 @@ func (m *machine) Check(t *rapid.T) {
 	}
 	m.w.queues.mu.Unlock()
 	m.checkRecords(t)
+	m.checkShadow(t)
+}
+
+// checkShadow: nothing a pool in shadow holds is ever acted on: its NodeClaims carry no record,
+// drain stamp or reboot in place and are not deleted by the router (the model fails any drain
+// of them); its Nodes are neither cordoned nor marked. Its would-be outcomes are counted.
+func (m *machine) checkShadow(t *rapid.T) {
+	var claims karpv1.NodeClaimList
+	if err := m.w.store.List(m.ctx, &claims); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range claims.Items {
+		if nc.Labels[karpv1.NodePoolLabelKey] != PoolShadow {
+			continue
+		}
+		for _, k := range []string{record.Annotation, cluster.AnnotationDrainSignalled, inplace.Annotation} {
+			if v, ok := nc.Annotations[k]; ok {
+				t.Fatalf("nodeclaim %s of the pool in shadow carries %s=%s", nc.Name, k, v)
+			}
+		}
+		if outs, err := shadow.Read(&nc); err != nil {
+			t.Fatalf("nodeclaim %s: %v", nc.Name, err)
+		} else {
+			shadowOutcomes.Add(int64(len(outs) - m.shadowSeen[nc.Name]))
+			m.shadowSeen[nc.Name] = len(outs)
+		}
+		var n corev1.Node
+		if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: nc.Status.NodeName}, &n); err != nil {
+			continue
+		}
+		if n.Spec.Unschedulable || !upcoming.Current(&n).None() || n.Annotations[inplace.Annotation] != "" {
+			t.Fatalf("node %s of the pool in shadow is cordoned or marked: %v %v", n.Name, n.Spec.Unschedulable, n.Annotations)
+		}
+	}
 }
 
 // checkRecords: a cancelled or superseded maintenance leaves no active record, whichever
@@ -810,7 +849,7 @@ func TestSimulation(t *testing.T) {
 		for name, n := range map[string]int64{"stale reads from the router's cache": staleReads.Load(), "batches decided by workers at once": concurrentBatches.Load(),
 			"failovers with the old leader still acting": overlaps.Load(), "AWS reboots of a kept node, out of service": awsOutOfService.Load(),
 			"drains of the unmanaged node": unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load(),
-			"forged shutting-downs EC2 contradicted": contradicted.Load()} {
+			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}

@@ -60,6 +60,7 @@ import (
 	"github.com/health-router/health-router/router/poller"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/reschedule"
+	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
 )
@@ -72,7 +73,14 @@ const (
 	PoolKafka = "kafka" // defer to a Saturday window, one drain at a time; scheduled events moved into the window; system reboots kept in place
 	PoolWeb   = "web"   // Karpenter's behaviour; repair cut-off 20%
 	PoolBatch = "batch" // ignore everything
+	// PoolShadow has kafka's policy in shadow (healthrouter.io/mode=shadow): everything is
+	// decided and recorded as would-be, nothing carried out: no drain, deferral record, move
+	// at EC2, reboot in place, mark or cordon, ever.
+	PoolShadow = "shadow"
 )
+
+// shadowPoolSize is the shadow pool's nodes: few, it only has to be reached.
+const shadowPoolSize = 2
 
 // PoolAnnotations are the NodePools' annotations.
 var PoolAnnotations = map[string]map[string]string{
@@ -81,6 +89,9 @@ var PoolAnnotations = map[string]map[string]string{
 		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace)},
 	PoolWeb:   {policy.AnnotationUrgentDrainMax: "2"},
 	PoolBatch: {policy.AnnotationAction: "ignore"},
+	PoolShadow: {policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
+		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
+		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace)},
 }
 
 // PoolSize is the number of nodes each pool keeps (Karpenter replaces what it drains).
@@ -362,6 +373,8 @@ type replica struct {
 	seen     map[string]string    // NodeClaim -> the resourceVersion last reconciled (the watch)
 	marked   map[string]string    // NodeClaim -> its and its Node's resourceVersions at the marks' last pass
 	sig      *signal.Signaller
+	ledger   *shadow.Ledger
+	watcher  *shadow.Watcher
 	mu       sync.Mutex
 	held     int // instances whose Events this replica held back (its metric)
 	// leads counts the times this process became the leader: one leadership is this process
@@ -486,11 +499,15 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 		},
 	})
 	ctx := context.Background()
-	for _, pool := range []string{PoolKafka, PoolWeb, PoolBatch} {
+	for _, pool := range []string{PoolKafka, PoolWeb, PoolBatch, PoolShadow} {
 		if err := w.store.Create(ctx, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: pool, Annotations: PoolAnnotations[pool]}}); err != nil {
 			return nil, err
 		}
-		for i := 0; i < PoolSize; i++ {
+		size := PoolSize
+		if pool == PoolShadow {
+			size = shadowPoolSize
+		}
+		for i := 0; i < size; i++ {
 			if _, err := w.addNode(ctx, pool); err != nil {
 				return nil, err
 			}
@@ -555,6 +572,9 @@ func (w *world) newReplica(name string) *replica {
 	// drain helper's, over a clientset that holds none).
 	r.drainer = nodedrain.New(w.router, w.direct, k8sfake.NewSimpleClientset(), w.clock, w.recorder, w.log, nodedrain.Options{})
 	r.pipeline.WithNodeDrainer(drainHook{r.drainer, w})
+	r.ledger = shadow.NewLedger(w.direct, "health-router", shadow.DefaultLedgerName, w.clock, w.log)
+	r.watcher = shadow.NewWatcher(w.direct, r.ledger, r.metrics.ShadowKarpenter)
+	r.pipeline.WithShadow(false, r.ledger)
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.direct, w.router, w.log, nil)
 	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl).WithHeldImpaired(r.drainer)
@@ -676,6 +696,12 @@ func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 	if err := w.reconcileInPlace(ctx, r); err != nil {
 		return err
 	}
+	// The shadow ledger: what Karpenter did with the NodeClaims of would-be outcomes, and
+	// the leader's flush (a failed one keeps its notes for the next).
+	for i := range claims.Items {
+		r.watcher.Observe(&claims.Items[i])
+	}
+	_ = r.ledger.Flush(ctx)
 	if _, err := r.drainer.Pass(ctx); err != nil && !apierrors.IsServiceUnavailable(err) && !apierrors.IsConflict(err) {
 		return err
 	}
