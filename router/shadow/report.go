@@ -198,11 +198,11 @@ func orDash(t time.Time) string {
 func ahead(d time.Duration) string {
 	switch {
 	case d >= 48*time.Hour:
-		return fmt.Sprintf("%d days", int(d/(24*time.Hour)))
+		return fmt.Sprintf("%d days", int(d.Round(24*time.Hour)/(24*time.Hour)))
 	case d >= time.Hour:
-		return fmt.Sprintf("%dh", int(d/time.Hour))
+		return fmt.Sprintf("%dh", int(d.Round(time.Hour)/time.Hour))
 	}
-	return fmt.Sprintf("%dm", int(d/time.Minute))
+	return fmt.Sprintf("%dm", int(d.Round(time.Minute)/time.Minute))
 }
 
 func oneLine(s string, n int) string {

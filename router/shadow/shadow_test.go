@@ -203,7 +203,7 @@ func TestReport(t *testing.T) {
 	if len(r.Pools) != 2 || r.Pools[0].NodePool != "kafka" {
 		t.Fatalf("%+v", r.Pools)
 	}
-	wantKafka := "Karpenter drained 3 nodes of kafka at 2026-11-21 14:02 UTC (Sat) for scheduled-change (AWS's start 18 days later); the router would have deferred them to 2026-11-28 02:00 UTC (Sat) (window)"
+	wantKafka := "Karpenter drained 3 nodes of kafka at 2026-11-21 14:02 UTC (Sat) for scheduled-change (AWS's start 19 days later); the router would have deferred them to 2026-11-28 02:00 UTC (Sat) (window)"
 	if got := r.Pools[0].Summary; len(got) != 1 || got[0] != wantKafka {
 		t.Errorf("kafka summary:\n%q\nwant\n%q", got, wantKafka)
 	}
