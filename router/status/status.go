@@ -228,6 +228,10 @@ func holdOf(d record.Record) string {
 // drain-lead, restart-grace and max-concurrent-drains.
 func OneLine(p policy.Policy) string {
 	var parts []string
+	if p.Shadow {
+		// First: nothing of the rest is carried out (health-router status --shadow).
+		parts = append(parts, "SHADOW: decided and recorded, nothing carried out (status --shadow)")
+	}
 	if p.Default != "" {
 		parts = append(parts, string(p.Default))
 	} else {
