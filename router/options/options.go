@@ -450,6 +450,9 @@ type Doctor struct {
 	// EventWindows is the router's --event-windows (the same environment variable): doctor
 	// checks the EC2 event-window calls and lists the pools whose window EC2 cannot express.
 	EventWindows bool
+	// ClusterName is the router's --cluster-name (the same environment variable), the tag the
+	// event-window grant is scoped by.
+	ClusterName string
 }
 
 // doctorFlags defines the flags of `health-router doctor` on o; gates is parsed further by
@@ -469,6 +472,7 @@ func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller (the same environment variable), for the takeover check")
 	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
 	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "whether the router runs with --reboot-in-place (the same environment variable), to check that it may call ec2:RebootInstances")
+	fs.StringVar(&o.ClusterName, "cluster-name", "", "the router's --cluster-name (the same environment variable), for the event-window checks: the windows and the grant are scoped by it")
 	fs.BoolVar(&o.EventWindows, "event-windows", false, "whether the router runs with --event-windows (the same environment variable), to check the EC2 event-window calls and ec2:CreateTags (DryRun), and list the NodePools whose window EC2 cannot express")
 	return fs, gates
 }

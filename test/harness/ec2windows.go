@@ -37,8 +37,8 @@ import (
 // InvalidInstanceID.NotFound; with Scope set, an instance outside it is UnauthorizedOperation,
 // as the Terraform module's grant conditioned on the instance's tags answers.
 //
-// Every call honours DryRun (DryRunOperation, or UnauthorizedOperation for an action in
-// Denied); Fail answers that many calls InternalError.
+// Every call honours DryRun before it looks anything up (DryRunOperation, or
+// UnauthorizedOperation for an action in Denied); Fail answers that many calls InternalError.
 type EC2EventWindows struct {
 	mu      sync.Mutex
 	windows map[string]*EventWindow
@@ -275,6 +275,9 @@ func ranges(f url.Values) ([]WindowRange, string) {
 // put answers CreateInstanceEventWindow and ModifyInstanceEventWindow.
 func (s *EC2EventWindows) put(w http.ResponseWriter, f url.Values, action string) {
 	rs, bad := ranges(f)
+	if dryRun(w, f) { // permission first, as EC2 answers DryRun
+		return
+	}
 	var win *EventWindow
 	if action == "ModifyInstanceEventWindow" {
 		if win = s.windows[f.Get("InstanceEventWindowId")]; win == nil {
@@ -283,8 +286,6 @@ func (s *EC2EventWindows) put(w http.ResponseWriter, f url.Values, action string
 		}
 	}
 	switch {
-	case dryRun(w, f):
-		return
 	case bad != "":
 		ec2Error(w, http.StatusBadRequest, "InvalidParameterValue", bad)
 		return
@@ -321,12 +322,12 @@ func (s *EC2EventWindows) put(w http.ResponseWriter, f url.Values, action string
 // associate answers AssociateInstanceEventWindow and DisassociateInstanceEventWindow for
 // instance tags and instance IDs.
 func (s *EC2EventWindows) associate(w http.ResponseWriter, f url.Values, action string) {
+	if dryRun(w, f) {
+		return
+	}
 	win := s.windows[f.Get("InstanceEventWindowId")]
 	if win == nil {
 		ec2Error(w, http.StatusBadRequest, "InvalidInstanceEventWindowId.NotFound", fmt.Sprintf("The event window ID '%s' does not exist", f.Get("InstanceEventWindowId")))
-		return
-	}
-	if dryRun(w, f) {
 		return
 	}
 	var tags []string
@@ -382,9 +383,9 @@ func (s *EC2EventWindows) delete(w http.ResponseWriter, f url.Values) {
 	id := f.Get("InstanceEventWindowId")
 	win := s.windows[id]
 	switch {
+	case dryRun(w, f):
 	case win == nil:
 		ec2Error(w, http.StatusBadRequest, "InvalidInstanceEventWindowId.NotFound", fmt.Sprintf("The event window ID '%s' does not exist", id))
-	case dryRun(w, f):
 	case (len(win.TargetTags) > 0 || len(win.TargetInstances) > 0) && f.Get("ForceDelete") != "true":
 		ec2Error(w, http.StatusBadRequest, "InvalidParameterValue", fmt.Sprintf("The event window %s has associated targets: disassociate them, or use ForceDelete", id))
 	default:
