@@ -54,6 +54,9 @@ locals {
   # The router's EC2 writes reach this cluster's Karpenter instances in this region and account,
   # and no other instance, as Karpenter's own AllowScopedDeletion: the cluster tag Karpenter sets
   # to owned, and a NodePool tag.
+  # The EC2 event windows of this region and account (the router's windows carry the cluster's tag).
+  event_windows = "arn:${local.partition}:ec2:${local.region}:${local.account_id}:instance-event-window/*"
+
   karpenter_instances = {
     Resource = "arn:${local.partition}:ec2:${local.region}:${local.account_id}:instance/*"
     Condition = {
@@ -61,6 +64,64 @@ locals {
       StringLike   = { "aws:ResourceTag/karpenter.sh/nodepool" = "*" }
     }
   }
+
+  # NodePools annotated healthrouter.io/event-window=true (the router's --event-windows): one
+  # EC2 event window per pool. The window calls support the instance-event-window resource and
+  # its tags (Service Authorization Reference, Amazon EC2): the router may create a window only
+  # tagged with this cluster (aws:RequestTag, the tag set in the same call, so CreateTags on the
+  # window only as part of CreateInstanceEventWindow), and change, associate, disassociate or
+  # delete only windows that carry it (aws:ResourceTag). DescribeInstanceEventWindows supports no
+  # resource-level scoping: held to the region. The window's target is an instance tag the
+  # router puts on this cluster's Karpenter instances, and no other tag (aws:TagKeys), with a
+  # value of this cluster's (aws:RequestTag).
+  event_window_statements = [
+    {
+      Sid       = "EventWindowsCreate"
+      Effect    = "Allow"
+      Action    = "ec2:CreateInstanceEventWindow"
+      Resource  = local.event_windows
+      Condition = { StringEquals = { "aws:RequestTag/healthrouter.io/cluster" = var.cluster_name } }
+    },
+    {
+      Sid      = "EventWindowsTagOnCreate"
+      Effect   = "Allow"
+      Action   = "ec2:CreateTags"
+      Resource = local.event_windows
+      Condition = { StringEquals = {
+        "ec2:CreateAction"                       = "CreateInstanceEventWindow"
+        "aws:RequestTag/healthrouter.io/cluster" = var.cluster_name
+      } }
+    },
+    {
+      Sid    = "EventWindowsManage"
+      Effect = "Allow"
+      Action = [
+        "ec2:ModifyInstanceEventWindow",
+        "ec2:AssociateInstanceEventWindow",
+        "ec2:DisassociateInstanceEventWindow",
+        "ec2:DeleteInstanceEventWindow",
+      ]
+      Resource  = local.event_windows
+      Condition = { StringEquals = { "aws:ResourceTag/healthrouter.io/cluster" = var.cluster_name } }
+    },
+    {
+      Sid       = "EventWindowsDescribe"
+      Effect    = "Allow"
+      Action    = "ec2:DescribeInstanceEventWindows"
+      Resource  = "*"
+      Condition = local.in_region
+    },
+    {
+      Sid      = "EventWindowsTagInstances"
+      Effect   = "Allow"
+      Action   = "ec2:CreateTags"
+      Resource = local.karpenter_instances.Resource
+      Condition = merge(local.karpenter_instances.Condition, {
+        StringLike                  = merge(local.karpenter_instances.Condition.StringLike, { "aws:RequestTag/healthrouter.io/event-window" = "${var.cluster_name}/*" })
+        "ForAllValues:StringEquals" = { "aws:TagKeys" = ["healthrouter.io/event-window"] }
+      })
+    },
+  ]
 
   router_statements = concat(
     [
@@ -152,6 +213,8 @@ locals {
       Effect = "Allow"
       Action = "ec2:RebootInstances"
     })],
+    # NodePools annotated healthrouter.io/event-window=true: local.event_window_statements.
+    [for s in local.event_window_statements : s if var.enable_event_windows],
   )
 }
 

@@ -243,6 +243,12 @@ variable "enable_reschedule" {
   default     = false
 }
 
+variable "enable_event_windows" {
+  description = "Grant the router the EC2 event-window calls, for NodePools annotated healthrouter.io/event-window=true (the router's --event-windows, with --cluster-name = cluster_name): the router keeps one EC2 event window per such pool, so that AWS schedules new stop, reboot and retirement events of its instances inside the pool's maintenance window. Off by default. CreateInstanceEventWindow only with the tag healthrouter.io/cluster = cluster_name, Modify/Associate/Disassociate/DeleteInstanceEventWindow only on windows with that tag, DescribeInstanceEventWindows in the module's region, and CreateTags of healthrouter.io/event-window = <cluster_name>/<pool> alone on this cluster's Karpenter instances. Run doctor with --event-windows to check the grant."
+  type        = bool
+  default     = false
+}
+
 variable "enable_reboot_in_place" {
   description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default. Granted on this cluster's Karpenter instances only (tags kubernetes.io/cluster/<cluster_name> = owned and karpenter.sh/nodepool), in the module's region."
   type        = bool

@@ -98,6 +98,7 @@ func grammars() (map[string]grammar, error) {
 		policy.AnnotationRespectPDB:    {bools, "true or false"},
 		policy.AnnotationTaintUpcoming: {bools, "true or false"},
 		policy.AnnotationReschedule:    {bools, "true or false"},
+		policy.AnnotationEventWindow:   {bools, "true or false"},
 		policy.AnnotationMode:          {oneOf(policy.ModeActive, policy.ModeShadow), policy.ModeActive + " or " + policy.ModeShadow},
 		policy.AnnotationHoldWhileAlertsUnreachable: {oneOf(policy.UnreachableHold, policy.UnreachableDrain),
 			policy.UnreachableHold + " or " + policy.UnreachableDrain},
@@ -205,6 +206,11 @@ func Template() ([]byte, error) {
 	vs = append(vs, validation{
 		fmt.Sprintf("!(%s in variables.changed || variables.windowChanged) || !(%s in variables.a && variables.a[%s].trim() in ['1', 't', 'T', 'TRUE', 'true', 'True']) || (variables.ws != '' && variables.wd != '')", reschedule, reschedule, reschedule),
 		fmt.Sprintf("%s: needs a maintenance window (%s and %s) to move events into", policy.AnnotationReschedule, policy.AnnotationWindowSchedule, policy.AnnotationWindowDuration),
+	})
+	eventWindow := cel(policy.AnnotationEventWindow)
+	vs = append(vs, validation{
+		fmt.Sprintf("!(%s in variables.changed || variables.windowChanged) || !(%s in variables.a && variables.a[%s].trim() in ['1', 't', 'T', 'TRUE', 'true', 'True']) || (variables.ws != '' && variables.wd != '')", eventWindow, eventWindow, eventWindow),
+		fmt.Sprintf("%s: needs a maintenance window (%s and %s) to hand to EC2", policy.AnnotationEventWindow, policy.AnnotationWindowSchedule, policy.AnnotationWindowDuration),
 	})
 	known := make([]string, 0, len(policy.Annotations()))
 	for _, k := range policy.Annotations() {

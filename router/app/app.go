@@ -47,6 +47,7 @@ import (
 	"github.com/health-router/health-router/router/cwmetrics"
 	"github.com/health-router/health-router/router/deferral"
 	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
@@ -282,6 +283,14 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return err
 		}
 		pipe.WithInPlace(runner)
+	}
+	if o.EventWindows {
+		// Pools annotated healthrouter.io/event-window=true get an EC2 event window of their
+		// maintenance window; their instances are tagged as their NodeClaims appear (leader only).
+		ew := eventwindow.New(mgr.GetClient(), ec2Client, mgr.GetEventRecorder("health-router"), clk, log.With("component", "eventwindow"), reg, o.ClusterName)
+		if err := ew.SetupWithManager(mgr); err != nil {
+			return err
+		}
 	}
 	var drainer *nodedrain.Drainer
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {

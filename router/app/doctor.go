@@ -45,5 +45,6 @@ func Doctor(ctx context.Context, o options.Doctor, restCfg *rest.Config) (doctor
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, KarpenterQueueURL: o.KarpenterQueueURL,
 		KarpenterRoleARN: o.KarpenterRoleARN, KarpenterNamespace: o.KarpenterNamespace, Namespace: o.Namespace, Gates: o.Gates,
 		InstanceStatusPoller: o.InstanceStatusPoller, Reschedule: o.Reschedule, RebootInPlace: o.RebootInPlace, Shadow: o.Shadow,
+		EventWindows: o.EventWindows, ClusterName: o.ClusterName,
 	}), nil
 }

@@ -94,6 +94,7 @@ type ec2API interface {
 	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
 	ModifyInstanceEventStartTime(context.Context, *ec2.ModifyInstanceEventStartTimeInput, ...func(*ec2.Options)) (*ec2.ModifyInstanceEventStartTimeOutput, error)
 	RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error)
+	eventWindowsAPI
 }
 
 type iamAPI interface {
@@ -121,6 +122,11 @@ type Config struct {
 	RebootInPlace bool
 	// Shadow is the router's --shadow: every pool in shadow, Karpenter's own handling to stay.
 	Shadow bool
+	// EventWindows is the router's --event-windows: doctor checks the event-window calls and
+	// ec2:CreateTags with DryRun, and lists the pools whose window EC2 cannot express.
+	EventWindows bool
+	// ClusterName is the router's --cluster-name: the tag the event-window grant is scoped by.
+	ClusterName string
 }
 
 // Doctor runs the checks.
@@ -175,6 +181,7 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	d.rbac(ctx, &r, c.Namespace)
 	d.gates(ctx, &r, c)
 	d.pools(ctx, &r, c.Shadow)
+	d.eventWindowPools(ctx, &r, c)
 	return r
 }
 
@@ -233,7 +240,7 @@ func (d *Doctor) aws(ctx context.Context, r *Report, c Config) {
 	d.describeInstanceStatus(ctx, r, c.KarpenterRoleARN)
 	d.routerInstanceStatus(ctx, r, c.InstanceStatusPoller)
 	var sample scopeSample
-	if c.Reschedule || c.RebootInPlace {
+	if c.Reschedule || c.RebootInPlace || c.EventWindows {
 		sample = d.sample(ctx)
 	}
 	if c.Reschedule {
@@ -241,6 +248,9 @@ func (d *Doctor) aws(ctx context.Context, r *Report, c Config) {
 	}
 	if c.RebootInPlace {
 		d.routerReboot(ctx, r, sample)
+	}
+	if c.EventWindows {
+		d.routerEventWindows(ctx, r, c, sample)
 	}
 }
 

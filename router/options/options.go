@@ -183,6 +183,10 @@ type Run struct {
 	// off, their nodes are replaced. It needs permission to patch Nodes, evict pods, read
 	// DaemonSets and (for instance-reboot) ec2:RebootInstances.
 	RebootInPlace bool
+	// EventWindows keeps an EC2 event window for each pool annotated
+	// healthrouter.io/event-window=true (router/eventwindow), named and tagged by ClusterName;
+	// it needs the EC2 event-window calls and ec2:CreateTags on the cluster's instances.
+	EventWindows bool
 	// Shadow puts every pool (and every node Karpenter does not manage) in shadow: each
 	// outcome is decided and recorded (router/shadow), none carried out.
 	Shadow bool
@@ -242,7 +246,7 @@ func runFlags(o *Run) (fs *pflag.FlagSet, mode, gateFlag, level, headers *string
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for in-flight messages")
 	fs.BoolVar(&o.CloudWatchMetrics, "cloudwatch-metrics", false, "publish the dashboard metrics to CloudWatch (namespace HealthRouter), from the leader only")
 	fs.DurationVar(&o.CloudWatchInterval, "cloudwatch-interval", time.Minute, "how often CloudWatch metrics are published (at least 10s); each publish sends a Heartbeat, for the \"router silent\" alarm")
-	fs.StringVar(&o.ClusterName, "cluster-name", "", "cluster name, the ClusterName dimension of the CloudWatch metrics (required with --cloudwatch-metrics)")
+	fs.StringVar(&o.ClusterName, "cluster-name", "", "cluster name, the ClusterName dimension of the CloudWatch metrics (required with --cloudwatch-metrics) and the name the EC2 event windows and their instance tag carry (required with --event-windows)")
 	level = fs.String("log-level", "info", "log `level`: debug, info, warn or error (JSON logs; keys event_id, kind, instance, node, nodepool, action)")
 	fs.Float64Var(&o.KubeClientQPS, "kube-client-qps", DefaultKubeClientQPS, "requests per second each Kubernetes client the router makes (the cache, writes, Events) may make, however the kubeconfig is found (Karpenter's default)")
 	fs.IntVar(&o.KubeClientBurst, "kube-client-burst", DefaultKubeClientBurst, "burst of requests each Kubernetes client may make above --kube-client-qps")
@@ -254,6 +258,7 @@ func runFlags(o *Run) (fs *pflag.FlagSet, mode, gateFlag, level, headers *string
 	fs.StringVar(&o.UnmanagedNodes, "unmanaged-nodes", policy.UnmanagedIgnore, "what (`mode`) the router does for nodes Karpenter does not manage (no NodeClaim: managed node groups, self-managed nodes): ignore (a clear \"not managed by Karpenter\" outcome: an Event on the Node and a metric; the message is deleted, nothing retried) or cordon-drain (cordon, and evict the pods through the Eviction API with PDBs respected, as aws-node-termination-handler would: one router for every node of the cluster)")
 	fs.BoolVar(&o.NodeMarks, "node-marks", true, "show each node's pending outcome (deferred, held) on its Node: the label healthrouter.io/maintenance-at (Unix seconds), the annotation healthrouter.io/maintenance, and in pools annotated healthrouter.io/taint-upcoming=true a PreferNoSchedule taint; needs permission to patch Nodes")
 	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "keep nodes through reboot-type scheduled events for the pools annotated healthrouter.io/action.scheduled-change.<type>=reboot-in-place: cordon, evict (PDBs respected), let AWS reboot (or RebootInstances for instance-reboot), uncordon once Ready; off, those nodes are replaced. Needs permission to patch Nodes, create pods/eviction and get DaemonSets, and ec2:RebootInstances")
+	fs.BoolVar(&o.EventWindows, "event-windows", false, "keep an EC2 event window for each NodePool annotated healthrouter.io/event-window=true, so that AWS schedules new stop, reboot and retirement events of its instances inside the pool's maintenance window; the router tags each instance healthrouter.io/event-window=<cluster>/<pool> and targets that tag. Needs --cluster-name, the EC2 event-window calls and ec2:CreateTags on the cluster's instances (terraform: enable_event_windows)")
 	fs.IntVar(&o.PodEventsPerEvent, "pod-events-per-event", podnotice.DefaultPerEvent, "Kubernetes Events written on the pods of the nodes an event drains or defers, at most this many per event (and 110 per node); the pods past it are counted in one summary Event per namespace; 0: no pod Events")
 	fs.Float64Var(&o.InstanceEventsPerSecond, "instance-events-per-second", signal.DefaultInstanceEventsPerSecond, "instances a second whose decision gets its Kubernetes Events (on the Node and the NodeClaim), with a burst of ten seconds' worth; past it the instances are counted and told in one Event per NodePool and reason every 30s (their records stay on their NodeClaims), so that a burst of 1,000 Spot warnings does not write 2,000 Events while Karpenter launches replacements; 0: no bound")
 	fs.IntVar(&o.MaxReceives, "max-receives", 90, "deliveries a message that keeps failing gets before the router dead-letters it with its last error (reason retries-exhausted); keep it below the queue's maxReceiveCount (the Terraform module's default is 100); 0: never")
@@ -343,6 +348,8 @@ func finishRun(o Run, mode, gateFlag, level, headers string) (Run, error) {
 		return o, fmt.Errorf("--wait-time %s: want 0s to 20s", o.WaitTime)
 	case o.CloudWatchMetrics && o.ClusterName == "":
 		return o, fmt.Errorf("--cluster-name is required with --cloudwatch-metrics")
+	case o.EventWindows && o.ClusterName == "":
+		return o, fmt.Errorf("--cluster-name is required with --event-windows: the windows and the instance tag are named by cluster")
 	case o.CloudWatchInterval < 10*time.Second:
 		return o, fmt.Errorf("--cloudwatch-interval %s: want at least 10s", o.CloudWatchInterval)
 	case o.HandleTimeout < time.Second:
@@ -442,6 +449,12 @@ type Doctor struct {
 	RebootInPlace bool
 	// Shadow is the router's --shadow (the same environment variable).
 	Shadow bool
+	// EventWindows is the router's --event-windows (the same environment variable): doctor
+	// checks the EC2 event-window calls and lists the pools whose window EC2 cannot express.
+	EventWindows bool
+	// ClusterName is the router's --cluster-name (the same environment variable), the tag the
+	// event-window grant is scoped by.
+	ClusterName string
 }
 
 // doctorFlags defines the flags of `health-router doctor` on o; gates is parsed further by
@@ -462,6 +475,8 @@ func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
 	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
 	fs.BoolVar(&o.RebootInPlace, "reboot-in-place", false, "whether the router runs with --reboot-in-place (the same environment variable), to check that it may call ec2:RebootInstances")
 	fs.BoolVar(&o.Shadow, "shadow", false, "whether the router runs with --shadow (the same environment variable): doctor then expects Karpenter's own handling to be on, and fails where nobody would act on the events")
+	fs.StringVar(&o.ClusterName, "cluster-name", "", "the router's --cluster-name (the same environment variable), for the event-window checks: the windows and the grant are scoped by it")
+	fs.BoolVar(&o.EventWindows, "event-windows", false, "whether the router runs with --event-windows (the same environment variable), to check the EC2 event-window calls and ec2:CreateTags (DryRun), and list the NodePools whose window EC2 cannot express")
 	return fs, gates
 }
 

@@ -83,6 +83,8 @@ func NodePoolAnnotations() []AnnotationDoc {
 			Doc: "while a node of the pool has a pending outcome (deferred, held), it carries the taint `healthrouter.io/maintenance-upcoming=<kind>:PreferNoSchedule`: new pods prefer other nodes, nothing is evicted for it; removed with the outcome (needs `--node-marks`, on by default)"},
 		{Key: AnnotationReschedule, Values: "`true` | `false`", Default: "`false`",
 			Doc: "move a scheduled event that has a deadline into the pool's maintenance window (EC2 `ModifyInstanceEventStartTime`: the window's opening plus drain-lead, at least an hour ahead, before the event's `NotBeforeDeadline`); where it cannot move, the pool's ordinary policy applies and the decision says why. Needs a window (ignored, with a problem, without one) and the Terraform module's `enable_reschedule`"},
+		{Key: AnnotationEventWindow, Values: "`true` | `false`", Default: "`false`",
+			Doc: "keep an EC2 event window of the pool's maintenance window (the router's `--event-windows` and the Terraform module's `enable_event_windows`): AWS then schedules new stop, reboot and retirement events of the pool's instances inside it (not expedited or network-maintenance events, nor automatic recovery). The router tags each instance `" + AnnotationEventWindow + "=<cluster>/<pool>` as its NodeClaim appears and associates the window with that tag; the window is deleted when the annotation goes. Needs a window EC2 can express (whole UTC hours, ranges of 2 h or more, 4 h a week or more, no daylight-saving zone): one it cannot is a problem on the pool (a Warning Event, `health-router doctor`) and gets no EC2 window. Without a window this is ignored, with a problem. Events AWS scheduled before keep `" + AnnotationReschedule + "` and the deferral"},
 	}
 }
 

@@ -85,6 +85,13 @@ func Examples() []map[string]string {
 		map[string]string{AnnotationReschedule: "true"},
 		map[string]string{AnnotationReschedule: "false"},
 		map[string]string{AnnotationReschedule: "true", AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"},
+		map[string]string{AnnotationEventWindow: "true"},
+		map[string]string{AnnotationEventWindow: "false"},
+		map[string]string{AnnotationEventWindow: "yes"},
+		map[string]string{AnnotationEventWindow: "true", AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"},
+		// Valid for the parser and the admission policy: that EC2 cannot express it is the
+		// manager's problem to tell.
+		map[string]string{AnnotationEventWindow: "true", AnnotationWindowSchedule: "CRON_TZ=Europe/Paris 0 2 * * 6", AnnotationWindowDuration: "4h"},
 		map[string]string{AnnotationAction: "defer", AnnotationMaxConcurrentDrains: "1", AnnotationDrainLead: "2h", AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"},
 		map[string]string{AnnotationAction: "defer", AnnotationMaxConcurrentDrains: "12.5%", AnnotationDrainLead: "2h"},
 	)

@@ -39,6 +39,12 @@ const (
 	// has a deadline into the pool's maintenance window (EC2 ModifyInstanceEventStartTime).
 	// It needs a maintenance window: without one it is ignored, and listed in Problems.
 	AnnotationReschedule = Prefix + "reschedule"
+	// AnnotationEventWindow (bool, default false) has the router keep an EC2 event window for
+	// the pool (router/eventwindow): AWS then schedules new stop, reboot and retirement events
+	// of the pool's instances inside the pool's maintenance window. It needs a maintenance
+	// window: without one it is ignored, and listed in Problems. Whether EC2 can express the
+	// window (Window.EC2Ranges) is the manager's to tell.
+	AnnotationEventWindow = Prefix + "event-window"
 	// AnnotationUrgentDrainMax is the pool's urgent-drain breaker: once this many of the
 	// pool's nodes (a percentage, rounded up, or a count) were drained for urgent events (Spot
 	// and capacity-reservation interruptions, shutting-down or terminated instances) within
@@ -172,6 +178,9 @@ type Policy struct {
 	// Reschedule is healthrouter.io/reschedule: move scheduled events into Window. It is
 	// true only with a Window the owner set in full, not one on FallbackWindowDuration.
 	Reschedule bool
+	// EventWindow is healthrouter.io/event-window: keep an EC2 event window of Window for the
+	// pool's instances. Like Reschedule, it is true only with a Window the owner set in full.
+	EventWindow bool
 	// Problems lists the annotations that were ignored, why, and what applies instead.
 	Problems []string
 
@@ -318,6 +327,12 @@ func FromAnnotations(annotations map[string]string) Policy {
 			} else {
 				invalid("want true or false", "no rescheduling (the default)")
 			}
+		case key == AnnotationEventWindow:
+			if b, err := strconv.ParseBool(v); err == nil {
+				p.EventWindow = b
+			} else {
+				invalid("want true or false", "no EC2 event window (the default): AWS keeps its own timing, and the router's deferral still applies")
+			}
 		case key == AnnotationDrainSettle:
 			s, err := parseSettle(v)
 			if err != nil {
@@ -345,6 +360,12 @@ func FromAnnotations(annotations map[string]string) Policy {
 		p.Reschedule = false
 		p.Problems = append(p.Problems, fmt.Sprintf("%s=%s ignored: the pool has no valid maintenance window (%s and %s) to move events into",
 			AnnotationReschedule, quote(annotations[AnnotationReschedule]), AnnotationWindowSchedule, AnnotationWindowDuration))
+	}
+	if p.EventWindow && (p.Window == nil || fallback) {
+		// An EC2 event window is the owner's window handed to AWS: never a guessed one.
+		p.EventWindow = false
+		p.Problems = append(p.Problems, fmt.Sprintf("%s=%s ignored: the pool has no valid maintenance window (%s and %s) to hand to EC2; AWS keeps its own timing",
+			AnnotationEventWindow, quote(annotations[AnnotationEventWindow]), AnnotationWindowSchedule, AnnotationWindowDuration))
 	}
 	return p
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -218,5 +219,57 @@ func TestActionForPrecedence(t *testing.T) {
 		if got != tt.want || key != tt.key {
 			t.Errorf("%s/%v: %s from %q, want %s from %q", tt.ev.Kind, tt.ev.Health, got, key, tt.want, tt.key)
 		}
+	}
+}
+
+// TestEventWindow: healthrouter.io/event-window is off by default, an invalid value is a
+// problem and no EC2 window (AWS keeps its own timing), and it takes effect only with a
+// maintenance window the owner set in full.
+func TestEventWindow(t *testing.T) {
+	window := map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h"}
+	with := func(kv ...string) map[string]string {
+		m := maps.Clone(window)
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	tests := []struct {
+		name     string
+		ann      map[string]string
+		want     bool
+		problems []string // each a substring of one problem, in order
+	}{
+		{"unset", window, false, nil},
+		{"true", with(AnnotationEventWindow, "true"), true, nil},
+		{"spaces around", with(AnnotationEventWindow, " true "), true, nil},
+		{"false", with(AnnotationEventWindow, "false"), false, nil},
+		{"invalid", with(AnnotationEventWindow, "yes"), false, []string{AnnotationEventWindow + `="yes" ignored: want true or false; no EC2 event window`}},
+		{"no window", map[string]string{AnnotationEventWindow: "true"}, false, []string{AnnotationEventWindow + `="true" ignored: the pool has no valid maintenance window`}},
+		{"no window, off", map[string]string{AnnotationEventWindow: "false"}, false, nil},
+		{"invalid window", with(AnnotationEventWindow, "true", AnnotationWindowSchedule, "saturdays"), false,
+			[]string{"maintenance window ignored", AnnotationEventWindow + `="true" ignored`}},
+		// The fallback window is not one the owner set: it is not handed to AWS.
+		{"invalid window duration", with(AnnotationEventWindow, "true", AnnotationWindowDuration, "forever"), false,
+			[]string{AnnotationWindowDuration + `="forever" ignored`, AnnotationEventWindow + `="true" ignored`}},
+		// Whether EC2 can express the window is not the parser's to say (the manager and doctor
+		// say it): a daylight-saving zone is a valid window.
+		{"a window EC2 cannot express", with(AnnotationEventWindow, "true", AnnotationWindowSchedule, "CRON_TZ=Europe/Paris 0 2 * * 6"), true, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := FromAnnotations(tt.ann)
+			if p.EventWindow != tt.want {
+				t.Errorf("EventWindow = %v, want %v", p.EventWindow, tt.want)
+			}
+			if len(p.Problems) != len(tt.problems) {
+				t.Fatalf("problems %q, want %d", p.Problems, len(tt.problems))
+			}
+			for i, want := range tt.problems {
+				if !strings.Contains(p.Problems[i], want) {
+					t.Errorf("problem %d %q, want it to mention %q", i, p.Problems[i], want)
+				}
+			}
+		})
 	}
 }

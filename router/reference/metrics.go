@@ -15,6 +15,7 @@ import (
 	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/calendar"
 	"github.com/health-router/health-router/router/checks"
+	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/notify"
@@ -65,6 +66,10 @@ func registrars() []registrar {
 		{"router/upcoming", func(r prometheus.Registerer) error { upcoming.New(nil, nil, nil, log, r); return nil }},
 		{"router/inplace", func(r prometheus.Registerer) error {
 			inplace.New(nil, nil, nil, nil, clk, nil, log, r, nil, inplace.Options{})
+			return nil
+		}},
+		{"router/eventwindow", func(r prometheus.Registerer) error {
+			eventwindow.New(nil, nil, nil, clk, log, r, "")
 			return nil
 		}},
 		{"router/notify", func(r prometheus.Registerer) error {

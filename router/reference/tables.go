@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/nodedrain"
@@ -51,6 +52,10 @@ func WrittenKeys() []Written {
 			Doc: "what is pending on the node, JSON `{kind, event, decision, hold, until, records}` (the earliest active record, and how many there are); removed with the label"},
 		{Key: upcoming.TaintKey, On: "Node taint (`PreferNoSchedule`, value: the event kind)",
 			Doc: "in a pool annotated `" + policy.AnnotationTaintUpcoming + "=true`, while the node has a pending outcome: new pods prefer other nodes, nothing is evicted for it; removed with the label"},
+		{Key: eventwindow.TagInstance, On: "EC2 instance tag",
+			Doc: "`<cluster>/<pool>` (`--cluster-name`, the NodeClaim's `karpenter.sh/nodepool`): on each instance of a pool annotated `" + policy.AnnotationEventWindow + "=true`, put as its NodeClaim appears (`--event-windows`); the target of the pool's EC2 event window. Karpenter's own `karpenter.sh/nodepool` tag is account-wide: two clusters with a pool of the same name would share a window. Left on the instance when the window goes"},
+		{Key: eventwindow.TagCluster, On: "EC2 event window tag", Doc: "the cluster (`--cluster-name`) whose router keeps the window; the router finds its windows by it, and the Terraform module's grant lets it change only windows that carry it"},
+		{Key: eventwindow.TagNodePool, On: "EC2 event window tag", Doc: "the NodePool the window is kept for (named `hr-<cluster>-<pool>`)"},
 		{Key: intake.AttrReason, On: "dead-letter message attribute",
 			Doc: "why the router could not act on the message: the parser's reason (`malformed`, `unknown-kind`, `unsupported`, `invalid`, `foreign`, `oversized`), `unrecordable`, `retries-exhausted`, or `foreign-sender` (a SenderId not in `--sender-ids`)"},
 		{Key: intake.AttrDetail, On: "dead-letter message attribute", Doc: "the reason in words (for `retries-exhausted`, the last error); it begins `body truncated` when the body was cut to fit SQS's size limit"},
@@ -103,6 +108,8 @@ func Events() []Event {
 		{Reason: inplace.ReasonFallback, On: "Node and NodeClaim", Type: "Warning", Doc: "the reboot in place gave up (pods not evicted by the start minus margin, the Node not Ready again within the ready timeout, no reboot seen, the Node gone): the node is replaced through the pool's ordinary drain; it stays cordoned, do-not-disrupt removed"},
 		{Reason: inplace.ReasonCancelled, On: "NodeClaim", Type: "Normal", Doc: "the maintenance of a reboot in place was cancelled before the reboot: the Node goes back into service (uncordoned, do-not-disrupt removed where the router set them)"},
 		{Reason: inplace.ReasonRefused, On: "NodeClaim (and Node, for a reboot not made)", Type: "Warning", Doc: "a reboot-in-place record names another instance or Node than its NodeClaim's own: left alone, nothing rebooted, cordoned or evicted; or, before the router's `RebootInstances`, EC2's `DescribeInstanceStatus` does not show the maintenance the run is for (an open event of its type, with its EC2 event ID or start): not rebooted, the Node given back, the run ends (health_router_inplace_refused_total)"},
+		{Reason: eventwindow.ReasonSynced, On: "NodePool", Type: "Normal", Doc: "the pool's EC2 event window was created, or its time ranges changed with the pool's window (`healthrouter.io/event-window`): the window, its ranges in UTC and its instance tag"},
+		{Reason: eventwindow.ReasonProblem, On: "NodePool", Type: "Warning", Doc: "the pool gets no EC2 event window, or not the one it asks for: EC2 cannot express its window (the reason), or refused a call (its 200 windows a region, the tag already another window's target, a denial) or did not answer; tried again with backoff (1m doubling to 1h), told once per problem. AWS keeps its own timing; the deferral applies (health_router_event_windows_total)"},
 		{Reason: watchdog.ReasonStuckEmpty, On: "NodePool", Type: "Warning", Doc: "watchdog: nodes of the pool have been empty past `consolidateAfter` and Karpenter does not remove them"},
 		{Reason: watchdog.ReasonImageUnavailable, On: "EC2NodeClass", Type: "Warning", Doc: "watchdog: images in `status.amis` that EC2 does not report `available`"},
 		{Reason: watchdog.ReasonReservationDriftLoop, On: "NodePool", Type: "Warning", Doc: "watchdog: reserved NodeClaims replaced as drifted again and again with the `ReservedCapacity` gate off (Karpenter's replacement loop)"},

@@ -146,6 +146,10 @@ run "defaults" {
     error_message = "no ec2:RebootInstances unless enable_reboot_in_place"
   }
   assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if length([for a in flatten([s.Action]) : a if strcontains(a, "InstanceEventWindow") || a == "ec2:CreateTags"]) > 0 || startswith(s.Sid, "EventWindows")]) == 0
+    error_message = "no event-window call and no ec2:CreateTags unless enable_event_windows"
+  }
+  assert {
     condition     = alltrue([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : !contains(flatten([s.Action]), "sqs:*") && !contains(flatten([s.Action]), "*")])
     error_message = "no wildcard actions in the router policy"
   }
@@ -273,6 +277,61 @@ run "reschedule" {
   assert {
     condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueue", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RescheduleEvents"])
     error_message = "enable_reschedule adds one statement and changes no other"
+  }
+}
+
+# The event windows: every call the router's manager makes, each scoped as far as AWS allows:
+# windows created only with this cluster's tag and changed only when they carry it, the read held
+# to the region, and the instance tag alone, with this cluster's value, on this cluster's
+# Karpenter instances.
+run "event_windows" {
+  command = plan
+
+  variables {
+    enable_event_windows = true
+  }
+
+  assert {
+    condition = { for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement :
+      s.Sid => { effect = s.Effect, actions = toset(flatten([s.Action])), resource = s.Resource, condition = s.Condition }
+      if startswith(s.Sid, "EventWindows")
+      } == {
+      EventWindowsCreate = {
+        effect    = "Allow", actions = toset(["ec2:CreateInstanceEventWindow"])
+        resource  = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
+        condition = { StringEquals = { "aws:RequestTag/healthrouter.io/cluster" = "prod-eu" } }
+      }
+      EventWindowsTagOnCreate = {
+        effect    = "Allow", actions = toset(["ec2:CreateTags"])
+        resource  = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
+        condition = { StringEquals = { "ec2:CreateAction" = "CreateInstanceEventWindow", "aws:RequestTag/healthrouter.io/cluster" = "prod-eu" } }
+      }
+      EventWindowsManage = {
+        effect    = "Allow"
+        actions   = toset(["ec2:ModifyInstanceEventWindow", "ec2:AssociateInstanceEventWindow", "ec2:DisassociateInstanceEventWindow", "ec2:DeleteInstanceEventWindow"])
+        resource  = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
+        condition = { StringEquals = { "aws:ResourceTag/healthrouter.io/cluster" = "prod-eu" } }
+      }
+      EventWindowsDescribe = {
+        effect    = "Allow", actions = toset(["ec2:DescribeInstanceEventWindows"])
+        resource  = "*"
+        condition = { StringEquals = { "aws:RequestedRegion" = "eu-west-1" } }
+      }
+      EventWindowsTagInstances = {
+        effect   = "Allow", actions = toset(["ec2:CreateTags"])
+        resource = "arn:aws:ec2:eu-west-1:111122223333:instance/*"
+        condition = {
+          StringEquals                = { "aws:ResourceTag/kubernetes.io/cluster/prod-eu" = "owned" }
+          StringLike                  = { "aws:ResourceTag/karpenter.sh/nodepool" = "*", "aws:RequestTag/healthrouter.io/event-window" = "prod-eu/*" }
+          "ForAllValues:StringEquals" = { "aws:TagKeys" = ["healthrouter.io/event-window"] }
+        }
+      }
+    }
+    error_message = "enable_event_windows must grant the event-window calls and the instance tag, each scoped to this cluster as far as AWS allows, and nothing more"
+  }
+  assert {
+    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueue", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "EventWindowsCreate", "EventWindowsTagOnCreate", "EventWindowsManage", "EventWindowsDescribe", "EventWindowsTagInstances"])
+    error_message = "enable_event_windows adds its statements and changes no other"
   }
 }
 

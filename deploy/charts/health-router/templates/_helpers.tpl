@@ -125,6 +125,7 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_INSTANCE_STATUS_POLLER" $s.instanceStatusPoller)
   (list "HEALTH_ROUTER_NODE_MARKS" $s.nodeMarks)
   (list "HEALTH_ROUTER_REBOOT_IN_PLACE" $s.rebootInPlace)
+  (list "HEALTH_ROUTER_EVENT_WINDOWS" $s.eventWindows)
   (list "HEALTH_ROUTER_SHADOW" $s.shadow) }}
 {{- range $bools }}
 {{- if not (kindIs "invalid" (index . 1)) }}
