@@ -72,9 +72,9 @@ import (
 // registered with reg (controller-runtime's metrics.Registry in production, which the
 // manager serves on /metrics).
 func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheus.Registerer, log *slog.Logger) error {
-	RouteLogs(log)
 	// A malformed queue URL is a mistake in the pod's spec: refused at once, with the flag
-	// named, rather than retried.
+	// named, rather than retried (before anything is set up, the process-wide loggers included:
+	// controller-runtime takes the first logger it is given).
 	for _, q := range []struct{ flag, url string }{{"--queue-url", o.QueueURL}, {"--dead-letter-queue-url", o.DeadLetterQueueURL}, {"--karpenter-queue-url", o.KarpenterQueueURL}} {
 		if q.url == "" {
 			continue
@@ -83,6 +83,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return fmt.Errorf("%s: %w", q.flag, err)
 		}
 	}
+	RouteLogs(log)
 	scheme, err := cluster.NewScheme()
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package reference
 import (
 	"fmt"
 
+	"github.com/health-router/health-router/router/app"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/inplace"
@@ -88,6 +89,8 @@ func Events() []Event {
 		{Reason: signal.ReasonDeferralDropped, On: "NodeClaim", Type: "Warning", Doc: "a record whose event no longer parses (edited by hand, for example) was dropped"},
 		{Reason: signal.ReasonRecordUnreadable, On: "NodeClaim", Type: "Warning", Doc: "the NodeClaim's records are a newer router's, or damaged: kept as they are, and the write refused"},
 		{Reason: signal.ReasonRescheduled, On: "Node and NodeClaim", Type: "Normal", Doc: "the router moved the instance's scheduled event into its pool's window (`healthrouter.io/reschedule`): the EC2 event, its former and new start, the window opening and drain-lead"},
+		{Reason: app.ReasonQueueUnusable, On: "the router's Pod", Type: "Warning", Doc: "a queue makes the router NotReady (missing, denied, or the credentials refused): which queue and AWS's error; the router keeps checking with backoff (`--pod-name`/`--pod-namespace`, set by the chart)"},
+		{Reason: app.ReasonQueueUsable, On: "the router's Pod", Type: "Normal", Doc: "every queue is usable again: the router is ready"},
 		{Reason: signal.ReasonShadow, On: "Node and NodeClaim", Type: "Normal", Doc: "a pool in shadow (`healthrouter.io/mode=shadow`, or `--shadow`): what the router would have done with the event (drain, deferral until when, reboot in place, ignore) and why; nothing was carried out"},
 		{Reason: signal.ReasonNotManaged, On: "Node", Type: "Warning", Doc: "an event for a node Karpenter does not manage (no NodeClaim), and what `--unmanaged-nodes` did about it"},
 		{Reason: signal.ReasonInvalidAnnotation, On: "NodePool", Type: "Warning", Doc: "`healthrouter.io/` annotations of the pool were ignored (invalid or out-of-range values, unknown keys): one Event listing every problem and what applies instead, cut at the API server's 1,024 bytes (`health-router status` lists them all)"},

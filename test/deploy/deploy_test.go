@@ -179,6 +179,8 @@ type manifests struct {
 	grafanaDashboard   *corev1.ConfigMap
 	// metricsReader is the ClusterRole to bind to a scraper (metrics.secure only).
 	metricsReader *rbacv1.ClusterRole
+	// shadowReader is the ClusterRole to bind to the people who read /shadow (metrics.secure only).
+	shadowReader *rbacv1.ClusterRole
 	networkPolicy *networkingv1.NetworkPolicy
 }
 
@@ -212,6 +214,11 @@ func decode(t *testing.T, args ...string) manifests {
 				seen[kind]-- // a second ClusterRole, of another purpose
 				m.metricsReader = &rbacv1.ClusterRole{}
 				into = m.metricsReader
+			}
+			if strings.HasSuffix(u.GetName(), "-shadow-reader") {
+				seen[kind]-- // the shadow report's readers (metrics.secure)
+				m.shadowReader = &rbacv1.ClusterRole{}
+				into = m.shadowReader
 			}
 		case "ClusterRoleBinding":
 			into = &m.clusterRoleBinding
@@ -366,6 +373,7 @@ func TestDeployment(t *testing.T) {
 		"HEALTH_ROUTER_LOG_LEVEL":                 "info",
 		"HEALTH_ROUTER_METRICS_BIND_ADDRESS":      ":8080",
 		"HEALTH_ROUTER_HEALTH_PROBE_BIND_ADDRESS": ":8081",
+		"HEALTH_ROUTER_SHADOW_LEDGER":             "health-router-shadow",
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("environment with the default values:\n got %v\nwant %v", got, want)
@@ -635,8 +643,25 @@ func TestRBAC(t *testing.T) {
 	for _, p := range ruleProblems(m.clusterRole.Rules, clusterRoleAllowlist) {
 		t.Errorf("ClusterRole %s: %s", m.clusterRole.Name, p)
 	}
-	for _, p := range ruleProblems(m.role.Rules, map[groupResource][]string{{"coordination.k8s.io", "leases"}: leaseVerbs}) {
-		t.Errorf("Role %s (leader election): %s", m.role.Name, p)
+	// The Role: the leader election's Lease, and the shadow ledger's ConfigMap (created by
+	// name; read and written only under its name).
+	var named, unnamed []rbacv1.PolicyRule
+	for _, r := range m.role.Rules {
+		if len(r.ResourceNames) > 0 {
+			named = append(named, r)
+		} else {
+			unnamed = append(unnamed, r)
+		}
+	}
+	for _, p := range ruleProblems(unnamed, map[groupResource][]string{{"coordination.k8s.io", "leases"}: leaseVerbs, {"", "configmaps"}: {"create"}}) {
+		t.Errorf("Role %s (leader election, shadow ledger): %s", m.role.Name, p)
+	}
+	if len(named) != 1 || !slices.Equal(named[0].ResourceNames, []string{m.deployment.Name + "-shadow"}) || !slices.Equal(named[0].Resources, []string{"configmaps"}) ||
+		!slices.Equal(named[0].APIGroups, []string{""}) || !slices.Equal(named[0].Verbs, []string{"get", "update"}) {
+		t.Errorf("Role %s: the rules limited by name are %+v, want get and update on the ConfigMap %s-shadow only", m.role.Name, named, m.deployment.Name)
+	}
+	if got := env(m.deployment.Spec.Template.Spec.Containers[0])["HEALTH_ROUTER_SHADOW_LEDGER"]; got != m.deployment.Name+"-shadow" {
+		t.Errorf("HEALTH_ROUTER_SHADOW_LEDGER %q, want the ConfigMap the Role names", got)
 	}
 	if m.clusterRole.AggregationRule != nil {
 		t.Errorf("ClusterRole %s aggregates other roles", m.clusterRole.Name)

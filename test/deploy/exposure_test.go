@@ -232,6 +232,14 @@ func TestMetricsAuth(t *testing.T) {
 	if r.Name != on.clusterRole.Name+"-metrics-reader" {
 		t.Errorf("metrics-reader named %q", r.Name)
 	}
+	// The shadow report on the metrics port: its own reader role, GET /shadow only.
+	if sr := on.shadowReader; sr == nil || len(sr.Rules) != 1 || !slices.Equal(sr.Rules[0].NonResourceURLs, []string{"/shadow"}) ||
+		!slices.Equal(sr.Rules[0].Verbs, []string{"get"}) || len(sr.Rules[0].Resources) > 0 {
+		t.Errorf("metrics.secure: shadow-reader %+v, want GET /shadow only", sr)
+	}
+	if off.shadowReader != nil {
+		t.Error("metrics.secure off renders a shadow-reader: /shadow is not served on the metrics port then")
+	}
 	eps, _, _ = unstructuredSlice(on.serviceMonitor.Object, "spec", "endpoints")
 	if len(eps) != 1 || eps[0]["scheme"] != "https" || eps[0]["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
 		t.Errorf("metrics.secure: ServiceMonitor endpoints %v, want https with the scraper's token", eps)
