@@ -285,7 +285,11 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		}
 		pipe.WithInPlace(runner)
 	}
-	if o.EventWindows {
+	if o.EventWindows && o.Shadow {
+		// A window changes when AWS acts: in shadow nothing is carried out, windows included.
+		log.Warn("--event-windows is ignored under --shadow: no EC2 event window is kept while the router only records")
+	}
+	if o.EventWindows && !o.Shadow {
 		// Pools annotated healthrouter.io/event-window=true get an EC2 event window of their
 		// maintenance window; their instances are tagged as their NodeClaims appear (leader only).
 		ew := eventwindow.New(mgr.GetClient(), ec2Client, mgr.GetEventRecorder("health-router"), clk, log.With("component", "eventwindow"), reg, o.ClusterName)

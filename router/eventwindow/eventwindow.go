@@ -193,7 +193,10 @@ func (m *Manager) Pass(ctx context.Context) error {
 	for i := range pools.Items {
 		np := &pools.Items[i]
 		p := policy.FromAnnotations(np.Annotations)
-		if !p.EventWindow || !np.DeletionTimestamp.IsZero() {
+		// A pool in shadow gets no window: a window changes when AWS acts, and in shadow the
+		// router carries nothing out (its window, if it had one, is deleted as for a pool that
+		// no longer asks).
+		if !p.EventWindow || p.Shadow || !np.DeletionTimestamp.IsZero() {
 			continue
 		}
 		ranges, err := p.Window.EC2Ranges()

@@ -231,6 +231,10 @@ func TestDelete(t *testing.T) {
 			return c.Update(ctx, np)
 		}},
 		{"pool deleted", func(ctx context.Context, c client.Client, np *karpv1.NodePool) error { return c.Delete(ctx, np) }},
+		{"pool put in shadow: a window changes when AWS acts", func(ctx context.Context, c client.Client, np *karpv1.NodePool) error {
+			np.Annotations[policy.AnnotationMode] = policy.ModeShadow
+			return c.Update(ctx, np)
+		}},
 		{"window EC2 cannot hold", func(ctx context.Context, c client.Client, np *karpv1.NodePool) error {
 			np.Annotations[policy.AnnotationWindowSchedule] = "CRON_TZ=Europe/Paris 0 2 * * 6"
 			return c.Update(ctx, np)
