@@ -60,9 +60,10 @@ const (
 	ReasonRefused = "HealthEventRebootInPlaceRefused"
 )
 
-// ErrBusy: the NodeClaim has a run of another maintenance in progress. One run at a time: the
-// caller holds the event until that run ends (it is not handled by the run in progress).
-var ErrBusy = errors.New("a reboot in place of another maintenance is in progress")
+// ErrBusy: the node is being rebooted already: the NodeClaim has a run of another maintenance
+// in progress, or Karpenter is rebooting it (its Rebooting condition). One reboot at a time:
+// the caller holds the event until that one ends (it is not handled by the one in progress).
+var ErrBusy = errors.New("another reboot of the node is in progress")
 
 // eventAction is the action of every Event this package posts.
 const eventAction = "RebootInPlace"
@@ -181,12 +182,18 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 				already = true
 				return nil
 			case !st.Over():
-				busy = st.EventID
+				busy = "the router's reboot in place of " + st.EventID
 				return nil
 			case same && st.Start.Equal(start):
 				already = true // the run of this maintenance at this start is over
 				return nil
 			}
+		}
+		if KarpenterRebooting(cur) {
+			// One reboot at a time: Karpenter's own (node repair) ends within its deadlines, or
+			// replaces the node; the event is held and decided again meanwhile.
+			busy = "Karpenter is rebooting the node (its Rebooting condition is true)"
+			return nil
 		}
 		instance := cluster.InstanceID(cur.Status.ProviderID)
 		if instance == "" {
@@ -205,12 +212,12 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 		st = State{Version: Version, EventID: ev.ID, EventARN: arn, Type: typ, Instance: instance, Node: cur.Status.NodeName,
 			Start: start, End: end, Began: now, StepSince: now}
 		st.Step = r.opts.FirstStep(st, now)
-		if cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
-			st.Protected = true
-		}
+		st.Protected = cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true"
+		st.RepairVetoed = cur.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"
 		begun = st
 		return r.patchClaim(ctx, cur, func(a map[string]string) {
 			a[karpv1.DoNotDisruptAnnotationKey] = "true"
+			a[karpv1.DoNotRepairAnnotationKey] = "true"
 			a[Annotation] = encode(st)
 		})
 	})
@@ -383,10 +390,10 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	} else if err != nil {
 		return reconcile.Result{}, fmt.Errorf("reading node %s: %w", st.Node, err)
 	}
-	obs := Observation{Node: NodeStatusOf(node)}
+	obs := Observation{Node: NodeStatusOf(node), KarpenterRebooting: KarpenterRebooting(nc)}
 	now := r.clock.Now()
 	askedBefore := st.Step == StepReboot && !st.RebootAsked.IsZero()
-	if st.Step == StepReboot && !askedBefore && node != nil {
+	if st.Step == StepReboot && !askedBefore && node != nil && !Held(st, obs) {
 		// Write-ahead: the call is recorded as asked before it goes out, so that a pass
 		// whose record of the outcome fails never reboots the instance a second time.
 		asked := st
@@ -432,7 +439,7 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 // act carries out the action of the run's step and notes its outcome in obs. There is none
 // for a Node that is gone, but Fallback is called all the same.
 func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Node, st State, now time.Time, obs *Observation, log *slog.Logger, askedBefore bool) {
-	if node == nil && st.Step != StepFallback {
+	if (node == nil && st.Step != StepFallback) || Held(st, *obs) {
 		return
 	}
 	switch st.Step {
@@ -442,7 +449,7 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 		obs.Err = r.restore(ctx, node, true)
 	case StepCordon:
 		m, err := r.cordon(ctx, node, st)
-		obs.Cordoned, obs.NodeProtected, obs.Err = m.Cordoned, m.Protected, err
+		obs.Cordoned, obs.NodeProtected, obs.NodeRepairVetoed, obs.Err = m.Cordoned, m.Protected, m.RepairVetoed, err
 	case StepEvict:
 		end := now.Add(r.opts.EvictRound)
 		if by := r.opts.EvictBy(st); by.After(now) && by.Before(end) {
@@ -519,7 +526,8 @@ func (r *Runner) reboot(ctx context.Context, st State) error {
 	return nil
 }
 
-// cordon makes the Node unschedulable and puts do-not-disrupt on it, and notes what it
+// cordon makes the Node unschedulable and puts do-not-disrupt and do-not-repair on it (on a
+// registered node Karpenter reads the Node's, not the NodeClaim's), and notes what it
 // changed in the Node's mark, in one patch. A mark already there (a pass that wrote it and
 // stopped before the NodeClaim's record) is kept: it knows what the Node was before.
 func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeMark, error) {
@@ -527,12 +535,14 @@ func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeM
 	err := r.patchNode(ctx, node, func(n *corev1.Node) {
 		m, ok := readMark(n.Annotations)
 		if !ok {
-			m = nodeMark{Cordoned: !n.Spec.Unschedulable, Protected: n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true"}
+			m = nodeMark{Cordoned: !n.Spec.Unschedulable, Protected: n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true",
+				RepairVetoed: n.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"}
 		}
 		m.EventID = st.EventID
 		mark = m
 		n.Spec.Unschedulable = true
 		n.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
+		n.Annotations[karpv1.DoNotRepairAnnotationKey] = "true"
 		n.Annotations[Annotation] = encodeMark(m)
 	})
 	if err != nil {
@@ -596,8 +606,8 @@ func (r *Runner) patchClaim(ctx context.Context, nc *karpv1.NodeClaim, mutate fu
 // new start): the pass's decision is dropped, and the next pass decides from what is there.
 var errRunChanged = errors.New("the run changed meanwhile")
 
-// record writes next over prev on the NodeClaim, and removes do-not-disrupt when the run is
-// over and added it. After a conflict (another writer changed the NodeClaim) it reads it
+// record writes next over prev on the NodeClaim, and removes do-not-disrupt and
+// do-not-repair when the run is over and added them. After a conflict (another writer changed the NodeClaim) it reads it
 // fresh and writes again, as long as the run there is still prev.
 func (r *Runner) record(ctx context.Context, nc *karpv1.NodeClaim, prev, next State) error {
 	cur := nc
@@ -616,8 +626,8 @@ func (r *Runner) record(ctx context.Context, nc *karpv1.NodeClaim, prev, next St
 		cur = nil
 		return r.patchClaim(ctx, claim, func(a map[string]string) {
 			a[Annotation] = encode(next)
-			if next.Over() && next.Protected && a[karpv1.DoNotDisruptAnnotationKey] == "true" {
-				delete(a, karpv1.DoNotDisruptAnnotationKey)
+			if next.Over() {
+				undoClaim(next, a)
 			}
 		})
 	})

@@ -171,8 +171,11 @@ type Observation struct {
 	Node NodeStatus
 	// Err is the action's failure.
 	Err error
+	// KarpenterRebooting: the NodeClaim's Rebooting condition is true (Karpenter's node
+	// repair reboots the node): a run that has not rebooted holds (Held).
+	KarpenterRebooting bool
 	// StepCordon: what the run changed on the Node (its mark).
-	Cordoned, NodeProtected bool
+	Cordoned, NodeProtected, NodeRepairVetoed bool
 	// StepEvict: the pods the round left, and those a PodDisruptionBudget refused.
 	Left    int
 	Refused map[string]string
@@ -207,6 +210,13 @@ func Next(st State, obs Observation, now time.Time, o Options) Decision {
 		st.Why = "the Node " + st.Node + " was registered again: cordoned anew"
 		return Decision{State: st}
 	}
+	if Held(st, obs) && (st.Step != StepWait || !now.Before(o.PrepareAt(st))) {
+		// Karpenter reboots the node: the run neither cordons, evicts nor reboots meanwhile,
+		// and gives no deadline of its own to Karpenter's reboot, which has its own (it
+		// replaces the node when the reboot fails: the run then ends with its NodeClaim).
+		st.LastError = heldNote
+		return Decision{State: st, Wait: o.Poll}
+	}
 	switch st.Step {
 	case StepWait:
 		if at := o.PrepareAt(st); now.Before(at) {
@@ -219,7 +229,7 @@ func Next(st State, obs Observation, now time.Time, o Options) Decision {
 		}
 		why := st.Why
 		st = advance(st, StepWait, now)
-		st.Cordoned, st.NodeProtected, st.BootID, st.NotReadySince, st.Why = false, false, "", time.Time{}, why
+		st.Cordoned, st.NodeProtected, st.NodeRepairVetoed, st.BootID, st.NotReadySince, st.Why = false, false, false, "", time.Time{}, why
 		return Decision{State: st, Wait: max(0, o.PrepareAt(st).Sub(now))}
 	case StepCordon:
 		return cordonNext(st, obs, now, o)
@@ -260,7 +270,7 @@ func cordonNext(st State, obs Observation, now time.Time, o Options) Decision {
 		return backoff(st, obs.Err.Error(), now, o)
 	}
 	st = advance(st, StepEvict, now)
-	st.Cordoned, st.NodeProtected, st.NodeUID = obs.Cordoned, obs.NodeProtected, obs.Node.UID
+	st.Cordoned, st.NodeProtected, st.NodeRepairVetoed, st.NodeUID = obs.Cordoned, obs.NodeProtected, obs.NodeRepairVetoed, obs.Node.UID
 	return Decision{State: st}
 }
 
@@ -383,6 +393,26 @@ func readyNext(st State, obs Observation, now time.Time, o Options) Decision {
 		return fallback(st, fmt.Sprintf("the Node was not Ready again within %s of going NotReady at %s", o.ReadyTimeout, stamp(st.NotReadySince)), now)
 	}
 	return Decision{State: st, Wait: min(o.Poll, by.Sub(now))}
+}
+
+// heldNote is LastError while the run holds for Karpenter's reboot.
+const heldNote = "held: Karpenter is rebooting the node (the NodeClaim's Rebooting condition is true); the run goes on once that reboot has ended"
+
+// Held reports whether the pass holds the run instead of acting: Karpenter is rebooting the
+// node and the run has not rebooted it yet (it would cordon, evict or reboot next). Once the
+// run's own reboot is under way, Karpenter's node repair is vetoed (do-not-repair on the
+// Node) and cannot begin one.
+func Held(st State, obs Observation) bool {
+	if !obs.KarpenterRebooting || st.Over() {
+		return false
+	}
+	switch st.Step {
+	case StepWait, StepCordon, StepEvict:
+		return true
+	case StepReboot:
+		return st.RebootAsked.IsZero()
+	}
+	return false
 }
 
 // advance moves the run to step, at now.

@@ -262,6 +262,25 @@ func TestNext(t *testing.T) {
 		{name: "fallback: the node is gone: called all the same, over", st: with(run(reboot, StepFallback), func(s *State) { s.Why = "w" }), obs: Observation{Node: gone}, now: t0,
 			want: with(run(reboot, StepFallback), func(s *State) { s.Why, s.Outcome = "w", "fallback: w" })},
 
+		// Karpenter reboots the node (its Rebooting condition): a run that has not rebooted
+		// holds, whatever its deadlines; one whose reboot is under way goes on.
+		{name: "karpenter rebooting: the cordon holds", st: run(reboot, StepCordon), obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0,
+			want: with(run(reboot, StepCordon), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: the evictions hold past start - margin, no fallback", st: run(system, StepEvict), obs: Observation{Node: notReady, Left: 2, KarpenterRebooting: true}, now: evictBy.Add(time.Minute),
+			want: with(run(system, StepEvict), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: the router's reboot holds", st: run(reboot, StepReboot), obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0,
+			want: with(run(reboot, StepReboot), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: a wait that is due holds", st: run(system, StepWait), obs: Observation{Node: ready, KarpenterRebooting: true}, now: start.Add(-DefaultPrepare),
+			want: with(run(system, StepWait), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: a wait not due waits as before", st: with(run(system, StepWait), func(s *State) { s.Start = t0.Add(5 * time.Hour) }),
+			obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0,
+			want: with(run(system, StepWait), func(s *State) { s.Start = t0.Add(5 * time.Hour) }), wantWait: 5*time.Hour - DefaultPrepare - DefaultEvictMargin},
+		{name: "karpenter rebooting: a reboot the router asked for goes on", st: with(run(reboot, StepReboot), func(s *State) { s.RebootAsked = t0 }),
+			obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0.Add(time.Second),
+			want: with(run(reboot, StepReboot), func(s *State) {
+				s.Step, s.StepSince, s.RebootAsked, s.Rebooted, s.BootID = StepAwait, t0.Add(time.Second), t0, t0, "boot-1"
+			}), wantWait: DefaultPoll},
+
 		// Over
 		{name: "done: nothing more", st: with(run(reboot, StepDone), func(s *State) { s.Outcome = "done" }), obs: Observation{Node: gone}, now: start.Add(time.Hour),
 			want: with(run(reboot, StepDone), func(s *State) { s.Outcome = "done" })},
