@@ -11,6 +11,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -50,6 +51,12 @@ const (
 	// ReasonFallback (Warning): the run gave up keeping the node: why, and that the node is
 	// replaced through the pool's ordinary drain.
 	ReasonFallback = "HealthEventRebootInPlaceFallback"
+	// ReasonMigrated: the router's reboot of a system-reboot moved the instance to new
+	// hardware (reboot migration): EC2 no longer shows the event.
+	ReasonMigrated = "HealthEventRebootInPlaceMigrated"
+	// ReasonNotMigrated (Warning): EC2 still shows the system-reboot after the router's
+	// reboot: AWS reboots the instance at the start, and the run waits for that.
+	ReasonNotMigrated = "HealthEventRebootInPlaceNotMigrated"
 	// ReasonCancelled: the maintenance was cancelled before the reboot: the Node goes back
 	// into service.
 	ReasonCancelled = "HealthEventRebootInPlaceCancelled"
@@ -84,10 +91,18 @@ const maxConcurrentReconciles = 4
 
 // RebootAPI is the part of EC2 the run uses: the reboot, and the instance's scheduled events,
 // which confirm the maintenance before it (DescribeInstanceStatus, the call the poller makes:
-// the role has it).
+// the role has it). An EC2 that also has DescribeInstances (instancesAPI: the SDK's client)
+// lets a system-reboot run use reboot migration.
 type RebootAPI interface {
 	RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error)
 	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
+}
+
+// instancesAPI shows an instance's reboot-migration setting (maintenanceOptions). It is
+// optional, so that an EC2 stand-in without it keeps today's behaviour: AWS reboots a
+// system-reboot at its start.
+type instancesAPI interface {
+	DescribeInstances(context.Context, *ec2.DescribeInstancesInput, ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
 }
 
 // Fallback replaces the node when the run cannot keep it (the router wires the pool's
@@ -233,6 +248,9 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 	r.track(nc.Name, true)
 	r.log.Info("reboot in place begun", "nodeclaim", nc.Name, "node", begun.Node, "instance", begun.Instance, "event_id", ev.ID, "kind", typ, "start", start)
 	then := "wait for AWS's reboot at the start"
+	if typ == event.ScheduledSystemReboot {
+		then = "reboot the instance itself where EC2 offers reboot migration (which clears the event), else wait for AWS's reboot at the start"
+	}
 	if typ == event.ScheduledInstanceReboot {
 		then = "reboot the instance (EC2 RebootInstances)"
 	}
@@ -442,6 +460,9 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 	if (node == nil && st.Step != StepFallback) || Held(st, *obs) {
 		return
 	}
+	if AsksMigration(st) {
+		obs.Migration, obs.MigrationWhy = r.migration(ctx, st)
+	}
 	switch st.Step {
 	case StepWait:
 		// The Node serves until the run prepares it.
@@ -466,6 +487,8 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 		if obs.Unscheduled, obs.Err = r.confirm(ctx, st); obs.Err == nil && obs.Unscheduled == "" {
 			obs.Err = r.reboot(ctx, st)
 		}
+	case StepConfirm:
+		obs.Unscheduled, obs.Err = r.confirm(ctx, st)
 	case StepUncordon:
 		obs.Err = r.restore(ctx, node, true)
 	case StepFallback:
@@ -514,6 +537,40 @@ func (r *Runner) confirm(ctx context.Context, st State) (unscheduled string, err
 		}
 	}
 	return fmt.Sprintf("EC2 shows no open %s of instance %s at %s: the maintenance the run is for is not EC2's", st.Type, st.Instance, stamp(st.Start)), nil
+}
+
+// migration asks EC2 whether the instance offers reboot migration (its
+// maintenanceOptions.rebootMigration is "default"). Anything else, and a failed call, is
+// MigrationOff: AWS reboots the instance at the start, as without migration.
+func (r *Runner) migration(ctx context.Context, st State) (Migration, string) {
+	api, ok := r.ec2.(instancesAPI)
+	if !ok {
+		return MigrationOff, "the router's EC2 client does not describe instances"
+	}
+	out, err := api.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{st.Instance}})
+	if err != nil {
+		return MigrationOff, fmt.Sprintf("DescribeInstances of %s failed: %v", st.Instance, err)
+	}
+	for _, res := range out.Reservations {
+		for _, in := range res.Instances {
+			if aws.ToString(in.InstanceId) != st.Instance {
+				continue
+			}
+			var m ec2types.InstanceRebootMigrationState
+			if in.MaintenanceOptions != nil {
+				m = in.MaintenanceOptions.RebootMigration
+			}
+			switch m {
+			case ec2types.InstanceRebootMigrationStateDefault:
+				return MigrationOn, "EC2: rebootMigration default: the router's reboot moves the instance to new hardware and clears the event"
+			case "":
+				return MigrationOff, "EC2 reports no rebootMigration for the instance (not supported)"
+			default:
+				return MigrationOff, fmt.Sprintf("EC2: rebootMigration %s", m)
+			}
+		}
+	}
+	return MigrationOff, fmt.Sprintf("DescribeInstances does not show instance %s", st.Instance)
 }
 
 func (r *Runner) reboot(ctx context.Context, st State) error {
@@ -643,8 +700,17 @@ func (r *Runner) announce(nc *karpv1.NodeClaim, node *corev1.Node, prev, next St
 	}
 	switch {
 	case prev.Step == StepReboot && next.Step == StepAwait && !next.Rebooted.IsZero():
-		r.post(objs, corev1.EventTypeNormal, ReasonRebooting, "%s (%s): pods evicted; the router rebooted instance %s (EC2 RebootInstances), and waits for the node to be Ready again (at most %s)",
-			next.Type, next.EventID, next.Instance, r.opts.ReadyTimeout)
+		migration := ""
+		if next.Type == event.ScheduledSystemReboot {
+			migration = " for reboot migration"
+		}
+		r.post(objs, corev1.EventTypeNormal, ReasonRebooting, "%s (%s): pods evicted; the router rebooted instance %s (EC2 RebootInstances)%s, and waits for the node to be Ready again (at most %s)",
+			next.Type, next.EventID, next.Instance, migration, r.opts.ReadyTimeout)
+	case prev.Step == StepConfirm && next.Step == StepUncordon:
+		r.post(objs, corev1.EventTypeNormal, ReasonMigrated, "%s (%s): %s; the node goes back into service", next.Type, next.EventID, next.Why)
+	case prev.Step == StepConfirm && next.Step != StepConfirm:
+		log.Warn("reboot in place: the reboot migration did not clear the event", "why", next.MigrationWhy)
+		r.post(objs, corev1.EventTypeWarning, ReasonNotMigrated, "%s (%s): %s; %s", next.Type, next.EventID, next.MigrationWhy, next.Why)
 	case prev.Step == StepReboot && next.Step == StepAwait:
 		r.post(objs, corev1.EventTypeWarning, ReasonRebootFailed, "%s (%s): %s (%s); the node stays cordoned and empty until then",
 			next.Type, next.EventID, next.LastError, stamp(next.Start))

@@ -14,7 +14,11 @@
 //     EvictRound: the same drain helper as the router's drain of unmanaged nodes);
 //  4. for instance-reboot reboots the instance itself (EC2 RebootInstances, which completes
 //     the scheduled event), for the system events waits for AWS to act at the start; then
-//     waits for the Node to be Ready again;
+//     waits for the Node to be Ready again. A system-reboot of an instance whose reboot
+//     migration is on (DescribeInstances: maintenanceOptions.rebootMigration "default") is
+//     rebooted by the router too, at once in the window that began the run: EC2 then moves the
+//     instance to new hardware and clears the event, which the run confirms (StepConfirm);
+//     where the event is still there, the run waits for AWS's start as for the others;
 //  5. uncordons the Node and removes do-not-disrupt and do-not-repair, each only if the run
 //     added it.
 //
@@ -78,6 +82,9 @@ const (
 	StepAwait Step = "await"
 	// StepReady: the Node went NotReady: wait for it to be Ready again.
 	StepReady Step = "ready"
+	// StepConfirm: a system-reboot the router rebooted for reboot migration, the Node Ready
+	// again: confirm with EC2 (DescribeInstanceStatus) that the event is gone.
+	StepConfirm Step = "confirm"
 	// StepUncordon: undo what the run changed on the Node; then the run is done.
 	StepUncordon Step = "uncordon"
 	// StepDone: the run is over, the node kept (Outcome "done", or "done: <note>").
@@ -88,7 +95,21 @@ const (
 )
 
 // steps lists every Step, for validation.
-var steps = []Step{StepWait, StepRelease, StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone, StepFallback}
+var steps = []Step{StepWait, StepRelease, StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepConfirm, StepUncordon, StepDone, StepFallback}
+
+// Migration is whether a system-reboot run reboots the instance itself for EC2's reboot
+// migration.
+type Migration string
+
+const (
+	// MigrationOn: the instance's rebootMigration is "default": a reboot the owner starts
+	// moves it to new hardware and clears the system-reboot event. The router reboots it
+	// once its pods are evicted.
+	MigrationOn Migration = "on"
+	// MigrationOff: not offered (disabled, not supported, not known), or the router's reboot
+	// did not clear the event: AWS reboots the instance at the start.
+	MigrationOff Migration = "off"
+)
 
 // Types are the scheduled-event types a run handles: the ones where AWS keeps the instance.
 var Types = []event.ScheduledType{event.ScheduledInstanceReboot, event.ScheduledSystemReboot, event.ScheduledSystemMaintenance}
@@ -141,6 +162,11 @@ type State struct {
 	RebootAsked time.Time `json:"reboot_asked,omitzero"`
 	// NotReadySince is when the run first saw the Node not Ready after the reboot.
 	NotReadySince time.Time `json:"not_ready_since,omitzero"`
+	// Migration is, for a system-reboot, whether the router reboots the instance itself
+	// (reboot migration), "" until EC2 was asked (the run's first pass); MigrationWhy is
+	// what EC2 said.
+	Migration    Migration `json:"migration,omitempty"`
+	MigrationWhy string    `json:"migration_why,omitempty"`
 	// Why is why the run falls back (StepFallback), or a note on how it finished.
 	Why string `json:"why,omitempty"`
 	// Outcome is set when the run is over: "done", "done: <note>" or "fallback: <why>".
@@ -314,7 +340,8 @@ func truncate(s string, n int) string {
 }
 
 // Steps are the steps a run of an event of type t goes through when all goes well: the router
-// reboots an instance-reboot itself; AWS reboots for the system events.
+// reboots an instance-reboot itself; AWS reboots for the system events (a system-reboot
+// the router reboots for reboot migration goes through StepReboot and StepConfirm too).
 func Steps(t event.ScheduledType) []Step {
 	if t == event.ScheduledInstanceReboot {
 		return []Step{StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone}
