@@ -206,7 +206,8 @@ locals {
     })],
     # NodePools with healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place:
     # the router reboots the instance itself once its pods are evicted (the router's
-    # --reboot-in-place), which completes EC2's scheduled instance-reboot. Both features act
+    # --reboot-in-place), which completes EC2's scheduled instance-reboot (and, with reboot
+    # migration, a system-reboot). Both features act
     # on NodeClaims only, so on Karpenter's instances only.
     !var.enable_reboot_in_place ? [] : [merge(local.karpenter_instances, {
       Sid    = "RebootInPlace"
@@ -215,6 +216,17 @@ locals {
     })],
     # NodePools annotated healthrouter.io/event-window=true: local.event_window_statements.
     [for s in local.event_window_statements : s if var.enable_event_windows],
+    # A system-reboot is rebooted in place by the router too where the instance offers reboot
+    # migration (maintenanceOptions.rebootMigration, read with DescribeInstances): the owner's
+    # reboot moves it to new hardware and clears the event. Read-only; DescribeInstances
+    # supports no resource-level scoping.
+    !var.enable_reboot_in_place ? [] : [{
+      Sid       = "RebootMigration"
+      Effect    = "Allow"
+      Action    = "ec2:DescribeInstances"
+      Resource  = "*"
+      Condition = local.in_region
+    }],
   )
 }
 

@@ -250,7 +250,7 @@ variable "enable_event_windows" {
 }
 
 variable "enable_reboot_in_place" {
-  description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default. Granted on this cluster's Karpenter instances only (tags kubernetes.io/cluster/<cluster_name> = owned and karpenter.sh/nodepool), in the module's region."
+  description = "Grant the router ec2:RebootInstances, for NodePools whose instance-reboot events are rebooted in place (healthrouter.io/action.scheduled-change.instance-reboot=reboot-in-place, with the router's --reboot-in-place): the router reboots the instance itself once its pods are evicted. Off by default. Granted on this cluster's Karpenter instances only (tags kubernetes.io/cluster/<cluster_name> = owned and karpenter.sh/nodepool), in the module's region. Also grants ec2:DescribeInstances (read-only, no resource-level scoping), with which a system-reboot run reads the instance's reboot migration and, where it is on, reboots the instance itself too."
   type        = bool
   default     = false
 }

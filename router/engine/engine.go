@@ -166,12 +166,13 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 	var annotations map[string]string
 	if res.NodePool != nil {
 		annotations = res.NodePool.Annotations
+		tg.Budgets = res.NodePool.Spec.Disruption.Budgets
 	}
 	tg.Policy = policy.FromAnnotations(annotations)
 	if res.Node != nil && res.NodeClaim == nil {
 		// Not Karpenter's: no pool policy, pacing, gates or replacement checks apply; the
 		// cluster's --unmanaged-nodes decides (a drain there evicts with PDBs respected).
-		tg.Unmanaged, tg.NodePool, tg.Policy = e.unmanaged, "", policy.FromAnnotations(nil)
+		tg.Unmanaged, tg.NodePool, tg.Policy, tg.Budgets = e.unmanaged, "", policy.FromAnnotations(nil), nil
 		return Outcome{Decision: policy.Decide(ev, tg, now), Resolved: res}, nil
 	}
 	if set, err := record.Read(res.NodeClaim); err == nil {

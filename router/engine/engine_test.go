@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ type poolSpec struct {
 	annotations map[string]string
 	nodes       int
 	draining    int
+	budgets     []karpv1.Budget // spec.disruption.budgets
 }
 
 // testCluster builds a snapshot of the pools; instance IDs are i-<pool>-<n>, NodeClaims
@@ -36,7 +38,8 @@ func testCluster(t testing.TB, pools map[string]poolSpec) *cluster.Model {
 	t.Helper()
 	var objs []client.Object
 	for name, p := range pools {
-		objs = append(objs, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: p.annotations}})
+		objs = append(objs, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: p.annotations},
+			Spec: karpv1.NodePoolSpec{Disruption: karpv1.Disruption{Budgets: p.budgets}}})
 		for i := 0; i < p.nodes; i++ {
 			pid := "aws:///eu-west-1a/" + instance(name, i)
 			labels := map[string]string{karpv1.NodePoolLabelKey: name}
@@ -140,6 +143,44 @@ func TestPacing(t *testing.T) {
 				if o.Action == policy.ActionDefer && (o.Hold != policy.HoldPacing || !o.Until.Equal(now.Add(7*24*time.Hour-policy.DefaultDrainLead))) {
 					t.Errorf("%s held %q until %s", o.InstanceID, o.Hold, o.Until)
 				}
+			}
+		})
+	}
+}
+
+// TestRepairBudget: the repair cut-off of impaired instances reads the NodePool's disruption
+// budget for the reason Unhealthy (Karpenter v1.15's node repair): with nodes=1, the second
+// impaired node of a pool of 10 is held, where repair-max-unhealthy alone (20%: 2) lets it go.
+func TestRepairBudget(t *testing.T) {
+	impaired := func(i int) event.Event {
+		id := instance("kafka", i)
+		return event.Event{ID: "healthrouter.io/instance-status/" + id + "/impaired/2026-11-21T11:50:00Z", Kind: event.KindInstanceStatus, Time: now, Instances: []string{id},
+			Status: &event.InstanceStatus{SystemStatus: "impaired", ImpairedSince: now.Add(-10 * time.Minute)}}
+	}
+	for _, tc := range []struct {
+		name    string
+		budgets []karpv1.Budget
+		want    []policy.Action
+	}{
+		{name: "no Unhealthy budget: the cut-off of 2", budgets: []karpv1.Budget{{Nodes: "0"}}, want: []policy.Action{policy.ActionDrain, policy.ActionDrain}},
+		{name: "an Unhealthy budget of 1", budgets: []karpv1.Budget{{Nodes: "1", Reasons: []karpv1.DisruptionReason{karpv1.DisruptionReasonUnhealthy}}},
+			want: []policy.Action{policy.ActionDrain, policy.ActionDefer}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := New(testCluster(t, map[string]poolSpec{"kafka": {nodes: 10, budgets: tc.budgets}}), nil)
+			var got []policy.Action
+			for i := range 2 {
+				outs, err := eng.Decide(context.Background(), impaired(i), now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, actions(outs)...)
+				if o := outs[0]; o.Action == policy.ActionDefer && (o.Hold != policy.HoldRepairCutoff || !strings.Contains(o.Reason, "Unhealthy disruption budget nodes=1")) {
+					t.Errorf("held %q: %s", o.Hold, o.Reason)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("actions %v, want %v", got, tc.want)
 			}
 		})
 	}

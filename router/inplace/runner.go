@@ -11,6 +11,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -50,6 +51,12 @@ const (
 	// ReasonFallback (Warning): the run gave up keeping the node: why, and that the node is
 	// replaced through the pool's ordinary drain.
 	ReasonFallback = "HealthEventRebootInPlaceFallback"
+	// ReasonMigrated: the router's reboot of a system-reboot moved the instance to new
+	// hardware (reboot migration): EC2 no longer shows the event.
+	ReasonMigrated = "HealthEventRebootInPlaceMigrated"
+	// ReasonNotMigrated (Warning): EC2 still shows the system-reboot after the router's
+	// reboot: AWS reboots the instance at the start, and the run waits for that.
+	ReasonNotMigrated = "HealthEventRebootInPlaceNotMigrated"
 	// ReasonCancelled: the maintenance was cancelled before the reboot: the Node goes back
 	// into service.
 	ReasonCancelled = "HealthEventRebootInPlaceCancelled"
@@ -60,9 +67,10 @@ const (
 	ReasonRefused = "HealthEventRebootInPlaceRefused"
 )
 
-// ErrBusy: the NodeClaim has a run of another maintenance in progress. One run at a time: the
-// caller holds the event until that run ends (it is not handled by the run in progress).
-var ErrBusy = errors.New("a reboot in place of another maintenance is in progress")
+// ErrBusy: the node is being rebooted already: the NodeClaim has a run of another maintenance
+// in progress, or Karpenter is rebooting it (its Rebooting condition). One reboot at a time:
+// the caller holds the event until that one ends (it is not handled by the one in progress).
+var ErrBusy = errors.New("another reboot of the node is in progress")
 
 // eventAction is the action of every Event this package posts.
 const eventAction = "RebootInPlace"
@@ -83,10 +91,18 @@ const maxConcurrentReconciles = 4
 
 // RebootAPI is the part of EC2 the run uses: the reboot, and the instance's scheduled events,
 // which confirm the maintenance before it (DescribeInstanceStatus, the call the poller makes:
-// the role has it).
+// the role has it). An EC2 that also has DescribeInstances (instancesAPI: the SDK's client)
+// lets a system-reboot run use reboot migration.
 type RebootAPI interface {
 	RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error)
 	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
+}
+
+// instancesAPI shows an instance's reboot-migration setting (maintenanceOptions). It is
+// optional, so that an EC2 stand-in without it keeps today's behaviour: AWS reboots a
+// system-reboot at its start.
+type instancesAPI interface {
+	DescribeInstances(context.Context, *ec2.DescribeInstancesInput, ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
 }
 
 // Fallback replaces the node when the run cannot keep it (the router wires the pool's
@@ -181,12 +197,18 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 				already = true
 				return nil
 			case !st.Over():
-				busy = st.EventID
+				busy = "the router's reboot in place of " + st.EventID
 				return nil
 			case same && st.Start.Equal(start):
 				already = true // the run of this maintenance at this start is over
 				return nil
 			}
+		}
+		if KarpenterRebooting(cur) {
+			// One reboot at a time: Karpenter's own (node repair) ends within its deadlines, or
+			// replaces the node; the event is held and decided again meanwhile.
+			busy = "Karpenter is rebooting the node (its Rebooting condition is true)"
+			return nil
 		}
 		instance := cluster.InstanceID(cur.Status.ProviderID)
 		if instance == "" {
@@ -205,12 +227,12 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 		st = State{Version: Version, EventID: ev.ID, EventARN: arn, Type: typ, Instance: instance, Node: cur.Status.NodeName,
 			Start: start, End: end, Began: now, StepSince: now}
 		st.Step = r.opts.FirstStep(st, now)
-		if cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
-			st.Protected = true
-		}
+		st.Protected = cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true"
+		st.RepairVetoed = cur.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"
 		begun = st
 		return r.patchClaim(ctx, cur, func(a map[string]string) {
 			a[karpv1.DoNotDisruptAnnotationKey] = "true"
+			a[karpv1.DoNotRepairAnnotationKey] = "true"
 			a[Annotation] = encode(st)
 		})
 	})
@@ -226,6 +248,9 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 	r.track(nc.Name, true)
 	r.log.Info("reboot in place begun", "nodeclaim", nc.Name, "node", begun.Node, "instance", begun.Instance, "event_id", ev.ID, "kind", typ, "start", start)
 	then := "wait for AWS's reboot at the start"
+	if typ == event.ScheduledSystemReboot {
+		then = "reboot the instance itself where EC2 offers reboot migration (which clears the event), else wait for AWS's reboot at the start"
+	}
 	if typ == event.ScheduledInstanceReboot {
 		then = "reboot the instance (EC2 RebootInstances)"
 	}
@@ -383,10 +408,10 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	} else if err != nil {
 		return reconcile.Result{}, fmt.Errorf("reading node %s: %w", st.Node, err)
 	}
-	obs := Observation{Node: NodeStatusOf(node)}
+	obs := Observation{Node: NodeStatusOf(node), KarpenterRebooting: KarpenterRebooting(nc)}
 	now := r.clock.Now()
 	askedBefore := st.Step == StepReboot && !st.RebootAsked.IsZero()
-	if st.Step == StepReboot && !askedBefore && node != nil {
+	if st.Step == StepReboot && !askedBefore && node != nil && !Held(st, obs) {
 		// Write-ahead: the call is recorded as asked before it goes out, so that a pass
 		// whose record of the outcome fails never reboots the instance a second time.
 		asked := st
@@ -432,8 +457,11 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 // act carries out the action of the run's step and notes its outcome in obs. There is none
 // for a Node that is gone, but Fallback is called all the same.
 func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Node, st State, now time.Time, obs *Observation, log *slog.Logger, askedBefore bool) {
-	if node == nil && st.Step != StepFallback {
+	if (node == nil && st.Step != StepFallback) || Held(st, *obs) {
 		return
+	}
+	if AsksMigration(st) {
+		obs.Migration, obs.MigrationWhy = r.migration(ctx, st)
 	}
 	switch st.Step {
 	case StepWait:
@@ -442,7 +470,7 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 		obs.Err = r.restore(ctx, node, true)
 	case StepCordon:
 		m, err := r.cordon(ctx, node, st)
-		obs.Cordoned, obs.NodeProtected, obs.Err = m.Cordoned, m.Protected, err
+		obs.Cordoned, obs.NodeProtected, obs.NodeRepairVetoed, obs.Err = m.Cordoned, m.Protected, m.RepairVetoed, err
 	case StepEvict:
 		end := now.Add(r.opts.EvictRound)
 		if by := r.opts.EvictBy(st); by.After(now) && by.Before(end) {
@@ -459,6 +487,8 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 		if obs.Unscheduled, obs.Err = r.confirm(ctx, st); obs.Err == nil && obs.Unscheduled == "" {
 			obs.Err = r.reboot(ctx, st)
 		}
+	case StepConfirm:
+		obs.Unscheduled, obs.Err = r.confirm(ctx, st)
 	case StepUncordon:
 		obs.Err = r.restore(ctx, node, true)
 	case StepFallback:
@@ -509,6 +539,40 @@ func (r *Runner) confirm(ctx context.Context, st State) (unscheduled string, err
 	return fmt.Sprintf("EC2 shows no open %s of instance %s at %s: the maintenance the run is for is not EC2's", st.Type, st.Instance, stamp(st.Start)), nil
 }
 
+// migration asks EC2 whether the instance offers reboot migration (its
+// maintenanceOptions.rebootMigration is "default"). Anything else, and a failed call, is
+// MigrationOff: AWS reboots the instance at the start, as without migration.
+func (r *Runner) migration(ctx context.Context, st State) (Migration, string) {
+	api, ok := r.ec2.(instancesAPI)
+	if !ok {
+		return MigrationOff, "the router's EC2 client does not describe instances"
+	}
+	out, err := api.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{st.Instance}})
+	if err != nil {
+		return MigrationOff, fmt.Sprintf("DescribeInstances of %s failed: %v", st.Instance, err)
+	}
+	for _, res := range out.Reservations {
+		for _, in := range res.Instances {
+			if aws.ToString(in.InstanceId) != st.Instance {
+				continue
+			}
+			var m ec2types.InstanceRebootMigrationState
+			if in.MaintenanceOptions != nil {
+				m = in.MaintenanceOptions.RebootMigration
+			}
+			switch m {
+			case ec2types.InstanceRebootMigrationStateDefault:
+				return MigrationOn, "EC2: rebootMigration default: the router's reboot moves the instance to new hardware and clears the event"
+			case "":
+				return MigrationOff, "EC2 reports no rebootMigration for the instance (not supported)"
+			default:
+				return MigrationOff, fmt.Sprintf("EC2: rebootMigration %s", m)
+			}
+		}
+	}
+	return MigrationOff, fmt.Sprintf("DescribeInstances does not show instance %s", st.Instance)
+}
+
 func (r *Runner) reboot(ctx context.Context, st State) error {
 	if r.ec2 == nil {
 		return errors.New("no EC2 client")
@@ -519,7 +583,8 @@ func (r *Runner) reboot(ctx context.Context, st State) error {
 	return nil
 }
 
-// cordon makes the Node unschedulable and puts do-not-disrupt on it, and notes what it
+// cordon makes the Node unschedulable and puts do-not-disrupt and do-not-repair on it (on a
+// registered node Karpenter reads the Node's, not the NodeClaim's), and notes what it
 // changed in the Node's mark, in one patch. A mark already there (a pass that wrote it and
 // stopped before the NodeClaim's record) is kept: it knows what the Node was before.
 func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeMark, error) {
@@ -527,12 +592,14 @@ func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeM
 	err := r.patchNode(ctx, node, func(n *corev1.Node) {
 		m, ok := readMark(n.Annotations)
 		if !ok {
-			m = nodeMark{Cordoned: !n.Spec.Unschedulable, Protected: n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true"}
+			m = nodeMark{Cordoned: !n.Spec.Unschedulable, Protected: n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true",
+				RepairVetoed: n.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"}
 		}
 		m.EventID = st.EventID
 		mark = m
 		n.Spec.Unschedulable = true
 		n.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
+		n.Annotations[karpv1.DoNotRepairAnnotationKey] = "true"
 		n.Annotations[Annotation] = encodeMark(m)
 	})
 	if err != nil {
@@ -596,8 +663,8 @@ func (r *Runner) patchClaim(ctx context.Context, nc *karpv1.NodeClaim, mutate fu
 // new start): the pass's decision is dropped, and the next pass decides from what is there.
 var errRunChanged = errors.New("the run changed meanwhile")
 
-// record writes next over prev on the NodeClaim, and removes do-not-disrupt when the run is
-// over and added it. After a conflict (another writer changed the NodeClaim) it reads it
+// record writes next over prev on the NodeClaim, and removes do-not-disrupt and
+// do-not-repair when the run is over and added them. After a conflict (another writer changed the NodeClaim) it reads it
 // fresh and writes again, as long as the run there is still prev.
 func (r *Runner) record(ctx context.Context, nc *karpv1.NodeClaim, prev, next State) error {
 	cur := nc
@@ -616,8 +683,8 @@ func (r *Runner) record(ctx context.Context, nc *karpv1.NodeClaim, prev, next St
 		cur = nil
 		return r.patchClaim(ctx, claim, func(a map[string]string) {
 			a[Annotation] = encode(next)
-			if next.Over() && next.Protected && a[karpv1.DoNotDisruptAnnotationKey] == "true" {
-				delete(a, karpv1.DoNotDisruptAnnotationKey)
+			if next.Over() {
+				undoClaim(next, a)
 			}
 		})
 	})
@@ -633,8 +700,17 @@ func (r *Runner) announce(nc *karpv1.NodeClaim, node *corev1.Node, prev, next St
 	}
 	switch {
 	case prev.Step == StepReboot && next.Step == StepAwait && !next.Rebooted.IsZero():
-		r.post(objs, corev1.EventTypeNormal, ReasonRebooting, "%s (%s): pods evicted; the router rebooted instance %s (EC2 RebootInstances), and waits for the node to be Ready again (at most %s)",
-			next.Type, next.EventID, next.Instance, r.opts.ReadyTimeout)
+		migration := ""
+		if next.Type == event.ScheduledSystemReboot {
+			migration = " for reboot migration"
+		}
+		r.post(objs, corev1.EventTypeNormal, ReasonRebooting, "%s (%s): pods evicted; the router rebooted instance %s (EC2 RebootInstances)%s, and waits for the node to be Ready again (at most %s)",
+			next.Type, next.EventID, next.Instance, migration, r.opts.ReadyTimeout)
+	case prev.Step == StepConfirm && next.Step == StepUncordon:
+		r.post(objs, corev1.EventTypeNormal, ReasonMigrated, "%s (%s): %s; the node goes back into service", next.Type, next.EventID, next.Why)
+	case prev.Step == StepConfirm && next.Step != StepConfirm:
+		log.Warn("reboot in place: the reboot migration did not clear the event", "why", next.MigrationWhy)
+		r.post(objs, corev1.EventTypeWarning, ReasonNotMigrated, "%s (%s): %s; %s", next.Type, next.EventID, next.MigrationWhy, next.Why)
 	case prev.Step == StepReboot && next.Step == StepAwait:
 		r.post(objs, corev1.EventTypeWarning, ReasonRebootFailed, "%s (%s): %s (%s); the node stays cordoned and empty until then",
 			next.Type, next.EventID, next.LastError, stamp(next.Start))

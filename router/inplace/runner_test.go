@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/awslabs/operatorpkg/status"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -152,6 +153,7 @@ type rigOpts struct {
 	claimProtected bool // the NodeClaim carries do-not-disrupt before the run
 	nodeCordoned   bool // the Node is cordoned before the run
 	nodeProtected  bool // the Node carries do-not-disrupt before the run
+	noRepair       bool // the NodeClaim and the Node carry do-not-repair before the run
 	funcs          interceptor.Funcs
 }
 
@@ -173,6 +175,10 @@ func newRig(t *testing.T, o rigOpts) *rig {
 			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(t0.Add(-24 * time.Hour))}}}}
 	if o.nodeProtected {
 		node.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
+	}
+	if o.noRepair {
+		claim.Annotations[karpv1.DoNotRepairAnnotationKey] = "true"
+		node.Annotations[karpv1.DoNotRepairAnnotationKey] = "true"
 	}
 	r := &rig{t: t, ctx: context.Background(), clock: clocktesting.NewFakeClock(t0), recorder: events.NewFakeRecorder(100),
 		evictor: &fakeEvictor{}, ec2: &fakeEC2{}, fallback: &fallbacks{}, funcs: o.funcs}
@@ -292,6 +298,28 @@ func (r *rig) protection() (claim, node, cordoned bool) {
 	return r.claim().Annotations[karpv1.DoNotDisruptAnnotationKey] == "true", r.node().Annotations[karpv1.DoNotDisruptAnnotationKey] == "true", r.node().Spec.Unschedulable
 }
 
+// repairVeto reports the NodeClaim's and the Node's do-not-repair.
+func (r *rig) repairVeto() (claim, node bool) {
+	return r.claim().Annotations[karpv1.DoNotRepairAnnotationKey] == "true", r.node().Annotations[karpv1.DoNotRepairAnnotationKey] == "true"
+}
+
+// karpenterRebooting sets the NodeClaim's Rebooting condition, as Karpenter's node repair
+// (RebootForRepair) and its reboot controller do.
+func (r *rig) karpenterRebooting(on bool) {
+	r.t.Helper()
+	nc := r.claim()
+	cs, reason := metav1.ConditionTrue, karpv1.RebootReasonRequested
+	if !on {
+		cs, reason = metav1.ConditionFalse, karpv1.RebootReasonSucceeded
+	}
+	nc.Status.Conditions = []status.Condition{{Type: karpv1.ConditionTypeRebooting, Status: cs, Reason: reason, Message: "rebooting for AcceleratedHardwareReady/XID48",
+		LastTransitionTime: metav1.NewTime(r.clock.Now())}}
+	// The fake API server keeps a NodeClaim's status without a subresource.
+	if err := r.kube.Update(r.ctx, nc); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
 // checkMarksKept fails when the run changed the router's other marks on the Node.
 func (r *rig) checkMarksKept() {
 	r.t.Helper()
@@ -313,7 +341,7 @@ func TestBegin(t *testing.T) {
 	}
 	st := r.state()
 	want := State{Version: Version, EventID: "ev-1", EventARN: ev.Health.EventARN, Type: event.ScheduledInstanceReboot, Instance: instance, Node: nodeName,
-		Start: start, Step: StepCordon, Began: t0, StepSince: t0, Protected: true}
+		Start: start, Step: StepCordon, Began: t0, StepSince: t0, Protected: true, RepairVetoed: true}
 	if encode(st) != encode(want) {
 		t.Errorf("run:\n got %s\nwant %s", encode(st), encode(want))
 	}
@@ -535,6 +563,133 @@ func TestInstanceReboot(t *testing.T) {
 	rv := r.claim().ResourceVersion
 	if wait := r.pass(); wait != 0 || r.claim().ResourceVersion != rv || len(r.ec2.calls) != 1 {
 		t.Errorf("a pass over an ended run: wait %s, wrote %v", wait, r.claim().ResourceVersion != rv)
+	}
+}
+
+// TestRepairVeto: the run puts karpenter.sh/do-not-repair on the NodeClaim at Begin and on
+// the Node at the cordon (Karpenter v1.15's node repair, a voluntary disruption that
+// do-not-disrupt does not stop, reads a registered node's), as it does do-not-disrupt, and
+// removes each where it added it: when the run is done, and when it falls back (the node is
+// then Karpenter's to replace); a veto that was there before the run stays.
+func TestRepairVeto(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		before   bool // do-not-repair on both before the run
+		fallBack bool
+	}{
+		{name: "added and removed when done"},
+		{name: "added and removed when the run falls back", fallBack: true},
+		{name: "there before: kept", before: true},
+		{name: "there before, fallback: kept", before: true, fallBack: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, rigOpts{noRepair: tc.before})
+			r.begin(scheduled("ev-1", event.ScheduledInstanceReboot, start))
+			if claim, node := r.repairVeto(); !claim || node != tc.before {
+				t.Errorf("after Begin: do-not-repair on the nodeclaim %v (want true), on the node %v (want %v)", claim, node, tc.before)
+			}
+			if st := r.state(); st.RepairVetoed == tc.before {
+				t.Errorf("after Begin: RepairVetoed %v with do-not-repair there before: %v", st.RepairVetoed, tc.before)
+			}
+			r.pass() // cordon
+			if claim, node := r.repairVeto(); !claim || !node {
+				t.Errorf("after the cordon: do-not-repair on the nodeclaim %v, on the node %v; want both", claim, node)
+			}
+			if st := r.state(); st.NodeRepairVetoed == tc.before {
+				t.Errorf("after the cordon: NodeRepairVetoed %v with do-not-repair there before: %v", st.NodeRepairVetoed, tc.before)
+			}
+			r.passTo(StepAwait)
+			r.clock.Step(time.Minute)
+			if tc.fallBack {
+				r.kubelet(corev1.ConditionFalse, r.clock.Now(), "boot-1")
+				r.passTo(StepReady)
+				r.clock.Step(DefaultReadyTimeout)
+				r.passTo(StepFallback)
+				r.pass()
+				if st := r.state(); !strings.HasPrefix(st.Outcome, "fallback") {
+					t.Fatalf("outcome %q, want a fallback", st.Outcome)
+				}
+			} else {
+				r.kubelet(corev1.ConditionTrue, r.clock.Now(), "boot-2")
+				r.passTo(StepDone)
+			}
+			if claim, node := r.repairVeto(); claim != tc.before || node != tc.before {
+				t.Errorf("after the run: do-not-repair on the nodeclaim %v, on the node %v; want %v, as before", claim, node, tc.before)
+			}
+		})
+	}
+}
+
+// TestUndo: UndoNode and UndoClaim (router/handback's way out of a run) remove do-not-repair
+// exactly where the run added it, as they do do-not-disrupt.
+func TestUndo(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+		Annotation: encodeMark(nodeMark{EventID: "ev-1", Protected: true, RepairVetoed: true}), karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}},
+		Spec: corev1.NodeSpec{Unschedulable: true}}
+	if !UndoNode(n, true) || len(n.Annotations) != 0 || !n.Spec.Unschedulable {
+		t.Errorf("UndoNode of a mark that added both vetoes, not the cordon: %v, unschedulable %v", n.Annotations, n.Spec.Unschedulable)
+	}
+	n.Annotations = map[string]string{Annotation: encodeMark(nodeMark{EventID: "ev-1", Protected: true}), karpv1.DoNotRepairAnnotationKey: "true"}
+	if !UndoNode(n, true) || n.Annotations[karpv1.DoNotRepairAnnotationKey] != "true" {
+		t.Errorf("UndoNode removed a do-not-repair the run did not add: %v", n.Annotations)
+	}
+	st := run(event.ScheduledSystemReboot, StepEvict)
+	st.RepairVetoed = true
+	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{Annotation: encode(st), karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}}}
+	if !UndoClaim(nc) || len(nc.Annotations) != 1 || nc.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
+		t.Errorf("UndoClaim of a run that added do-not-repair only: %v", nc.Annotations)
+	}
+}
+
+// TestKarpenterRebooting: a NodeClaim Karpenter is rebooting (its Rebooting condition, set by
+// v1.15's node repair with RebootForRepair) is not rebooted by the router as well: Begin
+// fails with ErrBusy and writes nothing (the pipeline holds the event and decides it again);
+// a run that has not rebooted holds while the condition is true, neither cordoning, evicting
+// nor rebooting, and goes on once it is false.
+func TestKarpenterRebooting(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.karpenterRebooting(true)
+	ev := scheduled("ev-1", event.ScheduledInstanceReboot, start)
+	r.ec2.show(ev)
+	rv := r.claim().ResourceVersion
+	if _, err := r.runner.Begin(r.ctx, r.claim(), ev); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "Karpenter is rebooting") {
+		t.Fatalf("Begin on a NodeClaim Karpenter reboots: %v, want ErrBusy naming Karpenter's reboot", err)
+	}
+	if r.claim().ResourceVersion != rv {
+		t.Error("Begin wrote on a NodeClaim Karpenter reboots")
+	}
+	r.karpenterRebooting(false)
+	r.begin(ev)
+	r.events()
+
+	// Karpenter commits a reboot before the run cordons (the Node's veto comes with the
+	// cordon), and again before the router's reboot.
+	for _, step := range []Step{StepCordon, StepReboot} {
+		r.passTo(step)
+		r.karpenterRebooting(true)
+		for range 3 {
+			if wait := r.pass(); wait != DefaultPoll {
+				t.Errorf("%s held: wait %v, want %v", step, wait, DefaultPoll)
+			}
+		}
+		st := r.state()
+		if st.Step != step || st.LastError != heldNote || !st.RebootAsked.IsZero() {
+			t.Errorf("%s while Karpenter reboots: %s", step, encode(st))
+		}
+		if step == StepCordon && r.node().Spec.Unschedulable {
+			t.Error("the run cordoned while Karpenter reboots")
+		}
+		if len(r.ec2.calls) != 0 {
+			t.Errorf("RebootInstances called while Karpenter reboots: %v", r.ec2.calls)
+		}
+		r.karpenterRebooting(false)
+		r.pass()
+		if st := r.state(); st.Step == step || st.LastError == heldNote {
+			t.Errorf("%s after Karpenter's reboot ended: %s", step, encode(st))
+		}
+	}
+	if len(r.ec2.calls) != 1 {
+		t.Errorf("RebootInstances calls: %v, want one after Karpenter's reboot ended", r.ec2.calls)
 	}
 }
 

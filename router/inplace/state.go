@@ -5,14 +5,27 @@
 //
 //  1. records the run on the NodeClaim (Annotation) and protects it from Karpenter's
 //     voluntary disruption (karpenter.sh/do-not-disrupt on the NodeClaim and on the Node:
-//     a registered node's annotations are the ones Karpenter reads);
-//  2. cordons the Node;
+//     a registered node's annotations are the ones Karpenter reads) and from Karpenter's
+//     node repair (karpenter.sh/do-not-repair, likewise: v1.15's repair is a voluntary
+//     disruption that do-not-disrupt does not stop, and the run makes the Node NotReady on
+//     purpose);
+//  2. cordons the Node (and puts both vetoes on it);
 //  3. evicts its pods through the Eviction API, budgets respected (router/nodedrain's
 //     EvictRound: the same drain helper as the router's drain of unmanaged nodes);
 //  4. for instance-reboot reboots the instance itself (EC2 RebootInstances, which completes
 //     the scheduled event), for the system events waits for AWS to act at the start; then
-//     waits for the Node to be Ready again;
-//  5. uncordons the Node and removes do-not-disrupt, each only if the run added it.
+//     waits for the Node to be Ready again. A system-reboot of an instance whose reboot
+//     migration is on (DescribeInstances: maintenanceOptions.rebootMigration "default") is
+//     rebooted by the router too, at once in the window that began the run: EC2 then moves the
+//     instance to new hardware and clears the event, which the run confirms (StepConfirm);
+//     where the event is still there, the run waits for AWS's start as for the others;
+//  5. uncordons the Node and removes do-not-disrupt and do-not-repair, each only if the run
+//     added it.
+//
+// A run does not begin on a NodeClaim Karpenter is rebooting (its Rebooting condition, set by
+// v1.15's node repair with RebootForRepair), and a run that has not rebooted yet holds while
+// that condition is true: one reboot at a time, and Karpenter's reboot is bounded by its own
+// deadlines (it replaces the node when its reboot fails).
 //
 // Every step is bounded (Options) and recorded in the annotation, so that a restarted or
 // newly elected router resumes the run where it was. When the pods cannot be evicted in
@@ -31,6 +44,7 @@ import (
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
@@ -68,6 +82,9 @@ const (
 	StepAwait Step = "await"
 	// StepReady: the Node went NotReady: wait for it to be Ready again.
 	StepReady Step = "ready"
+	// StepConfirm: a system-reboot the router rebooted for reboot migration, the Node Ready
+	// again: confirm with EC2 (DescribeInstanceStatus) that the event is gone.
+	StepConfirm Step = "confirm"
 	// StepUncordon: undo what the run changed on the Node; then the run is done.
 	StepUncordon Step = "uncordon"
 	// StepDone: the run is over, the node kept (Outcome "done", or "done: <note>").
@@ -78,7 +95,21 @@ const (
 )
 
 // steps lists every Step, for validation.
-var steps = []Step{StepWait, StepRelease, StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone, StepFallback}
+var steps = []Step{StepWait, StepRelease, StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepConfirm, StepUncordon, StepDone, StepFallback}
+
+// Migration is whether a system-reboot run reboots the instance itself for EC2's reboot
+// migration.
+type Migration string
+
+const (
+	// MigrationOn: the instance's rebootMigration is "default": a reboot the owner starts
+	// moves it to new hardware and clears the system-reboot event. The router reboots it
+	// once its pods are evicted.
+	MigrationOn Migration = "on"
+	// MigrationOff: not offered (disabled, not supported, not known), or the router's reboot
+	// did not clear the event: AWS reboots the instance at the start.
+	MigrationOff Migration = "off"
+)
 
 // Types are the scheduled-event types a run handles: the ones where AWS keeps the instance.
 var Types = []event.ScheduledType{event.ScheduledInstanceReboot, event.ScheduledSystemReboot, event.ScheduledSystemMaintenance}
@@ -107,11 +138,14 @@ type State struct {
 	LastError string `json:"last_error,omitempty"`
 
 	// What the run added, and removes again: Protected is do-not-disrupt on the NodeClaim,
-	// NodeProtected the same on the Node, Cordoned the Node's cordon. (Copied from the
-	// Node's mark for people to read; the mark on the Node is what the Runner undoes.)
-	Cordoned      bool `json:"cordoned,omitempty"`
-	Protected     bool `json:"protected,omitempty"`
-	NodeProtected bool `json:"node_protected,omitempty"`
+	// NodeProtected the same on the Node, RepairVetoed and NodeRepairVetoed do-not-repair on
+	// each, Cordoned the Node's cordon. (The Node's are copied from the Node's mark for
+	// people to read; the mark on the Node is what the Runner undoes.)
+	Cordoned         bool `json:"cordoned,omitempty"`
+	Protected        bool `json:"protected,omitempty"`
+	NodeProtected    bool `json:"node_protected,omitempty"`
+	RepairVetoed     bool `json:"repair_vetoed,omitempty"`
+	NodeRepairVetoed bool `json:"node_repair_vetoed,omitempty"`
 
 	// NodeUID is the Node's UID when the run cordoned it: a Node registered again under the
 	// same name is cordoned anew before the run evicts on.
@@ -128,6 +162,11 @@ type State struct {
 	RebootAsked time.Time `json:"reboot_asked,omitzero"`
 	// NotReadySince is when the run first saw the Node not Ready after the reboot.
 	NotReadySince time.Time `json:"not_ready_since,omitzero"`
+	// Migration is, for a system-reboot, whether the router reboots the instance itself
+	// (reboot migration), "" until EC2 was asked (the run's first pass); MigrationWhy is
+	// what EC2 said.
+	Migration    Migration `json:"migration,omitempty"`
+	MigrationWhy string    `json:"migration_why,omitempty"`
 	// Why is why the run falls back (StepFallback), or a note on how it finished.
 	Why string `json:"why,omitempty"`
 	// Outcome is set when the run is over: "done", "done: <note>" or "fallback: <why>".
@@ -201,9 +240,10 @@ func encode(st State) string {
 type nodeMark struct {
 	EventID string `json:"event_id"`
 	// Cordoned: the run made the Node unschedulable; Protected: the run put do-not-disrupt
-	// on it.
-	Cordoned  bool `json:"cordoned,omitempty"`
-	Protected bool `json:"protected,omitempty"`
+	// on it; RepairVetoed: the run put do-not-repair on it.
+	Cordoned     bool `json:"cordoned,omitempty"`
+	Protected    bool `json:"protected,omitempty"`
+	RepairVetoed bool `json:"repair_vetoed,omitempty"`
 }
 
 // readMark returns the Node's mark. A mark that does not parse counts as present and as
@@ -220,8 +260,9 @@ func readMark(annotations map[string]string) (nodeMark, bool) {
 	return m, true
 }
 
-// UndoNode undoes on n what the Node's mark says a run changed (do-not-disrupt, and the
-// cordon only when uncordon is set) and removes the mark; it reports whether n changed.
+// UndoNode undoes on n what the Node's mark says a run changed (do-not-disrupt,
+// do-not-repair, and the cordon only when uncordon is set) and removes the mark; it reports
+// whether n changed.
 // Without a mark there is nothing to undo.
 func UndoNode(n *corev1.Node, uncordon bool) bool {
 	m, ok := readMark(n.Annotations)
@@ -232,14 +273,18 @@ func UndoNode(n *corev1.Node, uncordon bool) bool {
 	if m.Protected && n.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
 		delete(n.Annotations, karpv1.DoNotDisruptAnnotationKey)
 	}
+	if m.RepairVetoed && n.Annotations[karpv1.DoNotRepairAnnotationKey] == "true" {
+		delete(n.Annotations, karpv1.DoNotRepairAnnotationKey)
+	}
 	if uncordon && m.Cordoned {
 		n.Spec.Unschedulable = false
 	}
 	return true
 }
 
-// UndoClaim removes the run from a NodeClaim's annotations, and do-not-disrupt when the run
-// added it (State.Protected); it reports whether they changed. A run Read refuses is left as
+// UndoClaim removes the run from a NodeClaim's annotations, and do-not-disrupt and
+// do-not-repair where the run added them (State.Protected, State.RepairVetoed); it reports
+// whether they changed. A run Read refuses is left as
 // it is: what it added is not known.
 func UndoClaim(nc *karpv1.NodeClaim) bool {
 	st, ok, err := Read(nc)
@@ -247,10 +292,29 @@ func UndoClaim(nc *karpv1.NodeClaim) bool {
 		return false
 	}
 	delete(nc.Annotations, Annotation)
-	if st.Protected && nc.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
-		delete(nc.Annotations, karpv1.DoNotDisruptAnnotationKey)
-	}
+	undoClaim(st, nc.Annotations)
 	return true
+}
+
+// undoClaim removes from a NodeClaim's annotations the vetoes the run added.
+func undoClaim(st State, a map[string]string) {
+	if st.Protected && a[karpv1.DoNotDisruptAnnotationKey] == "true" {
+		delete(a, karpv1.DoNotDisruptAnnotationKey)
+	}
+	if st.RepairVetoed && a[karpv1.DoNotRepairAnnotationKey] == "true" {
+		delete(a, karpv1.DoNotRepairAnnotationKey)
+	}
+}
+
+// KarpenterRebooting reports whether Karpenter is rebooting the NodeClaim's node: its
+// Rebooting condition (v1.15's node repair, with RebootForRepair) is true.
+func KarpenterRebooting(nc *karpv1.NodeClaim) bool {
+	for _, c := range nc.Status.Conditions {
+		if c.Type == karpv1.ConditionTypeRebooting {
+			return c.Status == metav1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func encodeMark(m nodeMark) string {
@@ -276,7 +340,8 @@ func truncate(s string, n int) string {
 }
 
 // Steps are the steps a run of an event of type t goes through when all goes well: the router
-// reboots an instance-reboot itself; AWS reboots for the system events.
+// reboots an instance-reboot itself; AWS reboots for the system events (a system-reboot
+// the router reboots for reboot migration goes through StepReboot and StepConfirm too).
 func Steps(t event.ScheduledType) []Step {
 	if t == event.ScheduledInstanceReboot {
 		return []Step{StepCordon, StepEvict, StepReboot, StepAwait, StepReady, StepUncordon, StepDone}

@@ -22,6 +22,9 @@ const (
 	DefaultRetryMin       = 5 * time.Second
 	DefaultRetryMax       = 5 * time.Minute
 	DefaultPrepare        = 2 * time.Hour
+	// DefaultMigrationConfirm is how long after the Node is Ready again EC2 has to show a
+	// migrated instance's system-reboot event gone (EC2 updates its events within minutes).
+	DefaultMigrationConfirm = 10 * time.Minute
 )
 
 // Options bound the steps of a run; zero values take the defaults.
@@ -56,8 +59,12 @@ type Options struct {
 	// (system-reboot, system-maintenance) cordons and empties the Node: long enough for its
 	// pods' budgets to let them go one at a time, short enough that the node is not idle for
 	// days when the run began in a window long before the start. The window decides when the
-	// disruption may happen; it does not make the node idle earlier.
+	// disruption may happen; it does not make the node idle earlier. A system-reboot the
+	// router reboots itself (reboot migration) is prepared at once, as an instance-reboot.
 	Prepare time.Duration
+	// MigrationConfirm bounds StepConfirm: past it with the event still shown, the reboot
+	// migration did not clear it and the run waits for AWS's start.
+	MigrationConfirm time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -75,6 +82,7 @@ func (o Options) withDefaults() Options {
 	set(&o.RetryMin, DefaultRetryMin)
 	set(&o.RetryMax, DefaultRetryMax)
 	set(&o.Prepare, DefaultPrepare)
+	set(&o.MigrationConfirm, DefaultMigrationConfirm)
 	if o.RebootAttempts <= 0 {
 		o.RebootAttempts = DefaultRebootAttempts
 	}
@@ -87,15 +95,28 @@ func (o Options) EvictBy(st State) time.Time {
 	return st.Start.Add(-o.withDefaults().EvictMargin)
 }
 
-// PrepareAt is when the run cordons and empties the Node: at once for an instance-reboot (the
-// router reboots it itself, in the window that began the run), Start - Prepare - EvictMargin
-// for the events AWS reboots at its start.
+// PrepareAt is when the run cordons and empties the Node: at once for an instance-reboot and
+// a system-reboot with reboot migration (the router reboots it itself, in the window that
+// began the run), Start - Prepare - EvictMargin for the events AWS reboots at its start.
 func (o Options) PrepareAt(st State) time.Time {
 	o = o.withDefaults()
-	if st.Type == event.ScheduledInstanceReboot {
+	if routerReboots(st) {
 		return time.Time{}
 	}
 	return st.Start.Add(-o.Prepare - o.EvictMargin)
+}
+
+// routerReboots reports whether the router reboots the instance itself: an instance-reboot,
+// or a system-reboot with reboot migration.
+func routerReboots(st State) bool {
+	return st.Type == event.ScheduledInstanceReboot || (st.Type == event.ScheduledSystemReboot && st.Migration == MigrationOn)
+}
+
+// AsksMigration reports whether a pass asks EC2 whether the instance offers reboot migration:
+// a system-reboot run not asked yet that has not finished its evictions.
+func AsksMigration(st State) bool {
+	return st.Type == event.ScheduledSystemReboot && st.Migration == "" &&
+		(st.Step == StepWait || st.Step == StepCordon || st.Step == StepEvict)
 }
 
 // FirstStep is the step a run begins with at now: StepWait while the Node may stay in
@@ -171,14 +192,22 @@ type Observation struct {
 	Node NodeStatus
 	// Err is the action's failure.
 	Err error
+	// KarpenterRebooting: the NodeClaim's Rebooting condition is true (Karpenter's node
+	// repair reboots the node): a run that has not rebooted holds (Held).
+	KarpenterRebooting bool
 	// StepCordon: what the run changed on the Node (its mark).
-	Cordoned, NodeProtected bool
+	Cordoned, NodeProtected, NodeRepairVetoed bool
 	// StepEvict: the pods the round left, and those a PodDisruptionBudget refused.
 	Left    int
 	Refused map[string]string
 	// StepReboot: why the reboot was not made: EC2 does not show the maintenance the run
-	// is for ("" when it does, or did not answer: then Err).
+	// is for ("" when it does, or did not answer: then Err). StepConfirm: EC2 no longer shows
+	// the event (the reboot migration cleared it).
 	Unscheduled string
+	// Migration is what EC2 said of the instance's reboot migration, when the pass asked
+	// (AsksMigration); MigrationWhy says why.
+	Migration    Migration
+	MigrationWhy string
 }
 
 // Decision is the outcome of a pass: the run's state to record, and when to look again.
@@ -207,6 +236,16 @@ func Next(st State, obs Observation, now time.Time, o Options) Decision {
 		st.Why = "the Node " + st.Node + " was registered again: cordoned anew"
 		return Decision{State: st}
 	}
+	if AsksMigration(st) && obs.Migration != "" {
+		st.Migration, st.MigrationWhy = obs.Migration, truncate(obs.MigrationWhy, lastErrorMax)
+	}
+	if Held(st, obs) && (st.Step != StepWait || !now.Before(o.PrepareAt(st))) {
+		// Karpenter reboots the node: the run neither cordons, evicts nor reboots meanwhile,
+		// and gives no deadline of its own to Karpenter's reboot, which has its own (it
+		// replaces the node when the reboot fails: the run then ends with its NodeClaim).
+		st.LastError = heldNote
+		return Decision{State: st, Wait: o.Poll}
+	}
 	switch st.Step {
 	case StepWait:
 		if at := o.PrepareAt(st); now.Before(at) {
@@ -219,7 +258,7 @@ func Next(st State, obs Observation, now time.Time, o Options) Decision {
 		}
 		why := st.Why
 		st = advance(st, StepWait, now)
-		st.Cordoned, st.NodeProtected, st.BootID, st.NotReadySince, st.Why = false, false, "", time.Time{}, why
+		st.Cordoned, st.NodeProtected, st.NodeRepairVetoed, st.BootID, st.NotReadySince, st.Why = false, false, false, "", time.Time{}, why
 		return Decision{State: st, Wait: max(0, o.PrepareAt(st).Sub(now))}
 	case StepCordon:
 		return cordonNext(st, obs, now, o)
@@ -231,6 +270,8 @@ func Next(st State, obs Observation, now time.Time, o Options) Decision {
 		return awaitNext(st, obs, now, o)
 	case StepReady:
 		return readyNext(st, obs, now, o)
+	case StepConfirm:
+		return confirmNext(st, obs, now, o)
 	case StepUncordon:
 		if obs.Err != nil {
 			return backoff(st, obs.Err.Error(), now, o)
@@ -260,13 +301,13 @@ func cordonNext(st State, obs Observation, now time.Time, o Options) Decision {
 		return backoff(st, obs.Err.Error(), now, o)
 	}
 	st = advance(st, StepEvict, now)
-	st.Cordoned, st.NodeProtected, st.NodeUID = obs.Cordoned, obs.NodeProtected, obs.Node.UID
+	st.Cordoned, st.NodeProtected, st.NodeRepairVetoed, st.NodeUID = obs.Cordoned, obs.NodeProtected, obs.NodeRepairVetoed, obs.Node.UID
 	return Decision{State: st}
 }
 
 func evictNext(st State, obs Observation, now time.Time, o Options) Decision {
 	if obs.Err == nil && obs.Left == 0 {
-		if st.Type == event.ScheduledInstanceReboot {
+		if routerReboots(st) {
 			return Decision{State: advance(st, StepReboot, now)}
 		}
 		st = advance(st, StepAwait, now)
@@ -346,7 +387,7 @@ func awaitNext(st State, obs Observation, now time.Time, o Options) Decision {
 	// Ready transition alone may be a blip before it.
 	transition := n.ReadySince.After(ref) && (st.BootID == "" || n.BootID == "" || !st.Rebooted.IsZero() || !now.Before(st.End))
 	if newBoot || transition {
-		return Decision{State: advance(st, StepUncordon, now)}
+		return Decision{State: advance(st, afterReboot(st), now)}
 	}
 	if !st.Rebooted.IsZero() {
 		if by := st.Rebooted.Add(o.ReadyTimeout); !now.Before(by) {
@@ -376,13 +417,82 @@ func readyNext(st State, obs Observation, now time.Time, o Options) Decision {
 			st.NotReadySince = time.Time{}
 			return Decision{State: st, Wait: o.Poll}
 		}
-		return Decision{State: advance(st, StepUncordon, now)}
+		return Decision{State: advance(st, afterReboot(st), now)}
 	}
 	by := st.NotReadySince.Add(o.ReadyTimeout)
 	if !now.Before(by) {
 		return fallback(st, fmt.Sprintf("the Node was not Ready again within %s of going NotReady at %s", o.ReadyTimeout, stamp(st.NotReadySince)), now)
 	}
 	return Decision{State: st, Wait: min(o.Poll, by.Sub(now))}
+}
+
+// afterReboot is the step after the reboot showed and the Node is Ready: StepConfirm after the
+// router's reboot of a system-reboot for reboot migration, else StepUncordon.
+func afterReboot(st State) Step {
+	if st.Type == event.ScheduledSystemReboot && st.Migration == MigrationOn && !st.Rebooted.IsZero() {
+		return StepConfirm
+	}
+	return StepUncordon
+}
+
+// confirmNext waits for EC2 to show the migrated instance's system-reboot gone. Past
+// MigrationConfirm with the event still there, the migration did not happen (EC2 rebooted the
+// instance in place): AWS reboots it at the start. The Node goes back into service until the
+// run prepares for that (StepRelease), or, with the start nearer than Prepare, stays out of
+// service and waits for it: uncordoned now, it would be emptied again within the hour.
+func confirmNext(st State, obs Observation, now time.Time, o Options) Decision {
+	if obs.Unscheduled != "" {
+		st = advance(st, StepUncordon, now)
+		st.Why = "the reboot migrated the instance: " + truncate(obs.Unscheduled, lastErrorMax/2)
+		return Decision{State: st}
+	}
+	by := st.StepSince.Add(o.MigrationConfirm)
+	if now.Before(by) {
+		if obs.Err != nil {
+			st.Attempts++
+			st.LastError = truncate(obs.Err.Error(), lastErrorMax)
+		}
+		return Decision{State: st, Wait: min(o.Poll, by.Sub(now))}
+	}
+	why := fmt.Sprintf("the router's reboot at %s did not clear the %s (EC2 still shows it %s after the Node was Ready again; the last answer: %s)",
+		stamp(st.Rebooted), st.Type, o.MigrationConfirm, orShown(obs.Err))
+	st.Migration, st.MigrationWhy = MigrationOff, truncate(why, lastErrorMax)
+	st.Rebooted, st.RebootAsked, st.NotReadySince, st.BootID = time.Time{}, time.Time{}, time.Time{}, obs.Node.BootID
+	if now.Before(o.PrepareAt(st)) {
+		st = advance(st, StepRelease, now)
+		st.Why = "not migrated: the Node serves until AWS's reboot at " + stamp(st.Start)
+		return Decision{State: st}
+	}
+	st = advance(st, StepAwait, now)
+	st.Why = "not migrated: the Node stays out of service until AWS's reboot at " + stamp(st.Start)
+	return Decision{State: st, Wait: max(0, st.Start.Sub(now))}
+}
+
+func orShown(err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return "the event is shown"
+}
+
+// heldNote is LastError while the run holds for Karpenter's reboot.
+const heldNote = "held: Karpenter is rebooting the node (the NodeClaim's Rebooting condition is true); the run goes on once that reboot has ended"
+
+// Held reports whether the pass holds the run instead of acting: Karpenter is rebooting the
+// node and the run has not rebooted it yet (it would cordon, evict or reboot next). Once the
+// run's own reboot is under way, Karpenter's node repair is vetoed (do-not-repair on the
+// Node) and cannot begin one.
+func Held(st State, obs Observation) bool {
+	if !obs.KarpenterRebooting || st.Over() {
+		return false
+	}
+	switch st.Step {
+	case StepWait, StepCordon, StepEvict:
+		return true
+	case StepReboot:
+		return st.RebootAsked.IsZero()
+	}
+	return false
 }
 
 // advance moves the run to step, at now.

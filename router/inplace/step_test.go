@@ -262,6 +262,88 @@ func TestNext(t *testing.T) {
 		{name: "fallback: the node is gone: called all the same, over", st: with(run(reboot, StepFallback), func(s *State) { s.Why = "w" }), obs: Observation{Node: gone}, now: t0,
 			want: with(run(reboot, StepFallback), func(s *State) { s.Why, s.Outcome = "w", "fallback: w" })},
 
+		// Reboot migration (system-reboot): asked on the first pass; on, the router reboots in
+		// the window and confirms the event gone; off, AWS reboots at the start.
+		{name: "migration: asked while waiting, on: prepared at once", st: with(run(system, StepWait), func(s *State) { s.Start = t0.Add(48 * time.Hour) }),
+			obs: Observation{Node: ready, Migration: MigrationOn, MigrationWhy: "default"}, now: t0,
+			want: with(run(system, StepWait), func(s *State) {
+				s.Start, s.Step, s.Migration, s.MigrationWhy = t0.Add(48*time.Hour), StepCordon, MigrationOn, "default"
+			})},
+		{name: "migration: asked while waiting, off: waits for the start as before", st: with(run(system, StepWait), func(s *State) { s.Start = t0.Add(48 * time.Hour) }),
+			obs: Observation{Node: ready, Migration: MigrationOff, MigrationWhy: "disabled"}, now: t0,
+			want:     with(run(system, StepWait), func(s *State) { s.Start, s.Migration, s.MigrationWhy = t0.Add(48*time.Hour), MigrationOff, "disabled" }),
+			wantWait: 48*time.Hour - DefaultPrepare - DefaultEvictMargin},
+		{name: "migration: not asked for a system-maintenance", st: run(event.ScheduledSystemMaintenance, StepCordon),
+			obs: Observation{Node: ready, Migration: MigrationOn}, now: t0,
+			want: with(run(event.ScheduledSystemMaintenance, StepCordon), func(s *State) { s.Step = StepEvict })},
+		{name: "migration: on, evicted: the router reboots", st: with(run(system, StepEvict), func(s *State) { s.Migration = MigrationOn }), obs: Observation{Node: ready}, now: t0,
+			want: with(run(system, StepEvict), func(s *State) { s.Migration, s.Step = MigrationOn, StepReboot })},
+		{name: "migration: rebooted and Ready with a new boot: confirm with EC2",
+			st: with(run(system, StepAwait), func(s *State) {
+				s.Migration, s.Rebooted, s.BootID, s.StepSince = MigrationOn, rebooted, "boot-1", rebooted
+			}),
+			obs: Observation{Node: readyAt(rebooted.Add(time.Minute), "boot-2")}, now: rebooted.Add(2 * time.Minute),
+			want: with(run(system, StepAwait), func(s *State) {
+				s.Migration, s.Rebooted, s.BootID, s.Step, s.StepSince = MigrationOn, rebooted, "boot-1", StepConfirm, rebooted.Add(2*time.Minute)
+			})},
+		{name: "migration: Ready again after NotReady: confirm with EC2",
+			st:  with(readyStep(system, rebooted.Add(time.Minute)), func(s *State) { s.Migration, s.Rebooted = MigrationOn, rebooted }),
+			obs: Observation{Node: readyAt(rebooted.Add(3*time.Minute), "boot-2")}, now: rebooted.Add(3 * time.Minute),
+			want: with(readyStep(system, rebooted.Add(time.Minute)), func(s *State) {
+				s.Migration, s.Rebooted, s.Step, s.StepSince = MigrationOn, rebooted, StepConfirm, rebooted.Add(3*time.Minute)
+			})},
+		{name: "migration: EC2 no longer shows the event: uncordon",
+			st:  with(run(system, StepConfirm), func(s *State) { s.Migration, s.Rebooted, s.StepSince = MigrationOn, rebooted, rebooted }),
+			obs: Observation{Node: ready, Unscheduled: "EC2 shows no open system-reboot"}, now: rebooted.Add(time.Minute),
+			want: with(run(system, StepConfirm), func(s *State) {
+				s.Migration, s.Rebooted, s.Step, s.StepSince = MigrationOn, rebooted, StepUncordon, rebooted.Add(time.Minute)
+			}), why: "the reboot migrated the instance: EC2 shows no open system-reboot"},
+		{name: "migration: the event still shown: asked again",
+			st:  with(run(system, StepConfirm), func(s *State) { s.Migration, s.Rebooted, s.StepSince = MigrationOn, rebooted, rebooted }),
+			obs: Observation{Node: ready}, now: rebooted.Add(time.Minute),
+			want: with(run(system, StepConfirm), func(s *State) { s.Migration, s.Rebooted, s.StepSince = MigrationOn, rebooted, rebooted }), wantWait: DefaultPoll},
+		{name: "migration: EC2 fails to answer: noted, asked again",
+			st:  with(run(system, StepConfirm), func(s *State) { s.Migration, s.Rebooted, s.StepSince = MigrationOn, rebooted, rebooted }),
+			obs: Observation{Node: ready, Err: errAPI}, now: rebooted.Add(time.Minute),
+			want: with(run(system, StepConfirm), func(s *State) {
+				s.Migration, s.Rebooted, s.StepSince, s.Attempts, s.LastError = MigrationOn, rebooted, rebooted, 1, errAPI.Error()
+			}), wantWait: DefaultPoll},
+		{name: "migration: still shown past the bound, the start far: the Node serves until then",
+			st: with(run(system, StepConfirm), func(s *State) {
+				s.Start, s.Migration, s.Rebooted, s.StepSince = t0.Add(48*time.Hour), MigrationOn, rebooted, rebooted
+			}),
+			obs: Observation{Node: readyAt(rebooted, "boot-2")}, now: rebooted.Add(DefaultMigrationConfirm),
+			want: with(run(system, StepConfirm), func(s *State) {
+				s.Start, s.Migration, s.Step, s.StepSince, s.BootID = t0.Add(48*time.Hour), MigrationOff, StepRelease, rebooted.Add(DefaultMigrationConfirm), "boot-2"
+				s.MigrationWhy = "the router's reboot at 2026-03-01T12:05:00Z did not clear the system-reboot (EC2 still shows it 10m0s after the Node was Ready again; the last answer: the event is shown)"
+			}), why: "not migrated: the Node serves until AWS's reboot at 2026-03-03T12:00:00Z"},
+		{name: "migration: still shown past the bound, the start near: out of service until AWS's reboot",
+			st:  with(run(system, StepConfirm), func(s *State) { s.Migration, s.Rebooted, s.StepSince = MigrationOn, rebooted, rebooted }),
+			obs: Observation{Node: readyAt(rebooted, "boot-2")}, now: rebooted.Add(DefaultMigrationConfirm),
+			want: with(run(system, StepConfirm), func(s *State) {
+				s.Migration, s.Step, s.StepSince, s.BootID = MigrationOff, StepAwait, rebooted.Add(DefaultMigrationConfirm), "boot-2"
+				s.MigrationWhy = "the router's reboot at 2026-03-01T12:05:00Z did not clear the system-reboot (EC2 still shows it 10m0s after the Node was Ready again; the last answer: the event is shown)"
+			}), why: "stays out of service until AWS's reboot", wantWait: start.Sub(rebooted.Add(DefaultMigrationConfirm))},
+
+		// Karpenter reboots the node (its Rebooting condition): a run that has not rebooted
+		// holds, whatever its deadlines; one whose reboot is under way goes on.
+		{name: "karpenter rebooting: the cordon holds", st: run(reboot, StepCordon), obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0,
+			want: with(run(reboot, StepCordon), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: the evictions hold past start - margin, no fallback", st: run(system, StepEvict), obs: Observation{Node: notReady, Left: 2, KarpenterRebooting: true}, now: evictBy.Add(time.Minute),
+			want: with(run(system, StepEvict), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: the router's reboot holds", st: run(reboot, StepReboot), obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0,
+			want: with(run(reboot, StepReboot), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: a wait that is due holds", st: run(system, StepWait), obs: Observation{Node: ready, KarpenterRebooting: true}, now: start.Add(-DefaultPrepare),
+			want: with(run(system, StepWait), func(s *State) { s.LastError = heldNote }), wantWait: DefaultPoll},
+		{name: "karpenter rebooting: a wait not due waits as before", st: with(run(system, StepWait), func(s *State) { s.Start = t0.Add(5 * time.Hour) }),
+			obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0,
+			want: with(run(system, StepWait), func(s *State) { s.Start = t0.Add(5 * time.Hour) }), wantWait: 5*time.Hour - DefaultPrepare - DefaultEvictMargin},
+		{name: "karpenter rebooting: a reboot the router asked for goes on", st: with(run(reboot, StepReboot), func(s *State) { s.RebootAsked = t0 }),
+			obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0.Add(time.Second),
+			want: with(run(reboot, StepReboot), func(s *State) {
+				s.Step, s.StepSince, s.RebootAsked, s.Rebooted, s.BootID = StepAwait, t0.Add(time.Second), t0, t0, "boot-1"
+			}), wantWait: DefaultPoll},
+
 		// Over
 		{name: "done: nothing more", st: with(run(reboot, StepDone), func(s *State) { s.Outcome = "done" }), obs: Observation{Node: gone}, now: start.Add(time.Hour),
 			want: with(run(reboot, StepDone), func(s *State) { s.Outcome = "done" })},
@@ -377,9 +459,10 @@ func TestNextWalk(t *testing.T) {
 var next = map[Step][]Step{
 	StepCordon:   {StepCordon, StepEvict, StepFallback},
 	StepEvict:    {StepEvict, StepReboot, StepAwait, StepFallback},
-	StepReboot:   {StepReboot, StepAwait, StepFallback},
-	StepAwait:    {StepAwait, StepReady, StepUncordon, StepFallback},
-	StepReady:    {StepReady, StepAwait, StepUncordon, StepFallback}, // back to await: a blip before AWS's reboot
+	StepReboot:   {StepReboot, StepAwait, StepUncordon, StepFallback}, // uncordon: EC2 shows no maintenance to reboot for
+	StepAwait:    {StepAwait, StepReady, StepConfirm, StepUncordon, StepFallback},
+	StepReady:    {StepReady, StepAwait, StepConfirm, StepUncordon, StepFallback}, // back to await: a blip before AWS's reboot
+	StepConfirm:  {StepConfirm, StepUncordon, StepRelease, StepAwait, StepFallback},
 	StepWait:     {StepWait, StepCordon},
 	StepRelease:  {StepRelease, StepWait},
 	StepUncordon: {StepUncordon, StepDone},
@@ -409,6 +492,10 @@ func TestNextProperties(t *testing.T) {
 			}
 			if st.Step == StepEvict {
 				obs.Left = rapid.IntRange(0, 2).Draw(t, "left")
+			}
+			obs.Migration = rapid.SampledFrom([]Migration{"", MigrationOn, MigrationOff}).Draw(t, "migration")
+			if rapid.Bool().Draw(t, "unscheduled") {
+				obs.Unscheduled = "EC2 shows no open event"
 			}
 			d := Next(st, obs, now, Options{})
 			if !slices.Contains(next[st.Step], d.State.Step) {

@@ -110,7 +110,8 @@ func (p *Pipeline) WithShadow(all bool, ledger *shadow.Ledger) *Pipeline {
 }
 
 // InPlacer begins and cancels reboots in place (router/inplace's Runner). Begin fails with
-// inplace.ErrBusy while a run of another maintenance is in progress on the NodeClaim.
+// inplace.ErrBusy while the node is being rebooted already: a run of another maintenance, or
+// Karpenter's own reboot (node repair).
 type InPlacer interface {
 	Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (already bool, err error)
 	Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error)
@@ -759,7 +760,7 @@ func (p *Pipeline) drain(ctx context.Context, ev event.Event, d policy.Decision,
 }
 
 // rebootInPlace begins the node's reboot in place. While a run of another maintenance is in
-// progress on it, the event is held (a deferral, HoldInPlace) and decided again later: it is
+// progress on it, or Karpenter is rebooting it, the event is held (a deferral, HoldInPlace) and decided again later: it is
 // not handled by the run in progress.
 func (p *Pipeline) rebootInPlace(ctx context.Context, ev event.Event, id string, d policy.Decision, res cluster.Resolved, quiet bool, log *slog.Logger) (policy.Decision, error) {
 	one, err := p.restrict(ev, id)
@@ -780,7 +781,7 @@ func (p *Pipeline) rebootInPlace(ctx context.Context, ev event.Event, id string,
 	if !d.Deadline.IsZero() && d.Deadline.Before(d.Until) {
 		d.Until = d.Deadline
 	}
-	d.Reason = "held: another reboot in place runs on this node (" + err.Error() + "); " + d.Reason
+	d.Reason = "held: the node is being rebooted already (" + err.Error() + "); " + d.Reason
 	if _, err := p.signal.Defer(ctx, ev, d, res, quiet); err != nil {
 		return d, err
 	}

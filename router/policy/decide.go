@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
 	"github.com/health-router/health-router/router/event"
 )
 
@@ -80,6 +82,10 @@ type Target struct {
 	// Impaired counts the pool's other nodes the router holds or replaces as impaired, for
 	// the repair cut-off of an instance-status event.
 	Impaired int
+	// Budgets are the NodePool's disruption budgets (spec.disruption.budgets): those naming
+	// the reason Unhealthy (Karpenter v1.15's node repair) bound the repair cut-off as well
+	// (RepairLimit).
+	Budgets []karpv1.Budget
 	// UrgentDrains counts the pool's other nodes drained for urgent events within
 	// UrgentWindow, for the urgent-drain breaker.
 	UrgentDrains int
@@ -287,11 +293,11 @@ func decideImpaired(d Decision, ev event.Event, tg Target, now time.Time, action
 	if tg.Unmanaged != "" {
 		return d
 	}
-	if cutoff := tg.Policy.RepairCutoff(tg.PoolNodes); tg.Impaired+1 > cutoff {
+	if cutoff, by := RepairLimit(tg.Policy, tg.Budgets, tg.PoolNodes, now); tg.Impaired+1 > cutoff {
 		d.Action, d.Until, d.Hold = ActionDefer, now.Add(RepairRecheck), HoldRepairCutoff
-		d.Warnings = append(d.Warnings, fmt.Sprintf("impaired-instance repair stopped in this pool: %d of %d nodes impaired, over its cut-off of %d", tg.Impaired+1, tg.PoolNodes, cutoff))
-		d.Reason = fmt.Sprintf("%s; held by the repair cut-off (%s of the pool, at most %d: %d nodes) while %d of %d nodes are impaired; re-checked at %s",
-			d.Reason, tg.Policy.RepairMaxUnhealthy.String(), tg.Policy.RepairMaxUnhealthyCap, cutoff, tg.Impaired+1, tg.PoolNodes, stamp(d.Until))
+		d.Warnings = append(d.Warnings, fmt.Sprintf("impaired-instance repair stopped in this pool: %d of %d nodes impaired, over its cut-off of %d (%s)", tg.Impaired+1, tg.PoolNodes, cutoff, by))
+		d.Reason = fmt.Sprintf("%s; held by the repair cut-off (%s: %d nodes) while %d of %d nodes are impaired; re-checked at %s",
+			d.Reason, by, cutoff, tg.Impaired+1, tg.PoolNodes, stamp(d.Until))
 		return d
 	}
 	return pace(d, ev, tg, now)

@@ -1,10 +1,14 @@
 package policy
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
 )
@@ -440,6 +444,73 @@ func TestDecideSeams(t *testing.T) {
 			}
 			if d.Hold == HoldRepairCutoff && (!d.Until.Equal(now.Add(RepairRecheck)) || len(d.Warnings) == 0) {
 				t.Errorf("a cut-off hold must recheck at %s with a warning: until %s, warnings %v", now.Add(RepairRecheck), d.Until, d.Warnings)
+			}
+		})
+	}
+}
+
+// TestRepairLimit: a NodePool's disruption budget naming the reason Unhealthy (Karpenter
+// v1.15's node repair) bounds the router's repair cut-off too; the stricter of it and
+// repair-max-unhealthy wins, and the decision says which held it. A budget without reasons,
+// or for other reasons, is not read; a scheduled one counts only while active.
+func TestRepairLimit(t *testing.T) {
+	impaired := event.Event{ID: "healthrouter.io/instance-status/i-1/impaired/2026-11-21T11:50:00Z", Kind: event.KindInstanceStatus, Time: now,
+		Status: &event.InstanceStatus{SystemStatus: "impaired", ImpairedSince: now.Add(-10 * time.Minute)}}
+	unhealthy := func(nodes string) karpv1.Budget {
+		return karpv1.Budget{Nodes: nodes, Reasons: []karpv1.DisruptionReason{karpv1.DisruptionReasonUnhealthy}}
+	}
+	scheduledBudget := func(nodes, schedule string, d time.Duration) karpv1.Budget {
+		b := unhealthy(nodes)
+		b.Schedule, b.Duration = &schedule, &metav1.Duration{Duration: d}
+		return b
+	}
+	hour := fmt.Sprintf("%d %d * * *", now.Minute(), now.Hour()) // began at now
+	for _, tt := range []struct {
+		name     string
+		ann      map[string]string
+		budgets  []karpv1.Budget
+		nodes    int
+		impaired int // the pool's others
+		want     int
+		by       string
+		action   Action
+	}{
+		{name: "no budget: repair-max-unhealthy", nodes: 10, impaired: 1, want: 2, by: AnnotationRepairMaxUnhealthy, action: ActionDrain},
+		{name: "an Unhealthy budget stricter than the cut-off holds the second", budgets: []karpv1.Budget{unhealthy("1")}, nodes: 10, impaired: 1, want: 1,
+			by: "Unhealthy disruption budget nodes=1", action: ActionDefer},
+		{name: "an Unhealthy budget as a percentage, rounded up", budgets: []karpv1.Budget{unhealthy("5%")}, nodes: 30, impaired: 1, want: 2,
+			by: "Unhealthy disruption budget nodes=5%", action: ActionDrain},
+		{name: "an Unhealthy budget looser than the cut-off: the cut-off holds", ann: map[string]string{AnnotationRepairMaxUnhealthy: "1"},
+			budgets: []karpv1.Budget{unhealthy("50%")}, nodes: 10, impaired: 1, want: 1, by: AnnotationRepairMaxUnhealthy, action: ActionDefer},
+		{name: "an Unhealthy budget of 0 stops every repair", budgets: []karpv1.Budget{unhealthy("0")}, nodes: 10, want: 0,
+			by: "Unhealthy disruption budget nodes=0", action: ActionDefer},
+		{name: "a budget without reasons is Karpenter's pacing, not read", budgets: []karpv1.Budget{{Nodes: "0"}}, nodes: 10, want: 2,
+			by: AnnotationRepairMaxUnhealthy, action: ActionDrain},
+		{name: "a budget for other reasons is not read", budgets: []karpv1.Budget{{Nodes: "0", Reasons: []karpv1.DisruptionReason{karpv1.DisruptionReasonDrifted}}},
+			nodes: 10, want: 2, by: AnnotationRepairMaxUnhealthy, action: ActionDrain},
+		{name: "a scheduled Unhealthy budget, active", budgets: []karpv1.Budget{scheduledBudget("0", hour, time.Hour)}, nodes: 10, want: 0,
+			by: "schedule", action: ActionDefer},
+		{name: "a scheduled Unhealthy budget, over", budgets: []karpv1.Budget{scheduledBudget("0", fmt.Sprintf("%d %d * * *", now.Minute(), (now.Hour()+22)%24), time.Hour)},
+			nodes: 10, want: 2, by: AnnotationRepairMaxUnhealthy, action: ActionDrain},
+		{name: "the strictest of several Unhealthy budgets", budgets: []karpv1.Budget{unhealthy("3"), unhealthy("1"), {Nodes: "0"}}, nodes: 100, impaired: 0, want: 1,
+			by: "nodes=1", action: ActionDrain},
+		{name: "a budget Karpenter cannot evaluate counts as 0", budgets: []karpv1.Budget{scheduledBudget("5", "not a cron", time.Hour)}, nodes: 10, want: 0,
+			by: "cannot evaluate", action: ActionDefer},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := FromAnnotations(tt.ann)
+			got, by := RepairLimit(p, tt.budgets, tt.nodes, now)
+			if got != tt.want || !strings.Contains(by, tt.by) {
+				t.Errorf("RepairLimit: %d (%s), want %d (%s)", got, by, tt.want, tt.by)
+			}
+			tg := target(nil)
+			tg.Policy, tg.Budgets, tg.PoolNodes, tg.Impaired = p, tt.budgets, tt.nodes, tt.impaired
+			d := Decide(impaired, tg, now)
+			if d.Action != tt.action {
+				t.Errorf("Decide: %s (%s), want %s", d.Action, d.Reason, tt.action)
+			}
+			if d.Action == ActionDefer && (d.Hold != HoldRepairCutoff || !strings.Contains(d.Reason, tt.by)) {
+				t.Errorf("a hold must be the cut-off's and name what held it (%q): %s %q", tt.by, d.Hold, d.Reason)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/robfig/cron/v3"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/clock"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
 )
@@ -638,6 +641,50 @@ func (p Policy) UrgentLimit(poolNodes int) (n int, on bool) {
 	}
 	return n, true
 }
+
+// RepairLimit returns how many of a pool's nodes may be impaired before the router stops
+// replacing them, and what set it: the stricter of the pool's repair-max-unhealthy
+// (RepairCutoff) and its disruption budgets that name the reason Unhealthy, active at now, as
+// Karpenter reads them (GetAllowedDisruptions: nodes as a count or a percentage rounded up; a
+// budget with a schedule counts only within schedule..schedule+duration). Both say how many
+// of the pool's nodes may be taken out at once for being unhealthy, so neither may be
+// exceeded: the stricter wins. A budget without reasons is Karpenter's pacing of every
+// voluntary disruption; the router does not read it as a repair bound (a pool's catch-all
+// budget of "0", set to stop consolidation, would stop every repair of an impaired instance):
+// an owner who wants the router paced by the pool's budget names Unhealthy in it. A budget
+// Karpenter cannot evaluate (an invalid schedule) counts as 0, as Karpenter fails closed.
+func RepairLimit(p Policy, budgets []karpv1.Budget, poolNodes int, now time.Time) (int, string) {
+	n := p.RepairCutoff(poolNodes)
+	by := fmt.Sprintf("%s %s of the pool, at most %d", AnnotationRepairMaxUnhealthy, p.RepairMaxUnhealthy.String(), p.RepairMaxUnhealthyCap)
+	at := fixedClock{now: now}
+	for _, b := range budgets {
+		if !slices.Contains(b.Reasons, karpv1.DisruptionReasonUnhealthy) {
+			continue
+		}
+		allowed, err := b.GetAllowedDisruptions(at, poolNodes)
+		what := fmt.Sprintf("the NodePool's Unhealthy disruption budget nodes=%s", b.Nodes)
+		if b.Schedule != nil && b.Duration != nil {
+			what += fmt.Sprintf(" (schedule %q for %s)", *b.Schedule, b.Duration.Duration)
+		}
+		if err != nil {
+			allowed, what = 0, what+" that Karpenter cannot evaluate ("+err.Error()+"): none"
+		}
+		if allowed < n {
+			n, by = allowed, what
+		}
+	}
+	return n, by
+}
+
+// fixedClock is a clock.Clock that reads now: a budget's schedule is evaluated at the
+// decision's time (Karpenter's Budget.IsActive reads only Now).
+type fixedClock struct {
+	clock.Clock
+	now time.Time
+}
+
+func (c fixedClock) Now() time.Time                  { return c.now }
+func (c fixedClock) Since(t time.Time) time.Duration { return c.now.Sub(t) }
 
 // RepairCutoff returns how many of a pool's nodes may be impaired before the router stops
 // replacing them: RepairMaxUnhealthy of poolNodes (a percentage rounds up), at most

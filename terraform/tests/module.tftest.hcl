@@ -347,8 +347,12 @@ run "reboot_in_place" {
     error_message = "enable_reboot_in_place must grant ec2:RebootInstances, and that action only"
   }
   assert {
-    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueue", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RebootInPlace"])
-    error_message = "enable_reboot_in_place adds one statement and changes no other"
+    condition     = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "RebootMigration"]).Action == "ec2:DescribeInstances" && one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "RebootMigration"]).Effect == "Allow"
+    error_message = "enable_reboot_in_place must grant ec2:DescribeInstances (reboot migration), and that action only"
+  }
+  assert {
+    condition     = toset([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s.Sid]) == toset(["IntakeQueue", "DeadLetter", "PreDrainChecks", "InstanceStatusPoller", "Metrics", "InspectRules", "RebootInPlace", "RebootMigration"])
+    error_message = "enable_reboot_in_place adds two statements and changes no other"
   }
 }
 

@@ -386,6 +386,12 @@ run "router_ec2_writes" {
     ])
     error_message = "no EC2 write on Resource \"*\""
   }
+  assert {
+    condition = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement :
+      { action = s.Action, resource = s.Resource, condition = s.Condition } if s.Sid == "RebootMigration"
+    ]) == { action = "ec2:DescribeInstances", resource = "*", condition = { StringEquals = { "aws:RequestedRegion" = "eu-west-1" } } }
+    error_message = "reboot in place reads reboot migration with ec2:DescribeInstances (no resource-level scoping), in the module's region only"
+  }
 }
 
 # Who may assume the router's role: EKS Pod Identity for this cluster's ServiceAccount only.

@@ -16,8 +16,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 )
 
-// EC2InstanceStatus serves DescribeInstanceStatus and ModifyInstanceEventStartTime in EC2's
-// Query protocol, as EC2 answers them. Moto reports no scheduled events, no impaired status
+// EC2InstanceStatus serves DescribeInstanceStatus, ModifyInstanceEventStartTime,
+// RebootInstances and DescribeInstances in EC2's Query protocol, as EC2 answers them. Moto reports no scheduled events, no impaired status
 // and does not serve ModifyInstanceEventStartTime, so the poller's and the reschedule
 // package's tests use this server.
 //
@@ -37,7 +37,16 @@ import (
 // within 5 minutes (or has started), a new start less than 60 minutes ahead or after the
 // deadline.
 //
-// Both honour DryRun as EC2 does (DryRunOperation, or UnauthorizedOperation for an action
+// RebootInstances: InstanceId.N in; every instance must exist. An instance whose
+// RebootMigration is "default" and that has a system-reboot event is moved to new hardware
+// (reboot migration, Amazon EC2 User Guide, "Reboot migration"): the event is cleared, unless
+// MigrationFails, when EC2 reboots it in place and the event remains.
+//
+// DescribeInstances: InstanceId.N in; a DescribeInstancesResponse with one reservation per
+// instance (instanceId, instanceState, maintenanceOptions with autoRecovery and, when set,
+// rebootMigration) out. Only what the router reads of it: moto serves the rest of EC2.
+//
+// All honour DryRun as EC2 does (DryRunOperation, or UnauthorizedOperation for an action
 // in Denied) unless IgnoreDryRun makes the server behave as local stand-ins do.
 //
 // Set instances with Add and Set; read what was asked with Stats and Moves.
@@ -122,6 +131,11 @@ func (s *EC2InstanceStatus) reboot(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	for _, id := range rb.InstanceIDs {
+		if in := s.instances[id]; in.RebootMigration == "default" && !in.MigrationFails {
+			in.Events = slices.DeleteFunc(in.Events, func(e ScheduledEvent) bool { return e.Code == "system-reboot" })
+		}
+	}
 	fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><RebootInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</requestId><return>true</return></RebootInstancesResponse>`)
 }
 
@@ -132,6 +146,12 @@ type Instance struct {
 	SystemStatus   string
 	ImpairedSince  time.Time // reported in the details when set
 	Events         []ScheduledEvent
+	// RebootMigration is maintenanceOptions.rebootMigration ("default", "disabled"; "" for an
+	// instance that does not support it: not reported).
+	RebootMigration string
+	// MigrationFails: a reboot migration attempted on this instance does not happen (EC2
+	// reboots it in place; the system-reboot event remains).
+	MigrationFails bool
 }
 
 // ScheduledEvent is one of an instance's scheduled events.
@@ -230,6 +250,8 @@ func (s *EC2InstanceStatus) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.modify(w, r)
 	case "RebootInstances":
 		s.reboot(w, r)
+	case "DescribeInstances":
+		s.describeInstances(w, r)
 	default:
 		http.Error(w, "unsupported", http.StatusBadRequest)
 	}
@@ -348,6 +370,33 @@ func writeEvent(b *strings.Builder, tag string, e ScheduledEvent) {
 		fmt.Fprintf(b, `<notBeforeDeadline>%s</notBeforeDeadline>`, e.NotBeforeDeadline.UTC().Format(ec2Time))
 	}
 	fmt.Fprintf(b, `</%s>`, tag)
+}
+
+// describeInstances answers one DescribeInstances call for the instances it names.
+func (s *EC2InstanceStatus) describeInstances(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	if s.failed(w) || s.unauthorized(w, r) != "" {
+		return
+	}
+	var b strings.Builder
+	for i := 1; r.Form.Has("InstanceId." + strconv.Itoa(i)); i++ {
+		id := r.Form.Get("InstanceId." + strconv.Itoa(i))
+		in := s.instances[id]
+		if in == nil {
+			ec2Error(w, http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id))
+			return
+		}
+		code := map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}[in.State]
+		migration := ""
+		if in.RebootMigration != "" {
+			migration = "<rebootMigration>" + in.RebootMigration + "</rebootMigration>"
+		}
+		fmt.Fprintf(&b, `<item><reservationId>r-%s</reservationId><ownerId>111122223333</ownerId><instancesSet><item><instanceId>%s</instanceId><instanceState><code>%d</code><name>%s</name></instanceState><maintenanceOptions><autoRecovery>default</autoRecovery>%s</maintenanceOptions></item></instancesSet></item>`,
+			strings.TrimPrefix(id, "i-"), id, code, in.State, migration)
+	}
+	fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>8f7724cf-496f-496e-8fe3-example</requestId><reservationSet>%s</reservationSet></DescribeInstancesResponse>`, b.String())
 }
 
 // describe answers one DescribeInstanceStatus call.

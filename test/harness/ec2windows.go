@@ -79,13 +79,21 @@ type WindowRange struct {
 // NewEC2EventWindows starts the server and returns it with an EC2 client that sends every
 // call to it once (no retries), so that calls can be counted.
 func NewEC2EventWindows(t testing.TB) (*EC2EventWindows, *ec2.Client) {
+	s, c, stop := StartEC2EventWindows()
+	t.Cleanup(stop)
+	return s, c
+}
+
+// StartEC2EventWindows is NewEC2EventWindows for a caller with no testing.TB (the simulation's
+// runs): stop closes the server.
+func StartEC2EventWindows() (*EC2EventWindows, *ec2.Client, func()) {
 	s := &EC2EventWindows{windows: map[string]*EventWindow{}, tags: map[string]map[string]string{}, Limit: 200, PageSize: 50}
 	srv := httptest.NewServer(s)
-	t.Cleanup(srv.Close)
 	cfg := AWSConfig(nil)
 	cfg.Retryer = func() aws.Retryer { return aws.NopRetryer{} }
-	return s, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) })
+	return s, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) }), srv.Close
 }
+
 
 // AddInstance makes instance id exist, with tags.
 func (s *EC2EventWindows) AddInstance(id string, tags map[string]string) {

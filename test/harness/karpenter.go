@@ -87,6 +87,14 @@ type KarpenterStageOptions struct {
 	// the in-test SQS instead of moto, whose cost per call grows with its queues: the benches
 	// that measure latency under a burst use it; everything else stays on moto.
 	LocalSQS bool
+	// NodeRepair turns on Karpenter's node repair (the NodeRepair feature gate): v1.15 repairs
+	// as a voluntary disruption, paced by the NodePools' budgets for the reason Unhealthy.
+	NodeRepair bool
+	// RepairToleration, when set, is how long a repair policy tolerates its condition (a
+	// NotReady Node: 30 minutes in the provider's policies) before Karpenter repairs. Only the
+	// controller test/tools/karpenter-bin.sh builds with "repair" reads it
+	// (HEALTH_ROUTER_REPAIR_TOLERATION); the provider's own controller would ignore it.
+	RepairToleration time.Duration
 }
 
 // StartKarpenterStageWith is StartKarpenterStage with options.
@@ -126,7 +134,7 @@ func StartKarpenterStageWith(ctx context.Context, bin, dir string, opts Karpente
 	if err != nil {
 		return nil, fmt.Errorf("preparing moto for Karpenter: %w", err)
 	}
-	if err := s.startKarpenter(ctx, bin, dir); err != nil {
+	if err := s.startKarpenter(ctx, bin, dir, opts); err != nil {
 		return nil, err
 	}
 	if err := s.nodeClass(ctx, image, profile); err != nil {
@@ -224,7 +232,7 @@ func (s *KarpenterStage) prepareAWS(ctx context.Context) (image, profile string,
 	return image, "KarpenterNodeInstanceProfile", nil
 }
 
-func (s *KarpenterStage) startKarpenter(ctx context.Context, bin, dir string) error {
+func (s *KarpenterStage) startKarpenter(ctx context.Context, bin, dir string, opts KarpenterStageOptions) error {
 	user, err := s.Env.AddUser(envtest.User{Name: "karpenter", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		return fmt.Errorf("adding Karpenter's user: %w", err)
@@ -262,6 +270,12 @@ func (s *KarpenterStage) startKarpenter(ctx context.Context, bin, dir string) er
 		fmt.Sprintf("HEALTH_PROBE_PORT=%d", probe),
 		"LOG_LEVEL=debug",
 	)
+	if opts.NodeRepair {
+		cmd.Env = append(cmd.Env, "FEATURE_GATES=NodeRepair=true")
+	}
+	if opts.RepairToleration > 0 {
+		cmd.Env = append(cmd.Env, "HEALTH_ROUTER_REPAIR_TOLERATION="+opts.RepairToleration.String())
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -320,6 +334,11 @@ func (s *KarpenterStage) nodeClass(ctx context.Context, image, profile string) e
 // Voluntary disruption is off (budget nodes "0"): moto's fleet does not apply the launch
 // template's security groups, so Karpenter would see every node as drifted.
 func (s *KarpenterStage) NodePool(ctx context.Context, name string, annotations map[string]string) error {
+	return s.NodePoolBudgets(ctx, name, annotations, []karpv1.Budget{{Nodes: "0"}})
+}
+
+// NodePoolBudgets is NodePool with the pool's disruption budgets.
+func (s *KarpenterStage) NodePoolBudgets(ctx context.Context, name string, annotations map[string]string, budgets []karpv1.Budget) error {
 	np := &karpv1.NodePool{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
 		Spec: karpv1.NodePoolSpec{
@@ -327,7 +346,7 @@ func (s *KarpenterStage) NodePool(ctx context.Context, name string, annotations 
 				NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "default"},
 				Requirements: poolRequirements(),
 			}},
-			Disruption: karpv1.Disruption{ConsolidateAfter: karpv1.MustParseNillableDuration("Never"), Budgets: []karpv1.Budget{{Nodes: "0"}}},
+			Disruption: karpv1.Disruption{ConsolidateAfter: karpv1.MustParseNillableDuration("Never"), Budgets: budgets},
 		},
 	}
 	if err := s.Kube.Create(ctx, np); err != nil {

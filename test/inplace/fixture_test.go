@@ -95,10 +95,27 @@ func (s *setup) restart() {
 
 // ec2Split is the suite's EC2: moto for the instances and RebootInstances, and
 // harness.EC2InstanceStatus for DescribeInstanceStatus (moto reports no scheduled events),
-// with which the run confirms its maintenance before it reboots.
+// with which the run confirms its maintenance before it reboots. With migration, the stand-in
+// answers RebootInstances and DescribeInstances too: moto reports no reboot migration, and
+// does not clear a system-reboot the owner's reboot migrates.
 type ec2Split struct {
 	*ec2.Client
-	status *ec2.Client
+	status    *ec2.Client
+	migration bool
+}
+
+func (e ec2Split) RebootInstances(ctx context.Context, in *ec2.RebootInstancesInput, opts ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
+	if e.migration {
+		return e.status.RebootInstances(ctx, in, opts...)
+	}
+	return e.Client.RebootInstances(ctx, in, opts...)
+}
+
+func (e ec2Split) DescribeInstances(ctx context.Context, in *ec2.DescribeInstancesInput, opts ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error) {
+	if e.migration {
+		return e.status.DescribeInstances(ctx, in, opts...)
+	}
+	return e.Client.DescribeInstances(ctx, in, opts...)
 }
 
 func (e ec2Split) DescribeInstanceStatus(ctx context.Context, in *ec2.DescribeInstanceStatusInput, opts ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {

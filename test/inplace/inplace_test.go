@@ -16,6 +16,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // TestInstanceReboot: the whole run on a real API server and EC2: the Node cordoned and
@@ -162,6 +163,116 @@ func TestNotReadyFallsBack(t *testing.T) {
 	}
 	if n := s.calls.Calls("RebootInstances"); n != 0 {
 		t.Errorf("the router rebooted for a system event: %d calls", n)
+	}
+}
+
+// TestSystemRebootMigration: a system-reboot of an instance whose reboot migration is on
+// (DescribeInstances: rebootMigration default) is rebooted by the router once the Node is
+// emptied, in the window that began the run, two days before AWS's start; EC2 (the stand-in,
+// as EC2 does) then clears the event, which the run confirms before it gives the Node back.
+// Where the migration does not happen (EC2 rebooted in place, the event remains) the Node
+// goes back into service until the run prepares for AWS's start; where reboot migration is
+// disabled the run waits for AWS's start as before, and the router never reboots.
+func TestSystemRebootMigration(t *testing.T) {
+	farStart := t0.Add(48 * time.Hour)
+	for _, tc := range []struct {
+		name      string
+		migration string
+		fails     bool
+	}{
+		{name: "migrated", migration: "default"},
+		{name: "not migrated: the event remains", migration: "default", fails: true},
+		{name: "disabled: AWS at the start", migration: "disabled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSetup(t)
+			s.ec2.migration = true
+			s.restart()
+			name := "kafka-m" + strings.Fields(tc.name)[0][:3]
+			id := s.instance()
+			machine(t, name, id)
+			ev := scheduled("ev-migrate", id, event.ScheduledSystemReboot)
+			ev.Deadline, ev.Health.Start = farStart, farStart
+			s.begin(name, ev)
+			s.status.Set(id, func(in *harness.Instance) { in.RebootMigration, in.MigrationFails = tc.migration, tc.fails })
+			s.events()
+
+			if tc.migration != "default" {
+				s.pass(name)
+				st := state(t, name)
+				if st.Step != inplace.StepWait || st.Migration != inplace.MigrationOff || !strings.Contains(st.MigrationWhy, "disabled") {
+					t.Fatalf("migration disabled: %+v", st)
+				}
+				if _, _, cordoned := protection(t, name); cordoned {
+					t.Error("cordoned two days before AWS's start")
+				}
+				s.clock.SetTime(farStart.Add(-inplace.DefaultPrepare - inplace.DefaultEvictMargin))
+				s.passTo(name, inplace.StepAwait)
+				if st := state(t, name); !st.Rebooted.IsZero() || len(s.status.Reboots()) != 0 {
+					t.Errorf("the router rebooted a system-reboot without reboot migration: %+v, %v", st, s.status.Reboots())
+				}
+				return
+			}
+
+			s.passTo(name, inplace.StepAwait)
+			st := state(t, name)
+			if st.Migration != inplace.MigrationOn || st.Rebooted.IsZero() {
+				t.Fatalf("migration on, evicted: %+v", st)
+			}
+			if rb := s.status.Reboots(); len(rb) != 1 || rb[0].Error != "" || !slices.Equal(rb[0].InstanceIDs, []string{id}) {
+				t.Fatalf("RebootInstances calls: %+v", rb)
+			}
+			if _, _, cordoned := protection(t, name); !cordoned {
+				t.Error("rebooted without the cordon")
+			}
+			s.clock.Step(time.Minute)
+			kubelet(t, name, corev1.ConditionFalse, s.clock.Now(), "boot-1")
+			s.passTo(name, inplace.StepReady)
+			s.clock.Step(2 * time.Minute)
+			kubelet(t, name, corev1.ConditionTrue, s.clock.Now(), "boot-2")
+			s.passTo(name, inplace.StepConfirm)
+			_, shown := s.status.Event(id, "instance-event-ev-migrate")
+			if shown == !tc.fails {
+				t.Errorf("after the reboot EC2 shows the event: %v, want %v", shown, tc.fails)
+			}
+			if !tc.fails {
+				s.passTo(name, inplace.StepDone)
+				st := state(t, name)
+				if st.Outcome != "done: the reboot migrated the instance: "+st.Why[len("the reboot migrated the instance: "):] || !strings.HasPrefix(st.Why, "the reboot migrated the instance") {
+					t.Errorf("outcome %q", st.Outcome)
+				}
+				if claim, node, cordoned := protection(t, name); claim || node || cordoned {
+					t.Errorf("after the migration: nodeclaim protected %v, node protected %v, cordoned %v; want none", claim, node, cordoned)
+				}
+				if back := s.clock.Now(); !back.Before(farStart.Add(-47 * time.Hour)) {
+					t.Errorf("the node back in service at %s, not in the window (AWS's start %s)", back, farStart)
+				}
+				if got := s.reasons(); !slices.Contains(got, inplace.ReasonMigrated) {
+					t.Errorf("Events %v, want %s", got, inplace.ReasonMigrated)
+				}
+				return
+			}
+			s.pass(name)
+			if st := state(t, name); st.Step != inplace.StepConfirm {
+				t.Fatalf("the event still shown within the bound: %+v", st)
+			}
+			s.clock.Step(inplace.DefaultMigrationConfirm)
+			s.pass(name)
+			st = state(t, name)
+			if st.Step != inplace.StepRelease || st.Migration != inplace.MigrationOff || !strings.Contains(st.MigrationWhy, "did not clear") {
+				t.Fatalf("not migrated: %+v", st)
+			}
+			s.passTo(name, inplace.StepWait)
+			if claim, node, cordoned := protection(t, name); !claim || node || cordoned {
+				t.Errorf("not migrated, back in service until AWS's start: nodeclaim protected %v (want it), node protected %v, cordoned %v", claim, node, cordoned)
+			}
+			if got := s.reasons(); !slices.Contains(got, inplace.ReasonNotMigrated) {
+				t.Errorf("Events %v, want %s", got, inplace.ReasonNotMigrated)
+			}
+			if wait := s.pass(name); wait != farStart.Add(-inplace.DefaultPrepare-inplace.DefaultEvictMargin).Sub(s.clock.Now()) {
+				t.Errorf("waiting for AWS's start: %s", wait)
+			}
+		})
 	}
 }
 

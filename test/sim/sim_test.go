@@ -25,6 +25,7 @@ import (
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/record"
@@ -47,6 +48,9 @@ var eventsSummarised atomic.Int64
 // batches decided by workers at once, failovers where the old leader overlapped the new, AWS
 // reboots that found a kept node out of service, drains of the unmanaged node begun.
 var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds, contradicted, shadowOutcomes atomic.Int64
+
+// windowsKept: kafka's EC2 event window was seen over the run.
+var windowsKept atomic.Bool
 
 // checks is rapid's -rapid.checks.
 func checks() *int {
@@ -745,6 +749,56 @@ func (m *machine) Check(t *rapid.T) {
 	m.w.queues.mu.Unlock()
 	m.checkRecords(t)
 	m.checkShadow(t)
+	m.checkWindows(t, false)
+}
+
+// checkWindows: the EC2 event windows tagged with the cluster are kafka's only (the pool that
+// asks; the pool in shadow, which asks too, never gets one), each targeting kafka's instance tag
+// and no other; settled (after a healthy pass) there is exactly one, and every live kafka instance
+// carries the tag.
+func (m *machine) checkWindows(t *rapid.T, settled bool) {
+	kafka := 0
+	for _, win := range m.w.windows.Windows() {
+		if win.Tags[eventwindow.TagCluster] != simCluster {
+			continue
+		}
+		pool := win.Tags[eventwindow.TagNodePool]
+		if pool != PoolKafka {
+			t.Fatalf("EC2 event window %s (%s) for pool %s, which does not ask for one (or is in shadow)", win.ID, win.Name, pool)
+		}
+		kafka++
+		want := eventwindow.TagInstance + "=" + eventwindow.TagValue(simCluster, PoolKafka)
+		for _, tg := range win.TargetTags {
+			if tg != want {
+				t.Fatalf("EC2 event window %s targets %s, want %s only", win.ID, tg, want)
+			}
+		}
+		if settled && (len(win.TargetTags) != 1 || len(win.Ranges) == 0) {
+			t.Fatalf("settled: kafka's EC2 event window %s targets %v with %d ranges", win.ID, win.TargetTags, len(win.Ranges))
+		}
+	}
+	if kafka > 0 {
+		windowsKept.Store(true)
+	}
+	if !settled {
+		return
+	}
+	if kafka != 1 {
+		t.Fatalf("settled: %d EC2 event windows for kafka, want 1", kafka)
+	}
+	for id, in := range m.m.insts {
+		if in.pool != PoolKafka || in.gone {
+			continue
+		}
+		if v := m.w.windows.InstanceTags(id)[eventwindow.TagInstance]; v != eventwindow.TagValue(simCluster, PoolKafka) {
+			t.Fatalf("settled: kafka instance %s carries %s=%q", id, eventwindow.TagInstance, v)
+		}
+	}
+	for id, in := range m.m.insts {
+		if in.pool == PoolShadow && m.w.windows.InstanceTags(id)[eventwindow.TagInstance] != "" {
+			t.Fatalf("instance %s of the pool in shadow was tagged for an event window", id)
+		}
+	}
 }
 
 // checkShadow: nothing a pool in shadow holds is ever acted on: its NodeClaims carry no record,
@@ -823,6 +877,9 @@ func (m *machine) activeMaintenance(inst, match string) bool {
 func (m *machine) finish(t *rapid.T) {
 	m.advance(t, max(m.horizon.Sub(m.now())+tick, time.Hour))
 	m.Check(t)
+	// Healthy for longer than the event windows' longest backoff and their re-read: settled.
+	m.advance(t, eventwindow.RetryMax+eventwindow.DescribeTTL)
+	m.checkWindows(t, true)
 	eventsSummarised.Add(int64(m.w.told))
 	m.w.queues.mu.Lock()
 	defer m.w.queues.mu.Unlock()
@@ -843,6 +900,9 @@ func TestSimulation(t *testing.T) {
 		if *checks() >= 20 && inPlaces.Load() == 0 {
 			t.Error("no kafka node was kept through a reboot over the run")
 		}
+		if *checks() >= 20 && !windowsKept.Load() {
+			t.Error("kafka never had an EC2 event window over the run")
+		}
 		if *checks() >= 20 && eventsSummarised.Load() == 0 {
 			t.Error("no instance's Events were held back and told in a summary over the run")
 		}
@@ -859,6 +919,7 @@ func TestSimulation(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
 		defer func() { urgentHolds.Add(m.w.urgentHolds.Load()); contradicted.Add(m.w.contradicted.Load()) }() // after the stops below
+		defer m.w.stopWindows()
 		defer m.w.stop(m.w.leader)
 		defer m.w.endOverlap()
 		defer func() { staleReads.Add(int64(m.w.cache.staleReads())) }()

@@ -51,6 +51,7 @@ import (
 	"github.com/health-router/health-router/router/deferral"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/metrics"
@@ -63,6 +64,7 @@ import (
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // Start is the simulation's epoch: a Friday, so windows (Saturday 02:00) come within a day.
@@ -79,6 +81,9 @@ const (
 	PoolShadow = "shadow"
 )
 
+// simCluster is the cluster name the router's EC2 event windows carry.
+const simCluster = "sim"
+
 // shadowPoolSize is the shadow pool's nodes: few, it only has to be reached.
 const shadowPoolSize = 2
 
@@ -86,12 +91,12 @@ const shadowPoolSize = 2
 var PoolAnnotations = map[string]map[string]string{
 	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
 		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
-		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace)},
+		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace), policy.AnnotationEventWindow: "true"},
 	PoolWeb:   {policy.AnnotationUrgentDrainMax: "2"},
 	PoolBatch: {policy.AnnotationAction: "ignore"},
 	PoolShadow: {policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
 		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
-		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace)},
+		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace), policy.AnnotationEventWindow: "true"},
 }
 
 // PoolSize is the number of nodes each pool keeps (Karpenter replaces what it drains).
@@ -374,6 +379,7 @@ type replica struct {
 	marked   map[string]string    // NodeClaim -> its and its Node's resourceVersions at the marks' last pass
 	sig      *signal.Signaller
 	ledger   *shadow.Ledger
+	windows  *eventwindow.Manager
 	watcher  *shadow.Watcher
 	mu       sync.Mutex
 	held     int // instances whose Events this replica held back (its metric)
@@ -396,9 +402,14 @@ type world struct {
 	faults                    *faults
 	queues                    *queues
 	ec2                       *ec2Status
-	mode                      signal.Mode
-	leader                    *replica
-	standby                   *replica
+	// windows is EC2's event windows and instance tags (test/harness's stand-in, EC2's Query
+	// protocol through the real SDK client windowsAPI); stopWindows closes it.
+	windows     *harness.EC2EventWindows
+	windowsAPI  *ec2.Client
+	stopWindows func()
+	mode        signal.Mode
+	leader      *replica
+	standby     *replica
 	// zombie is the old leader after a failover, still acting until it notices it lost the
 	// lease (endOverlap): its intake and controllers run beside the new leader's.
 	zombie   *replica
@@ -431,6 +442,7 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode, cache: newLagCache(),
 		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
 		recorder: &summaryRecorder{}, log: simLog(), onLaunch: onLaunch}
+	w.windows, w.windowsAPI, w.stopWindows = harness.StartEC2EventWindows()
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
@@ -544,6 +556,7 @@ func (w *world) addNode(ctx context.Context, pool string) (string, error) {
 			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(w.clock.Now())}}}}); err != nil {
 		return "", err
 	}
+	w.windows.AddInstance(id, map[string]string{karpv1.NodePoolLabelKey: pool})
 	if w.onLaunch != nil {
 		w.onLaunch(id, pool)
 	}
@@ -575,6 +588,7 @@ func (w *world) newReplica(name string) *replica {
 	r.ledger = shadow.NewLedger(w.direct, "health-router", shadow.DefaultLedgerName, w.clock, w.log)
 	r.watcher = shadow.NewWatcher(w.direct, r.ledger, r.metrics.ShadowKarpenter)
 	r.pipeline.WithShadow(false, r.ledger)
+	r.windows = eventwindow.New(w.router, w.windowsAPI, w.recorder, w.clock, w.log, reg, simCluster)
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.direct, w.router, w.log, nil)
 	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl).WithHeldImpaired(r.drainer)
@@ -702,6 +716,9 @@ func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 		r.watcher.Observe(&claims.Items[i])
 	}
 	_ = r.ledger.Flush(ctx)
+	// The EC2 event windows of the pools that ask, and their instances' tags (an error is a
+	// read of the cluster that failed: the next pass tries again).
+	_ = r.windows.Pass(ctx)
 	if _, err := r.drainer.Pass(ctx); err != nil && !apierrors.IsServiceUnavailable(err) && !apierrors.IsConflict(err) {
 		return err
 	}

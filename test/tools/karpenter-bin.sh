@@ -7,6 +7,11 @@
 #
 # The first build takes a few minutes; afterwards the cached binary is reused. The cache lives
 # outside the repository, keyed by the provider version.
+#
+# With the argument "repair" it builds test/tools/_karpenter-controller instead: the same
+# controller, wired the same way, whose repair policies' toleration the environment can
+# shorten (HEALTH_ROUTER_REPAIR_TOLERATION) for the suite that shows node repair beside a
+# reboot in place. Its cache is keyed by the provider version and that file's hash.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,7 +21,13 @@ if [[ -z $VERSION ]]; then
   echo "karpenter-bin.sh: cannot read the github.com/aws/karpenter-provider-aws version from go.mod" >&2
   exit 1
 fi
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/karpenter/${VERSION}
+pkg=github.com/aws/karpenter-provider-aws/cmd/controller
+key=$VERSION
+if [[ ${1:-} == repair ]]; then
+  pkg=./test/tools/_karpenter-controller
+  key=$VERSION-repair-$(sha256sum "$root/test/tools/_karpenter-controller/main.go" | cut -c1-12)
+fi
+cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/karpenter/${key}
 if [[ -x $cache/controller ]]; then
   echo "$cache/controller"
   exit 0
@@ -51,7 +62,7 @@ cd "$root"
 echo "building Karpenter's AWS controller ${VERSION} into $cache (first run only, a few minutes)" >&2
 start=$(date +%s)
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -modfile="$work/karpenter.mod" -trimpath -ldflags=-s \
-  -o "$cache/controller.tmp" github.com/aws/karpenter-provider-aws/cmd/controller
+  -o "$cache/controller.tmp" "$pkg"
 mv "$cache/controller.tmp" "$cache/controller"
 echo "built Karpenter's controller in $(( $(date +%s) - start )) s" >&2
 echo "$cache/controller"
