@@ -8,10 +8,12 @@
 # The first build takes a few minutes; afterwards the cached binary is reused. The cache lives
 # outside the repository, keyed by the provider version.
 #
-# With the argument "repair" it builds test/tools/_karpenter-controller instead: the same
-# controller, wired the same way, whose repair policies' toleration the environment can
-# shorten (HEALTH_ROUTER_REPAIR_TOLERATION) for the suite that shows node repair beside a
-# reboot in place. Its cache is keyed by the provider version and that file's hash.
+# With the argument "repair" it builds the same controller with one addition: the provider's
+# own cmd/controller/main.go, taken from the module cache at build time (never kept in this
+# repository), beside test/tools/_karpenter-controller/toleration.go, its cloud provider wrapped
+# so that the environment can shorten the repair policies' toleration
+# (HEALTH_ROUTER_REPAIR_TOLERATION) for the suite that shows node repair beside a reboot in
+# place. Its cache is keyed by the provider version and that file's hash.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,8 +26,7 @@ fi
 pkg=github.com/aws/karpenter-provider-aws/cmd/controller
 key=$VERSION
 if [[ ${1:-} == repair ]]; then
-  pkg=./test/tools/_karpenter-controller
-  key=$VERSION-repair-$(sha256sum "$root/test/tools/_karpenter-controller/main.go" | cut -c1-12)
+  key=$VERSION-repair-$(sha256sum "$root/test/tools/_karpenter-controller/toleration.go" | cut -c1-12)
 fi
 cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/karpenter/${key}
 if [[ -x $cache/controller ]]; then
@@ -59,9 +60,35 @@ trap 'rm -rf "$work"' EXIT
 cp "$root/go.mod" "$work/karpenter.mod"
 cp "$root/go.sum" "$work/karpenter.sum"
 cd "$root"
+if [[ ${1:-} == repair ]]; then
+  # The provider's main.go and the suites' wrapper, as one package in a directory of its own
+  # with the same module graph (go.mod and go.sum copied there: the module root).
+  dir=$(GOFLAGS=-mod=mod go list -modfile="$work/karpenter.mod" -m -f '{{.Dir}}' "github.com/aws/karpenter-provider-aws")
+  if [[ -z $dir ]]; then
+    GOFLAGS=-mod=mod go mod download -modfile="$work/karpenter.mod" "github.com/aws/karpenter-provider-aws@$VERSION"
+    dir=$(GOFLAGS=-mod=mod go list -modfile="$work/karpenter.mod" -m -f '{{.Dir}}' "github.com/aws/karpenter-provider-aws")
+  fi
+  mkdir -p "$work/mod/controller"
+  cp "$root/go.mod" "$work/mod/go.mod"
+  cp "$root/go.sum" "$work/mod/go.sum"
+  cp "$dir/cmd/controller/main.go" "$work/mod/controller/main.go"
+  chmod u+w "$work/mod/controller/main.go"
+  cp "$root/test/tools/_karpenter-controller/toleration.go" "$work/mod/controller/"
+  # The one line changed: the cloud provider the controllers get is wrapped.
+  sed -i -E 's/^([[:space:]]*cloudProvider := )(overlay\.Decorate\(.*\))$/\1repairToleration(\2)/' "$work/mod/controller/main.go"
+  if ! grep -q 'cloudProvider := repairToleration(overlay.Decorate(' "$work/mod/controller/main.go"; then
+    echo "karpenter-bin.sh repair: Karpenter ${VERSION}'s cmd/controller/main.go no longer builds its cloud provider with overlay.Decorate on one line: update the patch" >&2
+    exit 1
+  fi
+  cd "$work/mod"
+  pkg=./controller
+  modflag=()
+else
+  modflag=(-modfile="$work/karpenter.mod")
+fi
 echo "building Karpenter's AWS controller ${VERSION} into $cache (first run only, a few minutes)" >&2
 start=$(date +%s)
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -modfile="$work/karpenter.mod" -trimpath -ldflags=-s \
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build "${modflag[@]}" -trimpath -ldflags=-s \
   -o "$cache/controller.tmp" "$pkg"
 mv "$cache/controller.tmp" "$cache/controller"
 echo "built Karpenter's controller in $(( $(date +%s) - start )) s" >&2
