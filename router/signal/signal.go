@@ -117,6 +117,8 @@ type Signaller struct {
 	// stampFailed is when a drain stamp last failed (UnixNano on clock; 0: never): while
 	// the API server fails, urgent forwards wait for their stamps again (stampTrouble).
 	stampFailed atomic.Int64
+	// karpenter is the version of the Karpenter signalled (zero: unknown, taken as the newest).
+	karpenter KarpenterVersion
 }
 
 // stampTrouble is how long after a failed drain stamp urgent forwards wait for their stamps:
