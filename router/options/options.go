@@ -119,7 +119,7 @@ type Run struct {
 	// taken as the newest); below v1.10 a capacity-reservation interruption deletes the
 	// NodeClaim, since that Karpenter has no parser for the forward.
 	KarpenterVersion signal.KarpenterVersion
-	Workers            int
+	Workers          int
 	// Receivers is how many SQS receive loops fill the Workers (intake.Config.Receivers).
 	Receivers     int
 	Visibility    time.Duration
@@ -431,11 +431,13 @@ type Doctor struct {
 	KarpenterQueueURL  string
 	KarpenterRoleARN   string
 	KarpenterNamespace string
-	Namespace          string
-	Region             string
-	AWSEndpointURL     string
-	Kubeconfig         string
-	Gates              featuregate.MutableFeatureGate
+	// KarpenterVersion is the router's --karpenter-version (the same environment variable).
+	KarpenterVersion signal.KarpenterVersion
+	Namespace        string
+	Region           string
+	AWSEndpointURL   string
+	Kubeconfig       string
+	Gates            featuregate.MutableFeatureGate
 	// InstanceStatusPoller is the router's --instance-status-poller (same environment
 	// variable), for the takeover check.
 	InstanceStatusPoller bool
@@ -456,6 +458,7 @@ func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue, to check that no rule feeds it directly")
 	fs.StringVar(&o.KarpenterRoleARN, "karpenter-role-arn", "", "`ARN` of Karpenter's controller role, to check it cannot call ec2:DescribeInstanceStatus (needs iam:SimulatePrincipalPolicy)")
 	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "`namespace` of Karpenter's Deployment, for its feature gates")
+	fs.Var(karpenterVersionValue{&o.KarpenterVersion}, "karpenter-version", "the router's --karpenter-version (the same environment variable), to print and compare with what Karpenter's Deployment shows")
 	fs.StringVar(&o.Namespace, "namespace", "health-router", "the router's `namespace`, for its leader election permissions")
 	fs.StringVar(&o.Region, "region", "", "AWS `region` (default: from the AWS SDK's environment)")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this `URL` (local stand-ins)")

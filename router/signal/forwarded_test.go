@@ -140,3 +140,25 @@ func TestForwardedBodiesMatchTheMatrix(t *testing.T) {
 		}
 	}
 }
+
+func TestParseKarpenterVersion(t *testing.T) {
+	tests := []struct {
+		in   string
+		want KarpenterVersion
+		err  bool
+	}{
+		{"", KarpenterVersion{}, false},
+		{"v1.9.3", KarpenterVersion{1, 9, 3}, false},
+		{"1.10", KarpenterVersion{1, 10, 0}, false},
+		{"1.15.1-rc.1", KarpenterVersion{1, 15, 1}, false},
+		{"v0.37.0", KarpenterVersion{}, true}, // before the v1 API the router reads
+		{"latest", KarpenterVersion{}, true},
+		{"v1", KarpenterVersion{}, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseKarpenterVersion(tt.in)
+		if got != tt.want || (err != nil) != tt.err {
+			t.Errorf("ParseKarpenterVersion(%q) = %v, %v; want %v, error %t", tt.in, got, err, tt.want, tt.err)
+		}
+	}
+}

@@ -97,3 +97,10 @@ func (s *Signaller) SetKarpenterVersion(v KarpenterVersion) { s.karpenter = v }
 
 // KarpenterVersion returns the Karpenter version the signaller assumes (zero: unknown).
 func (s *Signaller) KarpenterVersion() KarpenterVersion { return s.karpenter }
+
+// SameParsers reports whether Karpenter versions a and b parse the same forwarded kinds (an
+// unknown version is taken as the newest).
+func SameParsers(a, b KarpenterVersion) bool {
+	parses := func(v KarpenterVersion) bool { return v.IsZero() || !v.Less(reservationParserSince) }
+	return parses(a) == parses(b)
+}

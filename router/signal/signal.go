@@ -150,22 +150,26 @@ func (s *Signaller) Mode() Mode { return s.mode }
 
 // Via returns how a drain of ev is signalled: forwarded to Karpenter's queue only for what
 // Karpenter's interruption controller acts on (Spot and capacity-reservation interruptions,
-// AWS Health scheduled changes, state changes); a rebalance recommendation (Karpenter only
-// records it), an instance-status finding of the router's own poller, and everything in
-// delete-nodeclaim mode delete the NodeClaim.
+// AWS Health scheduled changes, state changes) in the version it is told (SetKarpenterVersion);
+// a rebalance recommendation (Karpenter only records it), an instance-status finding of the
+// router's own poller, a kind the version has no parser for (a reservation interruption before
+// v1.10: Karpenter would delete it as a no-op, and the drain would wait for the
+// confirm-or-fallback), and everything in delete-nodeclaim mode delete the NodeClaim.
 func (s *Signaller) Via(ev event.Event) Mode {
 	if s.mode != ModeForward || ev.Implausible != "" {
 		// An implausible event is not passed on: Karpenter would act on it at once (and mark
 		// a Spot offering unavailable) on the strength of a claim the router did not trust.
 		return ModeDeleteNodeClaim
 	}
-	switch {
-	case ev.Source == "aws.ec2" && (ev.Kind == event.KindSpotInterruption || ev.Kind == event.KindCapacityReservation || ev.Kind == event.KindStateChange):
-		return ModeForward
-	case ev.Source == "aws.health" && ev.Kind == event.KindScheduledChange:
-		return ModeForward
+	acted := ev.Source == "aws.ec2" && (ev.Kind == event.KindSpotInterruption || ev.Kind == event.KindCapacityReservation || ev.Kind == event.KindStateChange) ||
+		ev.Source == "aws.health" && ev.Kind == event.KindScheduledChange
+	if !acted {
+		return ModeDeleteNodeClaim
 	}
-	return ModeDeleteNodeClaim
+	if since, ok := KarpenterParsesSince(ev); !ok || !s.karpenter.IsZero() && s.karpenter.Less(since) {
+		return ModeDeleteNodeClaim
+	}
+	return ModeForward
 }
 
 // signalledRecently reports whether id was remembered within recentTTL. Expired entries are
