@@ -81,6 +81,33 @@ type Dispatcher struct {
 	queues   Queues
 	failures string
 	log      *slog.Logger
+	// account and region, when set, are the ones the dispatcher serves (WithOrigin).
+	account, region string
+}
+
+// AccountEnv is the environment variable holding the account the dispatcher serves; Terraform
+// sets it. The region is the Lambda's own (AWS_REGION).
+const AccountEnv = "HEALTH_ROUTER_ACCOUNT"
+
+// WithOrigin makes the dispatcher route only events about account and region ("": any): an
+// AWS Health event of the organizational view is about its detail.affectedAccount and
+// detail.eventRegion, not the management account and region that received it. An event about
+// another account or region is dropped and counted before its instances are looked up: this
+// account's DescribeInstances cannot see them, and they are another dispatcher's.
+func (d *Dispatcher) WithOrigin(account, region string) *Dispatcher {
+	d.account, d.region = account, region
+	return d
+}
+
+// foreign says why ev is about another account or region than the dispatcher serves, or "".
+func (d *Dispatcher) foreign(ev envelope) string {
+	switch {
+	case d.account != "" && ev.account != d.account:
+		return fmt.Sprintf("account %q, the dispatcher serves %q", ev.account, d.account)
+	case d.region != "" && ev.region != d.region:
+		return fmt.Sprintf("region %q, the dispatcher serves %q", ev.region, d.region)
+	}
+	return ""
 }
 
 // New returns a Dispatcher that finds owners with owners, sends with queue, counts with
@@ -113,6 +140,11 @@ func (d *Dispatcher) Handle(ctx context.Context, body json.RawMessage) error {
 		return d.recordAll(ctx, ev, body, reasonUnroutable, fmt.Errorf("unroutable event: %w", err))
 	}
 	log := d.log.With("event_id", ev.id, "kind", string(ev.kind))
+	if why := d.foreign(ev); why != "" && ev.kind != kindUnknown {
+		log.Info("dropping an event about another account or region", "reason", why)
+		d.count(ctx, log, nil, max(1, len(ev.instances())))
+		return nil
+	}
 
 	deliveries, dropped, err := d.plan(ctx, ev)
 	if err != nil {

@@ -111,6 +111,14 @@ type Health struct {
 	Scheduled ScheduledType `json:"scheduledType,omitempty"`
 	Start     time.Time     `json:"startTime,omitzero"`
 	End       time.Time     `json:"endTime,omitzero"`
+	// CommunicationID identifies one communication of the event: the copies and the pages of
+	// one communication share it (a page names other entities), an update has a new one.
+	CommunicationID string `json:"communicationId,omitempty"`
+	// AffectedAccount and EventRegion are the account and region the event is about, in the
+	// organizational view: the envelope's account is then the management or delegated-admin
+	// account that received it, and its region the one it was delivered to.
+	AffectedAccount string `json:"affectedAccount,omitempty"`
+	EventRegion     string `json:"eventRegion,omitempty"`
 }
 
 // Image is the AMI of an EC2 AMI State Change event.
@@ -118,6 +126,24 @@ type Image struct {
 	ID    string `json:"id"`
 	State string `json:"state"`
 	Error string `json:"error,omitempty"`
+}
+
+// OriginAccount is the account the event is about: an AWS Health event's affectedAccount
+// where it names one (the organizational view), else the envelope's account.
+func (e Event) OriginAccount() string {
+	if e.Health != nil && e.Health.AffectedAccount != "" {
+		return e.Health.AffectedAccount
+	}
+	return e.Account
+}
+
+// OriginRegion is the region the event is about: an AWS Health event's eventRegion where it
+// names one, else the envelope's region (where EventBridge delivered it).
+func (e Event) OriginRegion() string {
+	if e.Health != nil && e.Health.EventRegion != "" {
+		return e.Health.EventRegion
+	}
+	return e.Region
 }
 
 // Urgent reports whether AWS acts within minutes, so that the event cannot wait for a

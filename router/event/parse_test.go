@@ -174,6 +174,44 @@ func TestCheckOrigin(t *testing.T) {
 	}
 }
 
+// TestOrganizationalView (issue 27, 4): an AWS Health event of the organizational view is
+// about detail.affectedAccount in detail.eventRegion, not the management account and region
+// that received it; a RESOLVED entity is not acted on, unless the event closes.
+func TestOrganizationalView(t *testing.T) {
+	body := mustRead(t, "health-org-view.json")
+	ev, err := Parse(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ev.Instances, []string{"i-0a1b2c3d4e5f62721"}) {
+		t.Errorf("instances %v, want the PENDING entity alone", ev.Instances)
+	}
+	if ev.OriginAccount() != "111122223333" || ev.OriginRegion() != "eu-west-1" || ev.Account != "999988887777" {
+		t.Errorf("origin %s %s (envelope %s), want 111122223333 eu-west-1", ev.OriginAccount(), ev.OriginRegion(), ev.Account)
+	}
+	if ev.Health.CommunicationID != "4a1c2e9b7d0f3c5e8a6b1d2c3e4f5a6b7c8d9e0f-1" {
+		t.Errorf("communicationId %q", ev.Health.CommunicationID)
+	}
+	if err := CheckOrigin(ev, "111122223333", "eu-west-1"); err != nil {
+		t.Errorf("the affected account and region rejected: %v", err)
+	}
+	if RejectReason(CheckOrigin(ev, "999988887777", "")) != ReasonForeign {
+		t.Error("the management account that received it taken as the origin")
+	}
+	if RejectReason(CheckOrigin(ev, "", "us-east-1")) != ReasonForeign {
+		t.Error("the region it was delivered to taken as the origin")
+	}
+
+	closed := strings.Replace(string(body), `"statusCode": "upcoming"`, `"statusCode": "closed"`, 1)
+	if ev, err := Parse([]byte(closed)); err != nil || len(ev.Instances) != 2 {
+		t.Errorf("a close names its resolved entities too: %v %v", ev.Instances, err)
+	}
+	allResolved := strings.Replace(string(body), `"status": "PENDING"`, `"status": "resolved"`, 1)
+	if _, err := Parse([]byte(allResolved)); RejectReason(err) != ReasonUnsupported {
+		t.Errorf("every entity resolved: %v, want unsupported", err)
+	}
+}
+
 func TestUrgent(t *testing.T) {
 	tests := []struct {
 		ev   Event

@@ -88,6 +88,9 @@ func TestReplayDemo(t *testing.T) {
 		{"a14bc060", "i-0999888777666555a", policy.ActionSkip, "", "not a node"},
 		{"b25cd171", "", policy.ActionDeadLetter, "", `service "RDS"`},
 		{"d47ef393", "", policy.ActionDeadLetter, "", "unknown-kind"},
+		// The organizational view (issue 27, 4): decided on the affected account's instance;
+		// its RESOLVED entity has no row.
+		{"c3e8f0a1", "i-0123456789abcdef0", policy.ActionIgnore, "", "action=ignore"},
 	}
 	for _, tt := range tests {
 		r := find(t, rows, tt.event, tt.instance)
@@ -99,6 +102,11 @@ func TestReplayDemo(t *testing.T) {
 		}
 		if !strings.Contains(r.Reason, tt.reason) {
 			t.Errorf("%s/%s: reason %q does not mention %q", tt.event, tt.instance, r.Reason, tt.reason)
+		}
+	}
+	for _, r := range rows {
+		if strings.HasPrefix(r.EventID, "c3e8f0a1") && r.InstanceID == "i-0b662ef9931388ba0" {
+			t.Errorf("the organizational-view event's RESOLVED entity was decided: %+v", r)
 		}
 	}
 	// The capacity-reservation interruption drains anyway and says why it is risky.

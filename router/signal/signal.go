@@ -418,7 +418,8 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 		return false, err
 	}
 	entry := record.Record{EventID: ev.ID, Key: record.Key(ev), Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: record.StateDeferred,
-		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body}
+		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body,
+		Communication: record.Communication(ev)}
 	err = s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
 		changed = set.Put(entry)
 		return changed

@@ -320,6 +320,10 @@ run "dispatcher" {
     error_message = "the Lambda must know every cluster's queue, its own included"
   }
   assert {
+    condition     = aws_lambda_function.dispatcher[0].environment[0].variables.HEALTH_ROUTER_ACCOUNT == "111122223333"
+    error_message = "the Lambda must know the account it serves, to route the organizational view by detail.affectedAccount"
+  }
+  assert {
     condition     = aws_lambda_function_event_invoke_config.dispatcher[0].destination_config[0].on_failure[0].destination == aws_sqs_queue.dispatcher_failures[0].arn
     error_message = "failed invocations must go to the failure queue"
   }
