@@ -6,9 +6,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -38,6 +40,9 @@ func (w *Watcher) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("shadow").
 		For(&karpv1.NodeClaim{}, builder.WithPredicates(has)).
+		// SkipNameValidation: the router runs one manager per process, but tests run several
+		// (the second failed "controller with name shadow already exists").
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
 		Complete(w)
 }
 
