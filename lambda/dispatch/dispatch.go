@@ -2,9 +2,9 @@
 // clusters, one regional set of EventBridge rules invokes the Lambda, which sends each event to
 // the intake queue of the cluster that owns the instances it names. Ownership comes from the
 // instances' tags. A Health event naming instances of several clusters is split into one event
-// per cluster; an AMI state change, which names no instance, goes to every cluster; an event for
-// instances no configured cluster owns is dropped and counted. A delivery that fails is
-// recorded, for its cluster alone, in the failure queue.
+// per cluster; an AMI state change and a Capacity Block's expiration, which name no instance,
+// go to every cluster; an event for instances no configured cluster owns is dropped and
+// counted. A delivery that fails is recorded, for its cluster alone, in the failure queue.
 package dispatch
 
 import (
@@ -273,8 +273,10 @@ func (e unroutableError) Unwrap() error { return e.err }
 // plan decides which cluster gets which body, and which instances nobody owns.
 func (d *Dispatcher) plan(ctx context.Context, ev envelope) ([]delivery, []string, error) {
 	switch ev.kind {
-	case kindAMIStateChange:
-		// An image may back nodes of any cluster; each router checks its own NodeClasses.
+	case kindAMIStateChange, kindCapacityBlock:
+		// An image may back nodes of any cluster; each router checks its own NodeClasses. A
+		// Capacity Block's expiration names the reservation, not its instances: each router
+		// finds its NodeClaims that carry it.
 		var out []delivery
 		for _, cluster := range slices.Sorted(maps.Keys(d.queues)) {
 			out = append(out, delivery{cluster: cluster, body: ev.raw})

@@ -292,22 +292,28 @@ func TestSingleInstanceEventGoesUnchangedToItsCluster(t *testing.T) {
 }
 
 func TestAMIStateChangeIsBroadcast(t *testing.T) {
-	w := newWorld(t)
-	ev := fixture(t, "ami-state-change.json")
+	// A Capacity Block's expiration names its reservation, not its instances: each router
+	// finds the NodeClaims that carry it.
+	for _, file := range []string{"ami-state-change.json", "capacity-block-expiration.json"} {
+		t.Run(file, func(t *testing.T) {
+			w := newWorld(t)
+			ev := fixture(t, file)
 
-	if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
-		t.Fatalf("Handle: %v", err)
-	}
-	for name, url := range w.queues {
-		if got := w.received(t, url); len(got) != 1 || got[0] != string(ev) {
-			t.Errorf("cluster %s got %q, want the AMI event once, unchanged", name, got)
-		}
-	}
-	if n := w.describe.calls.Load(); n != 0 {
-		t.Errorf("an AMI event needs no instance lookup; DescribeInstances called %d times", n)
-	}
-	if got := w.metricSum(t, metrics.CWDispatcherRouted, cluster("beta")); got != 1 {
-		t.Errorf("DispatcherRouted{beta} = %v, want 1", got)
+			if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
+				t.Fatalf("Handle: %v", err)
+			}
+			for name, url := range w.queues {
+				if got := w.received(t, url); len(got) != 1 || got[0] != string(ev) {
+					t.Errorf("cluster %s got %q, want the event once, unchanged", name, got)
+				}
+			}
+			if n := w.describe.calls.Load(); n != 0 {
+				t.Errorf("the event needs no instance lookup; DescribeInstances called %d times", n)
+			}
+			if got := w.metricSum(t, metrics.CWDispatcherRouted, cluster("beta")); got != 1 {
+				t.Errorf("DispatcherRouted{beta} = %v, want 1", got)
+			}
+		})
 	}
 }
 

@@ -21,6 +21,7 @@ const (
 	kindStateChange         kind = "state-change"
 	kindCapacityReservation kind = "capacity-reservation-interruption"
 	kindAMIStateChange      kind = "ami-state-change"
+	kindCapacityBlock       kind = "capacity-block-expiration"
 	kindUnknown             kind = "unknown"
 )
 
@@ -32,6 +33,7 @@ var kinds = map[[2]string]kind{
 	{"aws.ec2", "EC2 Instance State-change Notification"}:                 kindStateChange,
 	{"aws.ec2", "EC2 Capacity Reservation Instance Interruption Warning"}: kindCapacityReservation,
 	{"aws.ec2", "EC2 AMI State Change"}:                                   kindAMIStateChange,
+	{"aws.ec2", "EC2 Capacity Block Expiration Warning"}:                  kindCapacityBlock,
 }
 
 var instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)

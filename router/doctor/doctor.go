@@ -148,6 +148,7 @@ var kinds = map[string]string{
 	"EC2 Instance State-change Notification":                 "state-change",
 	"EC2 Capacity Reservation Instance Interruption Warning": "capacity-reservation-interruption",
 	"EC2 AMI State Change":                                   "ami-state-change",
+	"EC2 Capacity Block Expiration Warning":                  "capacity-block-expiration",
 }
 
 // Run checks everything and returns the checklist.

@@ -22,6 +22,11 @@ const (
 	KindStateChange         Kind = "state-change"
 	KindCapacityReservation Kind = "capacity-reservation-interruption"
 	KindAMIStateChange      Kind = "ami-state-change"
+	// KindCapacityBlockExpiration is a Capacity Block for ML about to end: EC2 warns 40
+	// minutes before the end and terminates the block's instances from 10 minutes later. The
+	// event names the reservation, not its instances: the pipeline maps it to the NodeClaims
+	// that carry the reservation.
+	KindCapacityBlockExpiration Kind = "capacity-block-expiration"
 	// KindInstanceStatus is an instance whose EC2 instance or system status check is
 	// impaired, as the router's instance-status poller finds it (no EventBridge event exists).
 	KindInstanceStatus Kind = "instance-status"
@@ -29,7 +34,7 @@ const (
 )
 
 // InstanceKinds are the kinds that name instances and that a NodePool policy decides on.
-var InstanceKinds = []Kind{KindScheduledChange, KindSpotInterruption, KindRebalance, KindStateChange, KindCapacityReservation, KindInstanceStatus}
+var InstanceKinds = []Kind{KindScheduledChange, KindSpotInterruption, KindRebalance, KindStateChange, KindCapacityReservation, KindInstanceStatus, KindCapacityBlockExpiration}
 
 // ScheduledType is the EC2 scheduled-event type that an AWS Health event code maps to
 // (the codes EC2's DescribeInstanceStatus reports for the same maintenance).
@@ -91,6 +96,9 @@ type Event struct {
 	Image  *Image        `json:"image,omitempty"`
 	// CapacityReservationAction is the capacity-reservation interruption's instance-action.
 	InstanceAction string `json:"instanceAction,omitempty"`
+	// Reservation is the Capacity Block (a capacity reservation ID) an expiration warning
+	// names.
+	Reservation string `json:"reservation,omitempty"`
 	// Status is the instance-status finding of an instance-status event.
 	Status *InstanceStatus `json:"instanceStatus,omitempty"`
 	// Implausible says why the event does not fit the instance it names (a Spot warning for
@@ -148,13 +156,14 @@ func (e Event) OriginRegion() string {
 
 // Urgent reports whether AWS acts within minutes, so that the event cannot wait for a
 // window or for drain pacing: Spot and capacity-reservation interruptions (two-minute
-// notice) and an instance that is already shutting down or terminated.
+// notice), a Capacity Block's expiration (ten minutes to the first terminations) and an
+// instance that is already shutting down or terminated.
 func (e Event) Urgent() bool {
 	if e.Implausible != "" {
 		return false
 	}
 	switch e.Kind {
-	case KindSpotInterruption, KindCapacityReservation:
+	case KindSpotInterruption, KindCapacityReservation, KindCapacityBlockExpiration:
 		return true
 	case KindStateChange:
 		return e.State == StateShuttingDown || e.State == StateTerminated

@@ -212,6 +212,34 @@ func TestOrganizationalView(t *testing.T) {
 	}
 }
 
+// TestCapacityBlockExpiration (issue 27, 5): EC2 Capacity Block Expiration Warning names a
+// reservation; its deadline is the first terminations, 30 minutes before the block's end.
+func TestCapacityBlockExpiration(t *testing.T) {
+	body := mustRead(t, "capacity-block-expiration.json")
+	ev, err := ParseReceived(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Kind != KindCapacityBlockExpiration || ev.Reservation != "cr-0a1b2c3d4e5f60901" || len(ev.Instances) != 0 || !ev.Urgent() {
+		t.Errorf("parsed %s %q %v urgent %t", ev.Kind, ev.Reservation, ev.Instances, ev.Urgent())
+	}
+	if want := time.Date(2026, 11, 21, 11, 30, 0, 0, time.UTC); !ev.Deadline.Equal(want) {
+		t.Errorf("deadline %s, want %s (end - 30 min)", ev.Deadline, want)
+	}
+	noEnd := strings.Replace(string(body), `"end-date": "2026-11-21T12:00:00Z"`, `"end-date": ""`, 1)
+	if ev, err := Parse([]byte(noEnd)); err != nil || !ev.Deadline.Equal(ev.Time.Add(10*time.Minute)) {
+		t.Errorf("without end-date: deadline %s %v, want the warning + 10 min", ev.Deadline, err)
+	}
+	for name, bad := range map[string]string{
+		"reservation": strings.Replace(string(body), `"capacity-reservation-id": "cr-0a1b2c3d4e5f60901"`, `"capacity-reservation-id": "i-0a1b2c3d4e5f60901"`, 1),
+		"end-date":    strings.Replace(string(body), `"end-date": "2026-11-21T12:00:00Z"`, `"end-date": "Sat, 21 Nov 2026 12:00:00 GMT"`, 1),
+	} {
+		if _, err := Parse([]byte(bad)); RejectReason(err) != ReasonInvalid {
+			t.Errorf("bad %s: %v, want invalid", name, err)
+		}
+	}
+}
+
 func TestUrgent(t *testing.T) {
 	tests := []struct {
 		ev   Event
@@ -255,8 +283,11 @@ func FuzzParse(f *testing.F) {
 		if ev.Kind == KindUnknown || ev.Kind == "" {
 			t.Fatalf("accepted with kind %q", ev.Kind)
 		}
-		if ev.Kind != KindAMIStateChange && len(ev.Instances) == 0 {
+		if ev.Kind != KindAMIStateChange && ev.Kind != KindCapacityBlockExpiration && len(ev.Instances) == 0 {
 			t.Fatalf("accepted %s naming no instance", ev.Kind)
+		}
+		if ev.Kind == KindCapacityBlockExpiration && (ev.Reservation == "" || len(ev.Instances) != 0) {
+			t.Fatalf("accepted a Capacity Block's expiration naming reservation %q and instances %v", ev.Reservation, ev.Instances)
 		}
 		for _, id := range ev.Instances {
 			if !IsInstanceID(id) {

@@ -91,6 +91,9 @@ func TestReplayDemo(t *testing.T) {
 		// The organizational view (issue 27, 4): decided on the affected account's instance;
 		// its RESOLVED entity has no row.
 		{"c3e8f0a1", "i-0123456789abcdef0", policy.ActionIgnore, "", "action=ignore"},
+		// A Capacity Block's expiration (issue 27, 5): the NodeClaim that carries the
+		// reservation, drained at once.
+		{"e58f04a4", "i-0d4c3b2a190817263", policy.ActionDrain, "", "Capacity Block cr-0a1b2c3d4e5f60718 ends; EC2 terminates its instances from 2026-11-21T12:00:00Z"},
 	}
 	for _, tt := range tests {
 		r := find(t, rows, tt.event, tt.instance)

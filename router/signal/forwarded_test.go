@@ -75,6 +75,11 @@ func TestForwardedBodiesMatchTheMatrix(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", in, err)
 		}
+		if ev.Kind == event.KindCapacityBlockExpiration {
+			// It names its reservation: the pipeline finds the NodeClaims that carry it. The
+			// body is kept in a deferral record only; no Karpenter version parses it.
+			ev.Instances = []string{"i-0a1b2c3d4e5f60061"}
+		}
 		for _, id := range ev.Instances {
 			body, err := Canonical(ev, id)
 			if err != nil {

@@ -46,11 +46,11 @@ run "defaults" {
 
   # Every kind gets a rule, each targeting the intake queue.
   assert {
-    condition     = toset(keys(aws_cloudwatch_event_rule.this)) == toset(["scheduled-change", "spot-interruption", "rebalance-recommendation", "state-change", "capacity-reservation-interruption", "ami-state-change"])
+    condition     = toset(keys(aws_cloudwatch_event_rule.this)) == toset(["scheduled-change", "spot-interruption", "rebalance-recommendation", "state-change", "capacity-reservation-interruption", "ami-state-change", "capacity-block-expiration"])
     error_message = "expected one rule per event kind"
   }
   assert {
-    condition     = length(aws_cloudwatch_event_target.queue) == 6 && length(aws_cloudwatch_event_target.dispatcher) == 0
+    condition     = length(aws_cloudwatch_event_target.queue) == 7 && length(aws_cloudwatch_event_target.dispatcher) == 0
     error_message = "without the dispatcher every rule must target the intake queue"
   }
   assert {
@@ -246,7 +246,7 @@ run "irsa_kms_forward_and_karpenter_deny" {
     error_message = "the deny policy must be attached to Karpenter's role when named"
   }
   assert {
-    condition     = !contains(keys(aws_cloudwatch_event_rule.this), "rebalance-recommendation") && !contains(keys(aws_cloudwatch_event_rule.this), "ami-state-change") && length(aws_cloudwatch_event_rule.this) == 4
+    condition     = !contains(keys(aws_cloudwatch_event_rule.this), "rebalance-recommendation") && !contains(keys(aws_cloudwatch_event_rule.this), "ami-state-change") && length(aws_cloudwatch_event_rule.this) == 5
     error_message = "disabled kinds must have no rule"
   }
   assert {
@@ -308,7 +308,7 @@ run "dispatcher" {
   }
 
   assert {
-    condition     = length(aws_cloudwatch_event_target.dispatcher) == 6 && length(aws_cloudwatch_event_target.queue) == 0
+    condition     = length(aws_cloudwatch_event_target.dispatcher) == 7 && length(aws_cloudwatch_event_target.queue) == 0
     error_message = "with the dispatcher every rule must target the Lambda"
   }
   assert {
@@ -341,7 +341,7 @@ run "dispatcher" {
     error_message = "the dashboard with the dispatcher must be valid JSON with 14 widgets"
   }
   assert {
-    condition     = length(aws_lambda_permission.dispatcher) == 6 && alltrue([for k, p in aws_lambda_permission.dispatcher : p.source_arn == aws_cloudwatch_event_rule.this[k].arn])
+    condition     = length(aws_lambda_permission.dispatcher) == 7 && alltrue([for k, p in aws_lambda_permission.dispatcher : p.source_arn == aws_cloudwatch_event_rule.this[k].arn])
     error_message = "each rule needs its own invoke permission"
   }
 }
