@@ -148,6 +148,10 @@ resource "aws_lambda_function" "dispatcher" {
       # Where the Lambda records each delivery it could not make, per cluster (the role may
       # send there already: ClusterQueues).
       HEALTH_ROUTER_FAILURE_QUEUE = aws_sqs_queue.dispatcher_failures[0].url
+      # The account the dispatcher serves: an AWS Health event of the organizational view is
+      # routed by its detail.affectedAccount (and detail.eventRegion, against the Lambda's own
+      # region); one about another account or region is dropped and counted.
+      HEALTH_ROUTER_ACCOUNT = local.account_id
     }
   }
 

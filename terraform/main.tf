@@ -37,6 +37,12 @@ locals {
       source        = ["aws.ec2"]
       "detail-type" = ["EC2 AMI State Change"]
     }
+    # A Capacity Block for ML about to end (40 minutes' warning; terminations from 10 minutes
+    # later): the router drains the block's nodes. Karpenter has no rule for it.
+    "capacity-block-expiration" = {
+      source        = ["aws.ec2"]
+      "detail-type" = ["EC2 Capacity Block Expiration Warning"]
+    }
   }
 
   rule_enabled = {
@@ -46,6 +52,7 @@ locals {
     "state-change"                      = var.rules.state_change
     "capacity-reservation-interruption" = var.rules.capacity_reservation_interruption
     "ami-state-change"                  = var.rules.ami_state_change
+    "capacity-block-expiration"         = var.rules.capacity_block_expiration
   }
 
   # kind => event pattern JSON, for the enabled kinds.

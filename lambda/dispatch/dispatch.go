@@ -2,9 +2,9 @@
 // clusters, one regional set of EventBridge rules invokes the Lambda, which sends each event to
 // the intake queue of the cluster that owns the instances it names. Ownership comes from the
 // instances' tags. A Health event naming instances of several clusters is split into one event
-// per cluster; an AMI state change, which names no instance, goes to every cluster; an event for
-// instances no configured cluster owns is dropped and counted. A delivery that fails is
-// recorded, for its cluster alone, in the failure queue.
+// per cluster; an AMI state change and a Capacity Block's expiration, which name no instance,
+// go to every cluster; an event for instances no configured cluster owns is dropped and
+// counted. A delivery that fails is recorded, for its cluster alone, in the failure queue.
 package dispatch
 
 import (
@@ -81,6 +81,33 @@ type Dispatcher struct {
 	queues   Queues
 	failures string
 	log      *slog.Logger
+	// account and region, when set, are the ones the dispatcher serves (WithOrigin).
+	account, region string
+}
+
+// AccountEnv is the environment variable holding the account the dispatcher serves; Terraform
+// sets it. The region is the Lambda's own (AWS_REGION).
+const AccountEnv = "HEALTH_ROUTER_ACCOUNT"
+
+// WithOrigin makes the dispatcher route only events about account and region ("": any): an
+// AWS Health event of the organizational view is about its detail.affectedAccount and
+// detail.eventRegion, not the management account and region that received it. An event about
+// another account or region is dropped and counted before its instances are looked up: this
+// account's DescribeInstances cannot see them, and they are another dispatcher's.
+func (d *Dispatcher) WithOrigin(account, region string) *Dispatcher {
+	d.account, d.region = account, region
+	return d
+}
+
+// foreign says why ev is about another account or region than the dispatcher serves, or "".
+func (d *Dispatcher) foreign(ev envelope) string {
+	switch {
+	case d.account != "" && ev.account != d.account:
+		return fmt.Sprintf("account %q, the dispatcher serves %q", ev.account, d.account)
+	case d.region != "" && ev.region != d.region:
+		return fmt.Sprintf("region %q, the dispatcher serves %q", ev.region, d.region)
+	}
+	return ""
 }
 
 // New returns a Dispatcher that finds owners with owners, sends with queue, counts with
@@ -113,6 +140,11 @@ func (d *Dispatcher) Handle(ctx context.Context, body json.RawMessage) error {
 		return d.recordAll(ctx, ev, body, reasonUnroutable, fmt.Errorf("unroutable event: %w", err))
 	}
 	log := d.log.With("event_id", ev.id, "kind", string(ev.kind))
+	if why := d.foreign(ev); why != "" && ev.kind != kindUnknown {
+		log.Info("dropping an event about another account or region", "reason", why)
+		d.count(ctx, log, nil, max(1, len(ev.instances())))
+		return nil
+	}
 
 	deliveries, dropped, err := d.plan(ctx, ev)
 	if err != nil {
@@ -241,8 +273,10 @@ func (e unroutableError) Unwrap() error { return e.err }
 // plan decides which cluster gets which body, and which instances nobody owns.
 func (d *Dispatcher) plan(ctx context.Context, ev envelope) ([]delivery, []string, error) {
 	switch ev.kind {
-	case kindAMIStateChange:
-		// An image may back nodes of any cluster; each router checks its own NodeClasses.
+	case kindAMIStateChange, kindCapacityBlock:
+		// An image may back nodes of any cluster; each router checks its own NodeClasses. A
+		// Capacity Block's expiration names the reservation, not its instances: each router
+		// finds its NodeClaims that carry it.
 		var out []delivery
 		for _, cluster := range slices.Sorted(maps.Keys(d.queues)) {
 			out = append(out, delivery{cluster: cluster, body: ev.raw})

@@ -227,6 +227,55 @@ func TestEventForUnownedInstanceIsDroppedAndCounted(t *testing.T) {
 	}
 }
 
+// TestOrganizationalViewRoutesByTheAffectedAccount (issue 27, 4): an AWS Health event of the
+// organizational view (received by the management account 999988887777) is about its
+// detail.affectedAccount and detail.eventRegion. One about the account the dispatcher serves
+// is routed as any other; one about another member account is dropped and counted without a
+// DescribeInstances call (on 469be7e it was routed to the clusters owning instances of the
+// same IDs here).
+func TestOrganizationalViewRoutesByTheAffectedAccount(t *testing.T) {
+	w := newWorld(t)
+	d := w.dispatcher(w.queues).WithOrigin("111122223333", "us-east-1")
+	ids := []string{"INSTANCE_ALPHA", w.alpha, "INSTANCE_BETA", w.beta, "INSTANCE_UNOWNED", w.unowned}
+
+	ours := fixture(t, "health-org-view.json", append(ids, "AFFECTED", "111122223333")...)
+	if err := d.Handle(context.Background(), ours); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	for _, c := range []string{"alpha", "beta"} {
+		if got := w.received(t, w.queues[c]); len(got) != 1 {
+			t.Errorf("cluster %s got %d messages of an event about its account, want 1", c, len(got))
+		}
+	}
+
+	calls := w.describe.calls.Load()
+	theirs := fixture(t, "health-org-view.json", append(ids, "AFFECTED", "444455556666")...)
+	if err := d.Handle(context.Background(), theirs); err != nil {
+		t.Fatalf("Handle: %v (dropping is not a failure)", err)
+	}
+	for c, url := range w.queues {
+		if got := w.received(t, url); len(got) != 0 {
+			t.Errorf("cluster %s got %d messages of an event about another account", c, len(got))
+		}
+	}
+	if n := w.describe.calls.Load() - calls; n != 0 {
+		t.Errorf("%d DescribeInstances calls for another account's instances", n)
+	}
+	otherRegion := fixture(t, "health-org-view.json", append(ids, "AFFECTED", "111122223333", `"eventRegion": "us-east-1"`, `"eventRegion": "eu-west-1"`)...)
+	if err := d.Handle(context.Background(), otherRegion); err != nil {
+		t.Fatal(err)
+	}
+	for c, url := range w.queues {
+		if got := w.received(t, url); len(got) != 0 {
+			t.Errorf("cluster %s got %d messages of an event about another region", c, len(got))
+		}
+	}
+	// The unowned instance of the first event, and the three of each dropped one.
+	if got := w.metricSum(t, metrics.CWDispatcherDropped); got != 7 {
+		t.Errorf("DispatcherDropped = %v, want 7", got)
+	}
+}
+
 func TestSingleInstanceEventGoesUnchangedToItsCluster(t *testing.T) {
 	w := newWorld(t)
 	ev := fixture(t, "capacity-reservation-interruption.json", "INSTANCE", w.beta)
@@ -243,22 +292,28 @@ func TestSingleInstanceEventGoesUnchangedToItsCluster(t *testing.T) {
 }
 
 func TestAMIStateChangeIsBroadcast(t *testing.T) {
-	w := newWorld(t)
-	ev := fixture(t, "ami-state-change.json")
+	// A Capacity Block's expiration names its reservation, not its instances: each router
+	// finds the NodeClaims that carry it.
+	for _, file := range []string{"ami-state-change.json", "capacity-block-expiration.json"} {
+		t.Run(file, func(t *testing.T) {
+			w := newWorld(t)
+			ev := fixture(t, file)
 
-	if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
-		t.Fatalf("Handle: %v", err)
-	}
-	for name, url := range w.queues {
-		if got := w.received(t, url); len(got) != 1 || got[0] != string(ev) {
-			t.Errorf("cluster %s got %q, want the AMI event once, unchanged", name, got)
-		}
-	}
-	if n := w.describe.calls.Load(); n != 0 {
-		t.Errorf("an AMI event needs no instance lookup; DescribeInstances called %d times", n)
-	}
-	if got := w.metricSum(t, metrics.CWDispatcherRouted, cluster("beta")); got != 1 {
-		t.Errorf("DispatcherRouted{beta} = %v, want 1", got)
+			if err := w.dispatcher(w.queues).Handle(context.Background(), ev); err != nil {
+				t.Fatalf("Handle: %v", err)
+			}
+			for name, url := range w.queues {
+				if got := w.received(t, url); len(got) != 1 || got[0] != string(ev) {
+					t.Errorf("cluster %s got %q, want the event once, unchanged", name, got)
+				}
+			}
+			if n := w.describe.calls.Load(); n != 0 {
+				t.Errorf("the event needs no instance lookup; DescribeInstances called %d times", n)
+			}
+			if got := w.metricSum(t, metrics.CWDispatcherRouted, cluster("beta")); got != 1 {
+				t.Errorf("DispatcherRouted{beta} = %v, want 1", got)
+			}
+		})
 	}
 }
 

@@ -21,6 +21,7 @@ const (
 	kindStateChange         kind = "state-change"
 	kindCapacityReservation kind = "capacity-reservation-interruption"
 	kindAMIStateChange      kind = "ami-state-change"
+	kindCapacityBlock       kind = "capacity-block-expiration"
 	kindUnknown             kind = "unknown"
 )
 
@@ -32,6 +33,7 @@ var kinds = map[[2]string]kind{
 	{"aws.ec2", "EC2 Instance State-change Notification"}:                 kindStateChange,
 	{"aws.ec2", "EC2 Capacity Reservation Instance Interruption Warning"}: kindCapacityReservation,
 	{"aws.ec2", "EC2 AMI State Change"}:                                   kindAMIStateChange,
+	{"aws.ec2", "EC2 Capacity Block Expiration Warning"}:                  kindCapacityBlock,
 }
 
 var instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
@@ -45,6 +47,10 @@ type envelope struct {
 	source     string
 	detailType string
 	kind       kind
+	// account and region are what the event is about: an AWS Health event's
+	// detail.affectedAccount and detail.eventRegion where it has them (the organizational view,
+	// received by the management or delegated-admin account), else the envelope's.
+	account, region string
 }
 
 func parseEnvelope(body []byte) (envelope, error) {
@@ -56,11 +62,24 @@ func parseEnvelope(body []byte) (envelope, error) {
 		ID         string `json:"id"`
 		Source     string `json:"source"`
 		DetailType string `json:"detail-type"`
+		Account    string `json:"account"`
+		Region     string `json:"region"`
+		Detail     struct {
+			AffectedAccount string `json:"affectedAccount"`
+			EventRegion     string `json:"eventRegion"`
+		} `json:"detail"`
 	}
 	if err := json.Unmarshal(body, &head); err != nil {
 		return ev, fmt.Errorf("reading id, source and detail-type: %w", err)
 	}
 	ev.id, ev.source, ev.detailType = head.ID, head.Source, head.DetailType
+	ev.account, ev.region = head.Account, head.Region
+	if head.Source == "aws.health" && head.Detail.AffectedAccount != "" {
+		ev.account = head.Detail.AffectedAccount
+	}
+	if head.Source == "aws.health" && head.Detail.EventRegion != "" {
+		ev.region = head.Detail.EventRegion
+	}
 	ev.kind = kindUnknown
 	if k, ok := kinds[[2]string{head.Source, head.DetailType}]; ok {
 		ev.kind = k

@@ -35,7 +35,8 @@ func run(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	owners := dispatch.NewOwnerCache(ec2.NewFromConfig(cfg), clock.RealClock{})
-	d := dispatch.New(owners, sqs.NewFromConfig(cfg), cloudwatch.NewFromConfig(cfg), queues, os.Getenv(dispatch.FailureQueueEnv), log)
+	d := dispatch.New(owners, sqs.NewFromConfig(cfg), cloudwatch.NewFromConfig(cfg), queues, os.Getenv(dispatch.FailureQueueEnv), log).
+		WithOrigin(os.Getenv(dispatch.AccountEnv), cfg.Region)
 	lambda.Start(d.Handle)
 	return nil
 }

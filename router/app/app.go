@@ -207,6 +207,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	sig := signal.New(mgr.GetClient(), mgr.GetAPIReader(), o.Signal, sqsClient, o.KarpenterQueueURL, mgr.GetEventRecorder("health-router"), clk)
 	m := metrics.NewRouter(reg, func() float64 { return deferrals.Deferred() })
 	sig.OnUnreadable(m.RecordsUnreadable.Inc)
+	sig.SetKarpenterVersion(o.KarpenterVersion)
 	sig.SetInstanceEventRate(o.InstanceEventsPerSecond, func(reason string) { m.EventsHeld.WithLabelValues(reason).Inc() })
 	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
 		t := clk.NewTicker(signal.SummaryInterval)
@@ -453,7 +454,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		return err
 	}
 	build := version.Get()
-	log.Info("starting", "version", build.Version, "commit", build.Commit, "signal", o.Signal, "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
+	log.Info("starting", "version", build.Version, "commit", build.Commit, "signal", o.Signal, "karpenter_version", o.KarpenterVersion.String(), "queue", o.QueueURL, "leader_elect", o.LeaderElect, "reserved_capacity", o.Gates.Enabled(checks.ReservedCapacity))
 	return mgr.Start(ctx)
 }
 

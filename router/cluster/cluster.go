@@ -215,6 +215,25 @@ func (m *Model) Resolve(ctx context.Context, instanceID string) (Resolved, error
 	return res, nil
 }
 
+// ReservationInstances returns the instance IDs of the NodeClaims that carry a capacity
+// reservation (Karpenter's karpenter.k8s.aws/capacity-reservation-id label), sorted: the
+// instances of a Capacity Block, whose expiration warning names the reservation only. A
+// NodeClaim without an instance yet (launching) is left out: there is nothing to drain.
+func (m *Model) ReservationInstances(ctx context.Context, reservationID string) ([]string, error) {
+	var claims karpv1.NodeClaimList
+	if err := m.reader.List(ctx, &claims, client.MatchingLabels{awsv1.LabelCapacityReservationID: reservationID}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing nodeclaims of capacity reservation %s: %w", reservationID, err)
+	}
+	var ids []string
+	for _, nc := range claims.Items {
+		if id := InstanceID(nc.Status.ProviderID); id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
 // Get reads a cluster-scoped object (a NodePool, an EC2NodeClass) from the model's reader;
 // a missing object leaves obj empty without error.
 func (m *Model) Get(ctx context.Context, name string, obj client.Object) error {

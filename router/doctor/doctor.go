@@ -36,6 +36,7 @@ import (
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/signal"
 )
 
 // Status of one check.
@@ -111,6 +112,9 @@ type Config struct {
 	// Namespace is the router's, for the leader election Lease permissions.
 	Namespace string
 	Gates     featuregate.FeatureGate
+	// KarpenterVersion is the router's --karpenter-version (zero: unknown), compared with
+	// what Karpenter's Deployment shows.
+	KarpenterVersion signal.KarpenterVersion
 	// InstanceStatusPoller is whether the router runs its instance-status poller
 	// (--instance-status-poller), the half of the takeover that replaces Karpenter's.
 	InstanceStatusPoller bool
@@ -152,6 +156,7 @@ var kinds = map[string]string{
 	"EC2 Instance State-change Notification":                 "state-change",
 	"EC2 Capacity Reservation Instance Interruption Warning": "capacity-reservation-interruption",
 	"EC2 AMI State Change":                                   "ami-state-change",
+	"EC2 Capacity Block Expiration Warning":                  "capacity-block-expiration",
 }
 
 // Run checks everything and returns the checklist.
@@ -175,11 +180,13 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	takeover(&r, c.Shadow)
 	if d.kube == nil {
 		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
-			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"})
+			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
+			Item{Unknown, CheckKarpenterVersion, "no cluster connection; the router assumes Karpenter " + c.KarpenterVersion.String(), "run doctor with a kubeconfig or in the router's pod"})
 		return r
 	}
 	d.rbac(ctx, &r, c.Namespace)
 	d.gates(ctx, &r, c)
+	d.karpenterVersion(ctx, &r, c)
 	d.pools(ctx, &r, c.Shadow)
 	d.eventWindowPools(ctx, &r, c)
 	return r
@@ -791,6 +798,55 @@ func (d *Doctor) gates(ctx context.Context, r *Report, c Config) {
 		return
 	}
 	*r = append(*r, Item{OK, check, fmt.Sprintf("%v, as Karpenter's", mine), ""})
+}
+
+// CheckKarpenterVersion compares the router's --karpenter-version with Karpenter's Deployment.
+const CheckKarpenterVersion = "Karpenter version"
+
+// karpenterVersion prints the Karpenter version the router assumes and compares it with what
+// Karpenter's Deployment shows (its app.kubernetes.io/version label, else its controller's
+// image tag), best-effort: the router does not read it itself, since a label or a tag may be
+// missing, or a digest, or a mirror's own. It fails where the two fall on either side of a
+// parser Karpenter gained (a capacity-reservation interruption, from v1.10): the router would
+// then forward what Karpenter drops, or delete what it would parse.
+func (d *Doctor) karpenterVersion(ctx context.Context, r *Report, c Config) {
+	mine := c.KarpenterVersion
+	fix := "set --karpenter-version (chart settings.karpenterVersion) to Karpenter's version"
+	var deps appsv1.DeploymentList
+	if err := d.kube.List(ctx, &deps, client.InNamespace(c.KarpenterNamespace), client.MatchingLabels{"app.kubernetes.io/name": "karpenter"}); err != nil || len(deps.Items) == 0 {
+		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; no Karpenter Deployment readable in %s (%v)", mine, c.KarpenterNamespace, err), fix})
+		return
+	}
+	theirs, from := deployedKarpenter(deps.Items[0])
+	switch {
+	case theirs.IsZero():
+		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; Karpenter's Deployment shows no version (%s)", mine, from), fix})
+	case mine == theirs:
+		*r = append(*r, Item{OK, CheckKarpenterVersion, fmt.Sprintf("%s, as Karpenter's %s", mine, from), ""})
+	case signal.SameParsers(mine, theirs):
+		*r = append(*r, Item{OK, CheckKarpenterVersion, fmt.Sprintf("the router assumes %s, Karpenter's %s says %s: the same interruption parsers", mine, from, theirs), ""})
+	default:
+		*r = append(*r, Item{Fail, CheckKarpenterVersion, fmt.Sprintf("the router assumes %s, Karpenter's %s says %s: they parse different kinds (a capacity-reservation interruption from v1.10)", mine, from, theirs),
+			"run the router with --karpenter-version " + theirs.String()})
+	}
+}
+
+// deployedKarpenter reads the version of Karpenter's Deployment and says where it read it.
+func deployedKarpenter(dep appsv1.Deployment) (signal.KarpenterVersion, string) {
+	if l := dep.Labels["app.kubernetes.io/version"]; l != "" {
+		if v, err := signal.ParseKarpenterVersion(l); err == nil {
+			return v, "label app.kubernetes.io/version " + l
+		}
+	}
+	for _, ctr := range dep.Spec.Template.Spec.Containers {
+		image, _, _ := strings.Cut(ctr.Image, "@") // a digest names no version
+		if i := strings.LastIndex(image, ":"); i > strings.LastIndex(image, "/") {
+			if v, err := signal.ParseKarpenterVersion(image[i+1:]); err == nil {
+				return v, "image " + image
+			}
+		}
+	}
+	return signal.KarpenterVersion{}, "neither a version label nor a versioned image tag"
 }
 
 // detailTypes reads the detail-type list of an EventBridge pattern.

@@ -107,11 +107,15 @@ type Outcome struct {
 	Problems []string `json:"-"`
 }
 
-// Decide returns one outcome per instance the event names (one for an AMI state change), in
-// order. An error means the cluster could not be read: the event must be retried, not dropped.
+// Decide returns one outcome per instance the event names (one for an AMI state change; one
+// per NodeClaim of the block for a Capacity Block's expiration, Expand), in order. An error means the cluster could not be read: the event must be retried, not dropped.
 func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]Outcome, error) {
 	if ev.Kind == event.KindAMIStateChange {
 		return []Outcome{e.ImageChanged(ctx, ev)}, nil
+	}
+	ev, err := e.Expand(ctx, ev)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]Outcome, 0, len(ev.Instances))
 	for _, id := range ev.Instances {
@@ -127,6 +131,21 @@ func (e *Engine) Decide(ctx context.Context, ev event.Event, now time.Time) ([]O
 // Resolve looks an instance up in the cluster model.
 func (e *Engine) Resolve(ctx context.Context, id string) (cluster.Resolved, error) {
 	return e.model.Resolve(ctx, id)
+}
+
+// Expand returns ev with the instances it is about where the event names a group rather than
+// instances: a Capacity Block's expiration is about the NodeClaims that carry its reservation
+// (whatever instances the body may name: the router binds to what the cluster shows).
+func (e *Engine) Expand(ctx context.Context, ev event.Event) (event.Event, error) {
+	if ev.Kind != event.KindCapacityBlockExpiration {
+		return ev, nil
+	}
+	ids, err := e.model.ReservationInstances(ctx, ev.Reservation)
+	if err != nil {
+		return ev, err
+	}
+	ev.Instances = ids
+	return ev, nil
 }
 
 // ImageChanged handles an EC2 AMI State Change: cached image states are dropped and the

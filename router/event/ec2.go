@@ -1,6 +1,7 @@
 package event
 
 import (
+	"regexp"
 	"strings"
 	"time"
 )
@@ -102,5 +103,47 @@ func parseAMIStateChange(env envelope, ev *Event) error {
 	}
 	ev.Kind = KindAMIStateChange
 	ev.Image = &Image{ID: d.ImageID, State: d.State, Error: d.ErrorMessage}
+	return nil
+}
+
+// DetailTypeCapacityBlockExpiration is EC2's warning that a Capacity Block for ML ends.
+const DetailTypeCapacityBlockExpiration = "EC2 Capacity Block Expiration Warning"
+
+// Capacity Block timing: EC2 warns CapacityBlockWarning before the block's end, and begins
+// terminating its instances CapacityBlockTerminationLead before the end (ten minutes after
+// the warning).
+const (
+	CapacityBlockWarning         = 40 * time.Minute
+	CapacityBlockTerminationLead = 30 * time.Minute
+)
+
+var reservationIDPattern = regexp.MustCompile(`^cr-[0-9a-f]{8}([0-9a-f]{9})?$`)
+
+// parseCapacityBlockExpiration reads EC2 Capacity Block Expiration Warning: detail
+// capacity-reservation-id and end-date (the block's end). Its Deadline is when EC2 begins to
+// terminate the block's instances, CapacityBlockTerminationLead before the end; without an
+// end-date, ten minutes after the warning. It names no instance: the pipeline finds the
+// NodeClaims that carry the reservation (a body that named instances would be a claim about
+// nodes the router does not take from a message).
+func parseCapacityBlockExpiration(env envelope, ev *Event) error {
+	var d struct {
+		ReservationID string `json:"capacity-reservation-id"`
+		EndDate       string `json:"end-date"`
+	}
+	if err := decodeDetail(env, &d); err != nil {
+		return err
+	}
+	if !reservationIDPattern.MatchString(d.ReservationID) {
+		return reject(ReasonInvalid, "capacity-reservation-id %q is not a capacity reservation ID", d.ReservationID)
+	}
+	ev.Kind, ev.Reservation = KindCapacityBlockExpiration, d.ReservationID
+	ev.Deadline = ev.Time.Add(CapacityBlockWarning - CapacityBlockTerminationLead)
+	if d.EndDate != "" {
+		end, err := time.Parse(time.RFC3339, d.EndDate)
+		if err != nil {
+			return reject(ReasonInvalid, "end-date %q is not RFC 3339", d.EndDate)
+		}
+		ev.Deadline = end.UTC().Add(-CapacityBlockTerminationLead)
+	}
 	return nil
 }

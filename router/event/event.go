@@ -22,6 +22,11 @@ const (
 	KindStateChange         Kind = "state-change"
 	KindCapacityReservation Kind = "capacity-reservation-interruption"
 	KindAMIStateChange      Kind = "ami-state-change"
+	// KindCapacityBlockExpiration is a Capacity Block for ML about to end: EC2 warns 40
+	// minutes before the end and terminates the block's instances from 10 minutes later. The
+	// event names the reservation, not its instances: the pipeline maps it to the NodeClaims
+	// that carry the reservation.
+	KindCapacityBlockExpiration Kind = "capacity-block-expiration"
 	// KindInstanceStatus is an instance whose EC2 instance or system status check is
 	// impaired, as the router's instance-status poller finds it (no EventBridge event exists).
 	KindInstanceStatus Kind = "instance-status"
@@ -29,7 +34,7 @@ const (
 )
 
 // InstanceKinds are the kinds that name instances and that a NodePool policy decides on.
-var InstanceKinds = []Kind{KindScheduledChange, KindSpotInterruption, KindRebalance, KindStateChange, KindCapacityReservation, KindInstanceStatus}
+var InstanceKinds = []Kind{KindScheduledChange, KindSpotInterruption, KindRebalance, KindStateChange, KindCapacityReservation, KindInstanceStatus, KindCapacityBlockExpiration}
 
 // ScheduledType is the EC2 scheduled-event type that an AWS Health event code maps to
 // (the codes EC2's DescribeInstanceStatus reports for the same maintenance).
@@ -91,6 +96,9 @@ type Event struct {
 	Image  *Image        `json:"image,omitempty"`
 	// CapacityReservationAction is the capacity-reservation interruption's instance-action.
 	InstanceAction string `json:"instanceAction,omitempty"`
+	// Reservation is the Capacity Block (a capacity reservation ID) an expiration warning
+	// names.
+	Reservation string `json:"reservation,omitempty"`
 	// Status is the instance-status finding of an instance-status event.
 	Status *InstanceStatus `json:"instanceStatus,omitempty"`
 	// Implausible says why the event does not fit the instance it names (a Spot warning for
@@ -111,6 +119,14 @@ type Health struct {
 	Scheduled ScheduledType `json:"scheduledType,omitempty"`
 	Start     time.Time     `json:"startTime,omitzero"`
 	End       time.Time     `json:"endTime,omitzero"`
+	// CommunicationID identifies one communication of the event: the copies and the pages of
+	// one communication share it (a page names other entities), an update has a new one.
+	CommunicationID string `json:"communicationId,omitempty"`
+	// AffectedAccount and EventRegion are the account and region the event is about, in the
+	// organizational view: the envelope's account is then the management or delegated-admin
+	// account that received it, and its region the one it was delivered to.
+	AffectedAccount string `json:"affectedAccount,omitempty"`
+	EventRegion     string `json:"eventRegion,omitempty"`
 }
 
 // Image is the AMI of an EC2 AMI State Change event.
@@ -120,15 +136,34 @@ type Image struct {
 	Error string `json:"error,omitempty"`
 }
 
+// OriginAccount is the account the event is about: an AWS Health event's affectedAccount
+// where it names one (the organizational view), else the envelope's account.
+func (e Event) OriginAccount() string {
+	if e.Health != nil && e.Health.AffectedAccount != "" {
+		return e.Health.AffectedAccount
+	}
+	return e.Account
+}
+
+// OriginRegion is the region the event is about: an AWS Health event's eventRegion where it
+// names one, else the envelope's region (where EventBridge delivered it).
+func (e Event) OriginRegion() string {
+	if e.Health != nil && e.Health.EventRegion != "" {
+		return e.Health.EventRegion
+	}
+	return e.Region
+}
+
 // Urgent reports whether AWS acts within minutes, so that the event cannot wait for a
 // window or for drain pacing: Spot and capacity-reservation interruptions (two-minute
-// notice) and an instance that is already shutting down or terminated.
+// notice), a Capacity Block's expiration (ten minutes to the first terminations) and an
+// instance that is already shutting down or terminated.
 func (e Event) Urgent() bool {
 	if e.Implausible != "" {
 		return false
 	}
 	switch e.Kind {
-	case KindSpotInterruption, KindCapacityReservation:
+	case KindSpotInterruption, KindCapacityReservation, KindCapacityBlockExpiration:
 		return true
 	case KindStateChange:
 		return e.State == StateShuttingDown || e.State == StateTerminated

@@ -21,6 +21,9 @@ var ScheduledTypeOf = map[string]ScheduledType{
 
 type healthDetail struct {
 	EventARN         string `json:"eventArn"`
+	CommunicationID  string `json:"communicationId"`
+	AffectedAccount  string `json:"affectedAccount"`
+	EventRegion      string `json:"eventRegion"`
 	Service          string `json:"service"`
 	TypeCode         string `json:"eventTypeCode"`
 	Category         string `json:"eventTypeCategory"`
@@ -29,8 +32,13 @@ type healthDetail struct {
 	EndTime          string `json:"endTime"`
 	AffectedEntities []struct {
 		EntityValue string `json:"entityValue"`
+		Status      string `json:"status"`
 	} `json:"affectedEntities"`
 }
+
+// EntityResolved is the status of an affected entity that the event no longer affects (AWS
+// Health's entity status codes: IMPAIRED, UNIMPAIRED, UNKNOWN, PENDING, RESOLVED).
+const EntityResolved = "RESOLVED"
 
 func parseHealth(env envelope, ev *Event) error {
 	var d healthDetail
@@ -61,12 +69,23 @@ func parseHealth(env envelope, ev *Event) error {
 		return err
 	}
 	seen := map[string]bool{}
+	var resolved []string
 	for _, e := range d.AffectedEntities {
 		v := strings.TrimSpace(e.EntityValue)
-		if IsInstanceID(v) && !seen[v] {
-			seen[v] = true
-			ev.Instances = append(ev.Instances, v)
+		if !IsInstanceID(v) || seen[v] {
+			continue
 		}
+		seen[v] = true
+		// A resolved entity is not acted on while the event is still upcoming or open; a
+		// close names it still, since a close ends what was decided for it.
+		if strings.EqualFold(strings.TrimSpace(e.Status), EntityResolved) && d.StatusCode != HealthClosed {
+			resolved = append(resolved, v)
+			continue
+		}
+		ev.Instances = append(ev.Instances, v)
+	}
+	if len(ev.Instances) == 0 && len(resolved) > 0 {
+		return reject(ReasonUnsupported, "AWS Health event %s: every affected instance is resolved (%s)", d.EventARN, strings.Join(resolved, ", "))
 	}
 	if len(ev.Instances) == 0 {
 		return reject(ReasonInvalid, "AWS Health event %s names no EC2 instance in affectedEntities", d.EventARN)
@@ -76,6 +95,7 @@ func parseHealth(env envelope, ev *Event) error {
 	ev.Health = &Health{
 		EventARN: d.EventARN, TypeCode: d.TypeCode, Category: d.Category, Status: d.StatusCode,
 		Scheduled: ScheduledTypeOf[d.TypeCode], Start: start, End: end,
+		CommunicationID: d.CommunicationID, AffectedAccount: d.AffectedAccount, EventRegion: d.EventRegion,
 	}
 	return nil
 }

@@ -26,6 +26,7 @@ var awsParsers = map[key]parser{
 	{"aws.ec2", "EC2 Instance State-change Notification"}:                 parseStateChange,
 	{"aws.ec2", "EC2 Capacity Reservation Instance Interruption Warning"}: parseCapacityReservation,
 	{"aws.ec2", "EC2 AMI State Change"}:                                   parseAMIStateChange,
+	{"aws.ec2", DetailTypeCapacityBlockExpiration}:                        parseCapacityBlockExpiration,
 }
 
 // ownParsers are the router's own kinds: it builds them (its instance-status poller's
@@ -113,14 +114,16 @@ func parse(body []byte, own bool) (Event, error) {
 	return ev, nil
 }
 
-// CheckOrigin rejects an event from another account or region than the router serves; an
-// empty expectation matches anything.
+// CheckOrigin rejects an event about another account or region than the router serves; an
+// empty expectation matches anything. An AWS Health event of the organizational view is about
+// its detail.affectedAccount and detail.eventRegion, not the management account and region it
+// was delivered to (OriginAccount, OriginRegion).
 func CheckOrigin(ev Event, account, region string) error {
-	if account != "" && ev.Account != account {
-		return reject(ReasonForeign, "account %q, the router serves %q", ev.Account, account)
+	if got := ev.OriginAccount(); account != "" && got != account {
+		return reject(ReasonForeign, "account %q, the router serves %q", got, account)
 	}
-	if region != "" && ev.Region != region {
-		return reject(ReasonForeign, "region %q, the router serves %q", ev.Region, region)
+	if got := ev.OriginRegion(); region != "" && got != region {
+		return reject(ReasonForeign, "region %q, the router serves %q", got, region)
 	}
 	return nil
 }

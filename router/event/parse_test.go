@@ -174,6 +174,72 @@ func TestCheckOrigin(t *testing.T) {
 	}
 }
 
+// TestOrganizationalView (issue 27, 4): an AWS Health event of the organizational view is
+// about detail.affectedAccount in detail.eventRegion, not the management account and region
+// that received it; a RESOLVED entity is not acted on, unless the event closes.
+func TestOrganizationalView(t *testing.T) {
+	body := mustRead(t, "health-org-view.json")
+	ev, err := Parse(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ev.Instances, []string{"i-0a1b2c3d4e5f62721"}) {
+		t.Errorf("instances %v, want the PENDING entity alone", ev.Instances)
+	}
+	if ev.OriginAccount() != "111122223333" || ev.OriginRegion() != "eu-west-1" || ev.Account != "999988887777" {
+		t.Errorf("origin %s %s (envelope %s), want 111122223333 eu-west-1", ev.OriginAccount(), ev.OriginRegion(), ev.Account)
+	}
+	if ev.Health.CommunicationID != "4a1c2e9b7d0f3c5e8a6b1d2c3e4f5a6b7c8d9e0f-1" {
+		t.Errorf("communicationId %q", ev.Health.CommunicationID)
+	}
+	if err := CheckOrigin(ev, "111122223333", "eu-west-1"); err != nil {
+		t.Errorf("the affected account and region rejected: %v", err)
+	}
+	if RejectReason(CheckOrigin(ev, "999988887777", "")) != ReasonForeign {
+		t.Error("the management account that received it taken as the origin")
+	}
+	if RejectReason(CheckOrigin(ev, "", "us-east-1")) != ReasonForeign {
+		t.Error("the region it was delivered to taken as the origin")
+	}
+
+	closed := strings.Replace(string(body), `"statusCode": "upcoming"`, `"statusCode": "closed"`, 1)
+	if ev, err := Parse([]byte(closed)); err != nil || len(ev.Instances) != 2 {
+		t.Errorf("a close names its resolved entities too: %v %v", ev.Instances, err)
+	}
+	allResolved := strings.Replace(string(body), `"status": "PENDING"`, `"status": "resolved"`, 1)
+	if _, err := Parse([]byte(allResolved)); RejectReason(err) != ReasonUnsupported {
+		t.Errorf("every entity resolved: %v, want unsupported", err)
+	}
+}
+
+// TestCapacityBlockExpiration (issue 27, 5): EC2 Capacity Block Expiration Warning names a
+// reservation; its deadline is the first terminations, 30 minutes before the block's end.
+func TestCapacityBlockExpiration(t *testing.T) {
+	body := mustRead(t, "capacity-block-expiration.json")
+	ev, err := ParseReceived(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Kind != KindCapacityBlockExpiration || ev.Reservation != "cr-0a1b2c3d4e5f60901" || len(ev.Instances) != 0 || !ev.Urgent() {
+		t.Errorf("parsed %s %q %v urgent %t", ev.Kind, ev.Reservation, ev.Instances, ev.Urgent())
+	}
+	if want := time.Date(2026, 11, 21, 11, 30, 0, 0, time.UTC); !ev.Deadline.Equal(want) {
+		t.Errorf("deadline %s, want %s (end - 30 min)", ev.Deadline, want)
+	}
+	noEnd := strings.Replace(string(body), `"end-date": "2026-11-21T12:00:00Z"`, `"end-date": ""`, 1)
+	if ev, err := Parse([]byte(noEnd)); err != nil || !ev.Deadline.Equal(ev.Time.Add(10*time.Minute)) {
+		t.Errorf("without end-date: deadline %s %v, want the warning + 10 min", ev.Deadline, err)
+	}
+	for name, bad := range map[string]string{
+		"reservation": strings.Replace(string(body), `"capacity-reservation-id": "cr-0a1b2c3d4e5f60901"`, `"capacity-reservation-id": "i-0a1b2c3d4e5f60901"`, 1),
+		"end-date":    strings.Replace(string(body), `"end-date": "2026-11-21T12:00:00Z"`, `"end-date": "Sat, 21 Nov 2026 12:00:00 GMT"`, 1),
+	} {
+		if _, err := Parse([]byte(bad)); RejectReason(err) != ReasonInvalid {
+			t.Errorf("bad %s: %v, want invalid", name, err)
+		}
+	}
+}
+
 func TestUrgent(t *testing.T) {
 	tests := []struct {
 		ev   Event
@@ -217,8 +283,11 @@ func FuzzParse(f *testing.F) {
 		if ev.Kind == KindUnknown || ev.Kind == "" {
 			t.Fatalf("accepted with kind %q", ev.Kind)
 		}
-		if ev.Kind != KindAMIStateChange && len(ev.Instances) == 0 {
+		if ev.Kind != KindAMIStateChange && ev.Kind != KindCapacityBlockExpiration && len(ev.Instances) == 0 {
 			t.Fatalf("accepted %s naming no instance", ev.Kind)
+		}
+		if ev.Kind == KindCapacityBlockExpiration && (ev.Reservation == "" || len(ev.Instances) != 0) {
+			t.Fatalf("accepted a Capacity Block's expiration naming reservation %q and instances %v", ev.Reservation, ev.Instances)
 		}
 		for _, id := range ev.Instances {
 			if !IsInstanceID(id) {

@@ -112,6 +112,8 @@ func Summary(ev event.Event) string {
 			s += fmt.Sprintf(" to %s", stamp(h.End))
 		}
 		return s
+	case event.KindCapacityBlockExpiration:
+		return fmt.Sprintf("Capacity Block %s ends: EC2 terminates its instances from %s", orUnknown(ev.Reservation), stamp(ev.Deadline))
 	case event.KindSpotInterruption:
 		return "Spot interruption: EC2 reclaims the instance two minutes after the notice"
 	case event.KindRebalance:

@@ -115,7 +115,11 @@ type Run struct {
 	DeadLetterQueueURL string
 	KarpenterQueueURL  string
 	Signal             signal.Mode
-	Workers            int
+	// KarpenterVersion is the version of the Karpenter the router signals (zero: unknown,
+	// taken as the newest); below v1.10 a capacity-reservation interruption deletes the
+	// NodeClaim, since that Karpenter has no parser for the forward.
+	KarpenterVersion signal.KarpenterVersion
+	Workers          int
 	// Receivers is how many SQS receive loops fill the Workers (intake.Config.Receivers).
 	Receivers     int
 	Visibility    time.Duration
@@ -214,6 +218,7 @@ func runFlags(o *Run) (fs *pflag.FlagSet, mode, gateFlag, level, headers *string
 	fs.StringVar(&o.QueueURL, "queue-url", "", "`URL` of the SQS intake queue the EventBridge rules feed (required)")
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "`URL` of the SQS dead-letter queue for messages the router cannot act on (required)")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue (its --interruption-queue); drains are forwarded there (signal mode forward)")
+	fs.Var(karpenterVersionValue{&o.KarpenterVersion}, "karpenter-version", "`version` of the Karpenter the router signals, as its chart or image tag says (v1.9.3): below v1.10 Karpenter has no parser for a capacity-reservation interruption, which the router then signals by deleting the NodeClaim at once; empty: unknown, taken as the newest (forward, then the confirm-or-fallback)")
 	mode = fs.String("signal", "", "how a drain is signalled (`mode`): forward (to --karpenter-queue-url) or delete-nodeclaim (default: forward when --karpenter-queue-url is set, else delete-nodeclaim)")
 	fs.IntVar(&o.Workers, "workers", DefaultWorkers, "messages worked on at once (1 to 100)")
 	fs.IntVar(&o.Receivers, "receivers", DefaultReceivers, "SQS receive loops filling the workers, each with one long poll in flight and its share of the free workers (1 to --workers): one loop brings at most 10 messages per round trip to SQS")
@@ -433,11 +438,13 @@ type Doctor struct {
 	KarpenterQueueURL  string
 	KarpenterRoleARN   string
 	KarpenterNamespace string
-	Namespace          string
-	Region             string
-	AWSEndpointURL     string
-	Kubeconfig         string
-	Gates              featuregate.MutableFeatureGate
+	// KarpenterVersion is the router's --karpenter-version (the same environment variable).
+	KarpenterVersion signal.KarpenterVersion
+	Namespace        string
+	Region           string
+	AWSEndpointURL   string
+	Kubeconfig       string
+	Gates            featuregate.MutableFeatureGate
 	// InstanceStatusPoller is the router's --instance-status-poller (same environment
 	// variable), for the takeover check.
 	InstanceStatusPoller bool
@@ -466,6 +473,7 @@ func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue, to check that no rule feeds it directly")
 	fs.StringVar(&o.KarpenterRoleARN, "karpenter-role-arn", "", "`ARN` of Karpenter's controller role, to check it cannot call ec2:DescribeInstanceStatus (needs iam:SimulatePrincipalPolicy)")
 	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "`namespace` of Karpenter's Deployment, for its feature gates")
+	fs.Var(karpenterVersionValue{&o.KarpenterVersion}, "karpenter-version", "the router's --karpenter-version (the same environment variable), to print and compare with what Karpenter's Deployment shows")
 	fs.StringVar(&o.Namespace, "namespace", "health-router", "the router's `namespace`, for its leader election permissions")
 	fs.StringVar(&o.Region, "region", "", "AWS `region` (default: from the AWS SDK's environment)")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this `URL` (local stand-ins)")
@@ -512,3 +520,25 @@ func finishDoctor(o Doctor, gateFlag string) (Doctor, error) {
 func FlagSets() []*pflag.FlagSet {
 	return []*pflag.FlagSet{NewRun().Flags, NewDoctor().Flags, NewReplay(time.Time{}).Flags, NewStatus(time.Time{}).Flags, NewVersion().Flags}
 }
+
+// karpenterVersionValue is --karpenter-version as a flag value: parsed when set, so that a
+// bad version fails with the flag's name.
+type karpenterVersionValue struct{ v *signal.KarpenterVersion }
+
+func (k karpenterVersionValue) String() string {
+	if k.v == nil || k.v.IsZero() {
+		return ""
+	}
+	return k.v.String()
+}
+
+func (k karpenterVersionValue) Set(s string) error {
+	v, err := signal.ParseKarpenterVersion(s)
+	if err != nil {
+		return err
+	}
+	*k.v = v
+	return nil
+}
+
+func (karpenterVersionValue) Type() string { return "version" }

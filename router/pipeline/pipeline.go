@@ -269,6 +269,13 @@ func (p *Pipeline) Process(ctx context.Context, ev event.Event) (Result, error) 
 		res.Actions[o.Action]++
 		return res, nil
 	}
+	if ev.Kind == event.KindCapacityBlockExpiration {
+		var err error
+		if ev, err = p.engine.Expand(ctx, ev); err != nil {
+			return res, err // the cluster could not be read: retried
+		}
+		p.log.Info("capacity block ends", "event_id", ev.ID, "kind", string(ev.Kind), "reservation", ev.Reservation, "deadline", ev.Deadline, "instances", len(ev.Instances))
+	}
 	if p.notify != nil {
 		p.notify.Notify(notify.Received(ev, p.cluster))
 	}

@@ -185,6 +185,18 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 	}
 
 	if ev.Urgent() {
+		switch {
+		case action == ActionDefer && ev.Kind == event.KindCapacityBlockExpiration:
+			// A Capacity Block's warning leaves ten minutes to the first terminations and the
+			// pool's lead may be shorter: the pool asked to keep its nodes until deadline
+			// minus drain-lead (training jobs checkpoint late). Past it, drain now.
+			if latest := ev.Deadline.Add(-tg.Policy.DrainLead); latest.After(now) {
+				d.Until, d.Hold = latest, HoldDeadline
+				return d.with(ActionDefer, "%s: %s; draining at deadline minus drain-lead %s, %s", chose, urgentWhat(ev), tg.Policy.DrainLead, stamp(latest))
+			}
+			d = d.with(ActionDrain, "%s: %s, and deadline minus drain-lead %s is reached", chose, urgentWhat(ev), tg.Policy.DrainLead)
+			return urgentBreaker(d, tg, now)
+		}
 		switch action {
 		case ActionIgnore:
 			d.Warnings = append(d.Warnings, fmt.Sprintf("%s is ignored as the pool asks, but AWS reclaims the instance within minutes and its pods are not drained first", ev.Kind))
@@ -441,6 +453,8 @@ func urgentWhat(ev event.Event) string {
 	switch ev.Kind {
 	case event.KindStateChange:
 		return fmt.Sprintf("instance is %s", ev.State)
+	case event.KindCapacityBlockExpiration:
+		return fmt.Sprintf("Capacity Block %s ends; EC2 terminates its instances from %s", ev.Reservation, stamp(ev.Deadline))
 	default:
 		return fmt.Sprintf("AWS acts at %s (two-minute notice)", stamp(ev.Deadline))
 	}

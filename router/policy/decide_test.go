@@ -314,6 +314,40 @@ func impaired() event.Event {
 	}
 }
 
+// TestDecideCapacityBlockExpiration (issue 27, 5): a Capacity Block's expiration is urgent:
+// drained at once by default (past a window, pacing and a defer of the pool's default action
+// alike), ignored only where the pool asks; a pool whose action for it is defer keeps its
+// nodes until deadline (the first terminations, end - 30 min) minus drain-lead.
+func TestDecideCapacityBlockExpiration(t *testing.T) {
+	end := now.Add(40 * time.Minute) // the warning came now
+	ev := event.Event{ID: "cb-1", Kind: event.KindCapacityBlockExpiration, Source: "aws.ec2", Time: now, Reservation: "cr-0a1b2c3d4e5f60901",
+		Deadline: end.Add(-event.CapacityBlockTerminationLead)}
+	key := ActionKey(event.KindCapacityBlockExpiration)
+	tests := []struct {
+		name   string
+		ann    map[string]string
+		action Action
+		until  time.Time
+		reason string
+	}{
+		{"default drains at once", nil, ActionDrain, time.Time{}, "EC2 terminates its instances from 2026-11-21T12:10:00Z"},
+		{"a window does not hold it", map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h", AnnotationMaxConcurrentDrains: "1"}, ActionDrain, time.Time{}, "Capacity Block cr-0a1b2c3d4e5f60901 ends"},
+		// The default drain-lead (1h) is past the block's ten minutes.
+		{"the pool's defer with the default drain-lead drains", map[string]string{AnnotationAction: "defer"}, ActionDrain, time.Time{}, "deadline minus drain-lead 1h0m0s is reached"},
+		{"its own defer drains at deadline - drain-lead", map[string]string{key: "defer", AnnotationDrainLead: "5m"}, ActionDefer, now.Add(5 * time.Minute), "draining at deadline minus drain-lead 5m0s"},
+		{"its own defer past deadline - drain-lead drains", map[string]string{key: "defer", AnnotationDrainLead: "15m"}, ActionDrain, time.Time{}, "is reached"},
+		{"ignored where the pool asks", map[string]string{key: "ignore"}, ActionIgnore, time.Time{}, "ends"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(ev, target(tt.ann), now)
+			if d.Action != tt.action || !d.Until.Equal(tt.until) || !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("%s until %s (%s), want %s until %s, reason with %q", d.Action, d.Until, d.Reason, tt.action, tt.until, tt.reason)
+			}
+		})
+	}
+}
+
 func TestDecideInstanceStatus(t *testing.T) {
 	saturdays := map[string]string{AnnotationWindowSchedule: "0 2 * * 6", AnnotationWindowDuration: "4h", AnnotationAction: "defer"}
 	paced := target(map[string]string{AnnotationMaxConcurrentDrains: "1"})

@@ -84,6 +84,9 @@ type Record struct {
 	EventTime time.Time `json:"event_time,omitzero"`
 	// Event is the event's body restricted to this instance, as forwarded to Karpenter.
 	Event json.RawMessage `json:"event,omitempty"`
+	// Communication is the AWS Health communication the record was decided from (see
+	// Communication): another copy of it is the same decision.
+	Communication string `json:"communication,omitempty"`
 }
 
 // Active reports whether the record still waits.
@@ -212,6 +215,18 @@ func Key(ev event.Event) string {
 	return ev.ID
 }
 
+// Communication identifies one communication of an AWS Health event, "<eventArn>#<communicationId>",
+// or "" for other events and a Health event without a communicationId. Copies of one
+// communication (delivered twice, or both to the account and through the organizational view)
+// have other EventBridge ids but are one decision; its pages name other instances, so each
+// instance is still decided once; an update of the event is a new communication.
+func Communication(ev event.Event) string {
+	if ev.Health == nil || ev.Health.CommunicationID == "" || ev.Health.EventARN == "" {
+		return ""
+	}
+	return ev.Health.EventARN + "#" + ev.Health.CommunicationID
+}
+
 // Match returns the identity of a scheduled maintenance across its sources, or "" for other
 // events: "<scheduled type>@<not-before, RFC 3339>". The type is empty for an AWS Health code
 // the router does not map to one; such a Match is the same maintenance as any type's at the
@@ -257,7 +272,11 @@ func Closed(ev event.Event) bool {
 func (s Set) Recorded(ev event.Event) (Record, bool) {
 	match, key := Match(ev), Key(ev)
 	closed := Closed(ev)
+	comm := Communication(ev)
 	for _, r := range s.Records {
+		if comm != "" && r.Communication == comm {
+			return r, true // another copy of a communication decided already
+		}
 		if r.EventID == ev.ID && movedBack(r, ev, match) {
 			continue
 		}

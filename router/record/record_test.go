@@ -272,6 +272,32 @@ func TestLateUpdateAfterClose(t *testing.T) {
 // TestPutKeepsAnEndedRecordEnded: found by the simulation's lagging cache. A deferral decided
 // again from a stale copy (due a moment after a close cancelled it) is written on the fresh
 // records after a conflict: it must not bring the cancelled record back.
+// TestCommunicationDecidedOnce (issue 27, 4): another copy of an AWS Health communication
+// (another EventBridge id) is recorded already; an update (a new communicationId) is not.
+func TestCommunicationDecidedOnce(t *testing.T) {
+	week := t0.Add(7 * 24 * time.Hour)
+	first := health("h1", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthUpcoming)
+	first.Health.CommunicationID = "c-1"
+	s := Set{Records: []Record{{EventID: first.ID, Key: Key(first), Kind: first.Kind, State: StateDeferred, Match: Match(first), Communication: Communication(first)}}}
+	copyOf := first
+	copyOf.ID = "h1-copy"
+	h := *first.Health
+	copyOf.Health = &h
+	if _, ok := s.Recorded(copyOf); !ok {
+		t.Error("a copy of the communication is decided again")
+	}
+	update := copyOf
+	u := h
+	u.CommunicationID = "c-2"
+	update.Health = &u
+	if _, ok := s.Recorded(update); ok {
+		t.Error("an update (a new communication) taken as recorded")
+	}
+	if Communication(event.Event{ID: "s1", Kind: event.KindSpotInterruption}) != "" {
+		t.Error("a Spot warning has a communication")
+	}
+}
+
 func TestPutKeepsAnEndedRecordEnded(t *testing.T) {
 	week := t0.Add(7 * 24 * time.Hour)
 	ev := health("h1", "arn:health/1", event.ScheduledSystemReboot, week, event.HealthUpcoming)

@@ -88,6 +88,12 @@ func TestReplayDemo(t *testing.T) {
 		{"a14bc060", "i-0999888777666555a", policy.ActionSkip, "", "not a node"},
 		{"b25cd171", "", policy.ActionDeadLetter, "", `service "RDS"`},
 		{"d47ef393", "", policy.ActionDeadLetter, "", "unknown-kind"},
+		// The organizational view (issue 27, 4): decided on the affected account's instance;
+		// its RESOLVED entity has no row.
+		{"c3e8f0a1", "i-0123456789abcdef0", policy.ActionIgnore, "", "action=ignore"},
+		// A Capacity Block's expiration (issue 27, 5): the NodeClaim that carries the
+		// reservation, drained at once.
+		{"e58f04a4", "i-0d4c3b2a190817263", policy.ActionDrain, "", "Capacity Block cr-0a1b2c3d4e5f60718 ends; EC2 terminates its instances from 2026-11-21T12:00:00Z"},
 	}
 	for _, tt := range tests {
 		r := find(t, rows, tt.event, tt.instance)
@@ -99,6 +105,11 @@ func TestReplayDemo(t *testing.T) {
 		}
 		if !strings.Contains(r.Reason, tt.reason) {
 			t.Errorf("%s/%s: reason %q does not mention %q", tt.event, tt.instance, r.Reason, tt.reason)
+		}
+	}
+	for _, r := range rows {
+		if strings.HasPrefix(r.EventID, "c3e8f0a1") && r.InstanceID == "i-0b662ef9931388ba0" {
+			t.Errorf("the organizational-view event's RESOLVED entity was decided: %+v", r)
 		}
 	}
 	// The capacity-reservation interruption drains anyway and says why it is risky.

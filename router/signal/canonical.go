@@ -144,12 +144,14 @@ func instanceARNs(raw json.RawMessage) map[string]string {
 }
 
 // instanceARN is the input's ARN of instanceID, or one built when the input named the instance
-// by ID only or not at all.
+// by ID only or not at all: in the account and region the event is about (an organizational
+// view's affected account and event region, not the management account's).
 func instanceARN(ev event.Event, arns map[string]string, instanceID string) string {
 	if arn, ok := arns[instanceID]; ok {
 		return arn
 	}
-	return fmt.Sprintf("arn:%s:ec2:%s:%s:instance/%s", partition(ev.Region), ev.Region, ev.Account, instanceID)
+	region := ev.OriginRegion()
+	return fmt.Sprintf("arn:%s:ec2:%s:%s:instance/%s", partition(region), region, ev.OriginAccount(), instanceID)
 }
 
 // partition is the ARN partition of a region.

@@ -68,6 +68,10 @@ func TestCanonicalIsWhatKarpenterParses(t *testing.T) {
 		{"capacity-reservation-array.json", "i-0a1b2c3d4e5f60031", messages.CapacityReservationInterruptionKind, "arn:aws:ec2:us-east-2:123456789012:instance/i-0a1b2c3d4e5f60031"},
 		{"capacity-reservation-string.json", "i-0a1b2c3d4e5f60032", messages.CapacityReservationInterruptionKind, "arn:aws:ec2:us-east-2:123456789012:instance/i-0a1b2c3d4e5f60032"},
 		{"rebalance.json", "i-0a1b2c3d4e5f60041", messages.RebalanceRecommendationKind, "arn:aws:ec2:us-east-2:123456789012:instance/i-0a1b2c3d4e5f60041"},
+		// The organizational view: the ARN in the affected account and the event's region, not
+		// the management account's and the region it was delivered to; the RESOLVED entity is
+		// not among the instances.
+		{"health-org-view.json", "i-0a1b2c3d4e5f60051", messages.ScheduledChangeKind, "arn:aws:ec2:us-east-2:123456789012:instance/i-0a1b2c3d4e5f60051"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimSuffix(tt.file, ".json")+"/"+tt.instance, func(t *testing.T) {

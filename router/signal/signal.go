@@ -117,6 +117,8 @@ type Signaller struct {
 	// stampFailed is when a drain stamp last failed (UnixNano on clock; 0: never): while
 	// the API server fails, urgent forwards wait for their stamps again (stampTrouble).
 	stampFailed atomic.Int64
+	// karpenter is the version of the Karpenter signalled (zero: unknown, taken as the newest).
+	karpenter KarpenterVersion
 }
 
 // stampTrouble is how long after a failed drain stamp urgent forwards wait for their stamps:
@@ -148,22 +150,26 @@ func (s *Signaller) Mode() Mode { return s.mode }
 
 // Via returns how a drain of ev is signalled: forwarded to Karpenter's queue only for what
 // Karpenter's interruption controller acts on (Spot and capacity-reservation interruptions,
-// AWS Health scheduled changes, state changes); a rebalance recommendation (Karpenter only
-// records it), an instance-status finding of the router's own poller, and everything in
-// delete-nodeclaim mode delete the NodeClaim.
+// AWS Health scheduled changes, state changes) in the version it is told (SetKarpenterVersion);
+// a rebalance recommendation (Karpenter only records it), an instance-status finding of the
+// router's own poller, a kind the version has no parser for (a reservation interruption before
+// v1.10: Karpenter would delete it as a no-op, and the drain would wait for the
+// confirm-or-fallback), and everything in delete-nodeclaim mode delete the NodeClaim.
 func (s *Signaller) Via(ev event.Event) Mode {
 	if s.mode != ModeForward || ev.Implausible != "" {
 		// An implausible event is not passed on: Karpenter would act on it at once (and mark
 		// a Spot offering unavailable) on the strength of a claim the router did not trust.
 		return ModeDeleteNodeClaim
 	}
-	switch {
-	case ev.Source == "aws.ec2" && (ev.Kind == event.KindSpotInterruption || ev.Kind == event.KindCapacityReservation || ev.Kind == event.KindStateChange):
-		return ModeForward
-	case ev.Source == "aws.health" && ev.Kind == event.KindScheduledChange:
-		return ModeForward
+	acted := ev.Source == "aws.ec2" && (ev.Kind == event.KindSpotInterruption || ev.Kind == event.KindCapacityReservation || ev.Kind == event.KindStateChange) ||
+		ev.Source == "aws.health" && ev.Kind == event.KindScheduledChange
+	if !acted {
+		return ModeDeleteNodeClaim
 	}
-	return ModeDeleteNodeClaim
+	if since, ok := KarpenterParsesSince(ev); !ok || !s.karpenter.IsZero() && s.karpenter.Less(since) {
+		return ModeDeleteNodeClaim
+	}
+	return ModeForward
 }
 
 // signalledRecently reports whether id was remembered within recentTTL. Expired entries are
@@ -412,7 +418,8 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 		return false, err
 	}
 	entry := record.Record{EventID: ev.ID, Key: record.Key(ev), Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: record.StateDeferred,
-		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body}
+		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body,
+		Communication: record.Communication(ev)}
 	err = s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
 		changed = set.Put(entry)
 		return changed

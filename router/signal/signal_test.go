@@ -127,6 +127,32 @@ func TestVia(t *testing.T) {
 	}
 }
 
+// TestViaKarpenterVersion (issue 27, 2): Karpenter before v1.10 has no parser for a
+// reservation interruption; an unknown version is taken as the newest.
+func TestViaKarpenterVersion(t *testing.T) {
+	reservation := event.Event{Source: "aws.ec2", Kind: event.KindCapacityReservation}
+	tests := []struct {
+		karpenter KarpenterVersion
+		ev        event.Event
+		want      Mode
+	}{
+		{KarpenterVersion{1, 9, 3}, reservation, ModeDeleteNodeClaim},
+		{KarpenterVersion{1, 0, 8}, reservation, ModeDeleteNodeClaim},
+		{KarpenterVersion{1, 10, 0}, reservation, ModeForward},
+		{KarpenterVersion{}, reservation, ModeForward},
+		{KarpenterVersion{1, 0, 8}, event.Event{Source: "aws.ec2", Kind: event.KindSpotInterruption}, ModeForward},
+		{KarpenterVersion{1, 0, 0}, event.Event{Source: "aws.health", Kind: event.KindScheduledChange}, ModeForward},
+		{KarpenterVersion{1, 0, 8}, event.Event{Source: "aws.ec2", Kind: event.KindStateChange}, ModeForward},
+	}
+	for _, tt := range tests {
+		s := &Signaller{mode: ModeForward}
+		s.SetKarpenterVersion(tt.karpenter)
+		if got := s.Via(tt.ev); got != tt.want {
+			t.Errorf("Karpenter %s, %s: %s, want %s", tt.karpenter, tt.ev.Kind, got, tt.want)
+		}
+	}
+}
+
 func TestDrainForwardsOnceAndStamps(t *testing.T) {
 	s, r := newRig(t, ModeForward)
 	ev := parse(t, healthBody)

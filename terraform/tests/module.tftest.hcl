@@ -46,11 +46,11 @@ run "defaults" {
 
   # Every kind gets a rule, each targeting the intake queue.
   assert {
-    condition     = toset(keys(aws_cloudwatch_event_rule.this)) == toset(["scheduled-change", "spot-interruption", "rebalance-recommendation", "state-change", "capacity-reservation-interruption", "ami-state-change"])
+    condition     = toset(keys(aws_cloudwatch_event_rule.this)) == toset(["scheduled-change", "spot-interruption", "rebalance-recommendation", "state-change", "capacity-reservation-interruption", "ami-state-change", "capacity-block-expiration"])
     error_message = "expected one rule per event kind"
   }
   assert {
-    condition     = length(aws_cloudwatch_event_target.queue) == 6 && length(aws_cloudwatch_event_target.dispatcher) == 0
+    condition     = length(aws_cloudwatch_event_target.queue) == 7 && length(aws_cloudwatch_event_target.dispatcher) == 0
     error_message = "without the dispatcher every rule must target the intake queue"
   }
   assert {
@@ -250,7 +250,7 @@ run "irsa_kms_forward_and_karpenter_deny" {
     error_message = "the deny policy must be attached to Karpenter's role when named"
   }
   assert {
-    condition     = !contains(keys(aws_cloudwatch_event_rule.this), "rebalance-recommendation") && !contains(keys(aws_cloudwatch_event_rule.this), "ami-state-change") && length(aws_cloudwatch_event_rule.this) == 4
+    condition     = !contains(keys(aws_cloudwatch_event_rule.this), "rebalance-recommendation") && !contains(keys(aws_cloudwatch_event_rule.this), "ami-state-change") && length(aws_cloudwatch_event_rule.this) == 5
     error_message = "disabled kinds must have no rule"
   }
   assert {
@@ -371,7 +371,7 @@ run "dispatcher" {
   }
 
   assert {
-    condition     = length(aws_cloudwatch_event_target.dispatcher) == 6 && length(aws_cloudwatch_event_target.queue) == 0
+    condition     = length(aws_cloudwatch_event_target.dispatcher) == 7 && length(aws_cloudwatch_event_target.queue) == 0
     error_message = "with the dispatcher every rule must target the Lambda"
   }
   assert {
@@ -381,6 +381,10 @@ run "dispatcher" {
   assert {
     condition     = jsondecode(aws_lambda_function.dispatcher[0].environment[0].variables.HEALTH_ROUTER_CLUSTER_QUEUES) == { "prod-eu" = aws_sqs_queue.intake.url, "batch-eu" = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-batch-eu" }
     error_message = "the Lambda must know every cluster's queue, its own included"
+  }
+  assert {
+    condition     = aws_lambda_function.dispatcher[0].environment[0].variables.HEALTH_ROUTER_ACCOUNT == "111122223333"
+    error_message = "the Lambda must know the account it serves, to route the organizational view by detail.affectedAccount"
   }
   assert {
     condition     = aws_lambda_function_event_invoke_config.dispatcher[0].destination_config[0].on_failure[0].destination == aws_sqs_queue.dispatcher_failures[0].arn
@@ -400,7 +404,7 @@ run "dispatcher" {
     error_message = "the dashboard with the dispatcher must be valid JSON with 14 widgets"
   }
   assert {
-    condition     = length(aws_lambda_permission.dispatcher) == 6 && alltrue([for k, p in aws_lambda_permission.dispatcher : p.source_arn == aws_cloudwatch_event_rule.this[k].arn])
+    condition     = length(aws_lambda_permission.dispatcher) == 7 && alltrue([for k, p in aws_lambda_permission.dispatcher : p.source_arn == aws_cloudwatch_event_rule.this[k].arn])
     error_message = "each rule needs its own invoke permission"
   }
 }

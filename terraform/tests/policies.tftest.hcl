@@ -203,7 +203,7 @@ run "queue_senders_listed" {
   command = plan
 
   variables {
-    rules                         = { scheduled_change = false, spot_interruption = false, rebalance_recommendation = false, state_change = false, capacity_reservation_interruption = false, ami_state_change = false }
+    rules                         = { scheduled_change = false, spot_interruption = false, rebalance_recommendation = false, state_change = false, capacity_reservation_interruption = false, ami_state_change = false, capacity_block_expiration = false }
     extra_sender_arns             = ["arn:aws:iam::111122223333:role/hr-other-dispatcher", "arn:aws:iam::111122223333:role/oncall"]
     create_iam_role               = false
     extra_dead_letter_sender_arns = ["arn:aws:iam::111122223333:role/my-router"]
@@ -255,7 +255,7 @@ run "queue_senders_none" {
   command = plan
 
   variables {
-    rules           = { scheduled_change = false, spot_interruption = false, rebalance_recommendation = false, state_change = false, capacity_reservation_interruption = false, ami_state_change = false }
+    rules           = { scheduled_change = false, spot_interruption = false, rebalance_recommendation = false, state_change = false, capacity_reservation_interruption = false, ami_state_change = false, capacity_block_expiration = false }
     create_iam_role = false
   }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/doctor"
+	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -124,6 +125,7 @@ func TestDoctor(t *testing.T) {
 		"Karpenter's ec2:DescribeInstanceStatus": doctor.Unknown,
 		"RBAC":                                   doctor.OK,
 		"feature gate ReservedCapacity":          doctor.Fail, // router true, Karpenter false
+		"Karpenter version":                      doctor.OK,   // unknown, taken as the newest; Karpenter's image says 1.15.0
 	} {
 		if got := item(t, r, check); got.Status != want {
 			t.Errorf("%s: %s (%s), want %s", check, got.Status, got.Detail, want)
@@ -137,6 +139,14 @@ func TestDoctor(t *testing.T) {
 	}
 	if !r.Failed() {
 		t.Error("report with failures says it passed")
+	}
+	// Issue 27, 2: a router told Karpenter v1.9.3 in front of Karpenter 1.15.0 would delete
+	// the reservation interruptions Karpenter parses.
+	old := doctor.New(sqsc, ebc, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(url) }), nil,
+		sts.NewFromConfig(cfg, func(o *sts.Options) { o.BaseEndpoint = aws.String(url) }), admin).Run(ctx, doctor.Config{QueueURL: intakeURL, DeadLetterQueueURL: dlqURL,
+		KarpenterNamespace: "kube-system", Namespace: "health-router", Gates: checks.NewFeatureGates(), KarpenterVersion: signal.KarpenterVersion{Major: 1, Minor: 9, Patch: 3}})
+	if i := item(t, old, "Karpenter version"); i.Status != doctor.Fail || !strings.Contains(i.Detail, "v1.9.3") || !strings.Contains(i.Detail, "v1.15.0") || !strings.Contains(i.Fix, "--karpenter-version v1.15.0") {
+		t.Errorf("Karpenter version: %s (%s; %s), want a failure naming both versions and the fix", i.Status, i.Detail, i.Fix)
 	}
 
 	// Matching gates, an unencrypted queue with a short redrive, a service account with no RBAC.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test: gofmt, go vet, every Go suite, then Terraform's. The tools the suites need
+# make test: gofmt, go vet, every Go suite, the Karpenter version matrix, then Terraform's. The tools the suites need
 # (tools-env.sh: kube-apiserver and etcd, helm, Alertmanager, Karpenter) build in the
 # background from the start, beside go vet and the suites that need none of them. A suite
 # that needs a tool asks the tool's script, which waits for the background build (each script
@@ -33,6 +33,8 @@ if [[ $rc == 0 ]]; then
   packages=$(go list ./... | grep -v -e /test/terraform -e /lambda/)
   # shellcheck disable=SC2086
   $timed go-test go test -p 1 -count=1 -timeout 30m $packages || rc=$?
+  # The Karpenter version matrix: its own modules, one per Karpenter version.
+  $timed karpenter test/tools/karpenter-versions.sh || rc=$?
 fi
 finish_tools
 if [[ $rc != 0 ]]; then

@@ -23,6 +23,7 @@ module "batch" {
     state_change                      = false
     capacity_reservation_interruption = false
     ami_state_change                  = false
+    capacity_block_expiration         = false
   }
 
   # Only the dispatcher sends to this cluster's intake queue: its queue policy denies every
