@@ -180,7 +180,7 @@ type manifests struct {
 	// metricsReader is the ClusterRole to bind to a scraper (metrics.secure only).
 	metricsReader *rbacv1.ClusterRole
 	// shadowReader is the ClusterRole to bind to the people who read /shadow (metrics.secure only).
-	shadowReader *rbacv1.ClusterRole
+	shadowReader  *rbacv1.ClusterRole
 	networkPolicy *networkingv1.NetworkPolicy
 }
 

@@ -94,7 +94,6 @@ func StartEC2EventWindows() (*EC2EventWindows, *ec2.Client, func()) {
 	return s, ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(srv.URL) }), srv.Close
 }
 
-
 // AddInstance makes instance id exist, with tags.
 func (s *EC2EventWindows) AddInstance(id string, tags map[string]string) {
 	s.mu.Lock()
