@@ -5,6 +5,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -83,7 +84,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			return fmt.Errorf("%s: %w", q.flag, err)
 		}
 	}
-	RouteLogs(log)
+	routeLogs(ctx, log)
 	scheme, err := cluster.NewScheme()
 	if err != nil {
 		return err
@@ -461,8 +462,12 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 // RouteLogs sends what the libraries log to log: controller-runtime's logger and klog's,
 // through which client-go and its leader election log ("attempting to acquire leader lease"),
 // so that every line of the process is JSON like the router's own. Both are process-wide.
-func RouteLogs(log *slog.Logger) {
-	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+func RouteLogs(log *slog.Logger) { routeLogs(context.Background(), log) }
+
+// routeLogs is RouteLogs for a run that ends with ctx: once it is done, the libraries' errors
+// of the shutdown itself are Info (shutdownSink), as the manager's are.
+func routeLogs(ctx context.Context, log *slog.Logger) {
+	ctrl.SetLogger(logr.New(shutdownSink{LogSink: logr.FromSlogHandler(log.Handler()).GetSink(), ctx: ctx}))
 	klog.SetSlogLogger(log)
 }
 
@@ -486,6 +491,14 @@ func (s shutdownSink) Error(err error, msg string, kv ...any) {
 	if s.ctx.Err() != nil && err != nil && err.Error() == errLeaderElectionLost {
 		if s.LogSink.Enabled(0) {
 			s.LogSink.Info(0, "leader election ended with the shutdown", kv...)
+		}
+		return
+	}
+	// A call cut short by the shutdown itself (the Event broadcaster's last write, "Unable to
+	// write event ... context canceled") is part of stopping, not an error of the run.
+	if s.ctx.Err() != nil && err != nil && (errors.Is(err, context.Canceled) || strings.Contains(err.Error(), context.Canceled.Error())) {
+		if s.LogSink.Enabled(0) {
+			s.LogSink.Info(0, msg+" (cut short by the shutdown)", append(kv, "err", err.Error())...)
 		}
 		return
 	}

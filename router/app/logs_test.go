@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -61,10 +62,13 @@ func TestShutdownSink(t *testing.T) {
 	log := logr.New(shutdownSink{LogSink: logr.FromSlogHandler(slog.NewJSONHandler(&buf, nil)).GetSink(), ctx: ctx}).WithName("manager").WithValues("k", "v")
 	lost := errors.New("leader election lost")
 
-	log.Error(lost, "error received after stop sequence was engaged") // running: the lease was lost
+	cut := fmt.Errorf("Post \"https://127.0.0.1/apis/events.k8s.io/v1/namespaces/default/events\": %w", context.Canceled)
+	log.Error(lost, "error received after stop sequence was engaged")  // running: the lease was lost
+	log.Error(cut, "Unable to write event (may retry after sleeping)") // running: a cancelled call is an error
 	cancel()
 	log.Error(lost, "error received after stop sequence was engaged")               // stopping: asked for
 	log.Error(errors.New("boom"), "error received after stop sequence was engaged") // stopping, another error
+	log.Error(cut, "Unable to write event (may retry after sleeping)")              // stopping: the Event broadcaster's last write, cut short
 
 	var levels, msgs []string
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
@@ -77,10 +81,10 @@ func TestShutdownSink(t *testing.T) {
 		}
 		levels, msgs = append(levels, m["level"].(string)), append(msgs, m["msg"].(string))
 	}
-	if want := []string{"ERROR", "INFO", "ERROR"}; !slices.Equal(levels, want) {
+	if want := []string{"ERROR", "ERROR", "INFO", "ERROR", "INFO"}; !slices.Equal(levels, want) {
 		t.Errorf("levels %v, want %v (%v)", levels, want, msgs)
 	}
-	if msgs[1] != "leader election ended with the shutdown" {
-		t.Errorf("message %q", msgs[1])
+	if msgs[2] != "leader election ended with the shutdown" || !strings.HasPrefix(msgs[4], "Unable to write event") {
+		t.Errorf("messages %q", msgs)
 	}
 }
