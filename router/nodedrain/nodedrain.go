@@ -169,8 +169,10 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 			return false, err
 		}
 		stale := found && ((prev.Running && dr.Kind == prev.Kind && !dr.EventTime.After(prev.EventTime)) ||
-			(!prev.RunningSince.IsZero() && dr.Resumable() && !dr.EventTime.After(prev.RunningSince)))
-		already = stale || (found && (!prev.Finished() || prev.EventID == dr.EventID || (dr.Key != "" && prev.Key == dr.Key)))
+			(!prev.RunningSince.IsZero() && dr.Resumable() && !dr.EventTime.After(prev.RunningSince)) ||
+			(prev.Closed && !dr.EventTime.IsZero() && !dr.EventTime.After(prev.EventTime) &&
+				((dr.Key != "" && prev.Key == dr.Key) || sameMaintenance(prev.Match, dr.Match))))
+		already = stale || (found && !prev.Closed && (!prev.Finished() || prev.EventID == dr.EventID || (dr.Key != "" && prev.Key == dr.Key)))
 		if already {
 			return false, nil
 		}
@@ -254,22 +256,57 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 	if dr.Resumes {
 		return d.resume(ctx, node, dr)
 	}
-	if !ok {
-		return false, nil
-	}
-	if dr.Recovers && rec.Kind == dr.Kind && strings.Contains(rec.Key, impairedKey) {
+	if dr.Recovers {
+		if !ok || rec.Kind != dr.Kind || !strings.Contains(rec.Key, impairedKey) {
+			return false, nil
+		}
 		if err := d.end(ctx, node, rec, "the instance passes its status checks again ("+dr.EventID+")"); err != nil {
 			return false, err
 		}
 		return true, nil
 	}
-	if rec.EventID != dr.EventID && (dr.Key == "" || rec.Key != dr.Key) && (dr.Match == "" || !sameMaintenance(rec.Match, dr.Match)) {
-		return false, nil
+	ended := false
+	if ok && !rec.Closed && (rec.EventID == dr.EventID || (dr.Key != "" && rec.Key == dr.Key) || (dr.Match != "" && sameMaintenance(rec.Match, dr.Match))) {
+		if err := d.end(ctx, node, rec, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")"); err != nil {
+			return false, err
+		}
+		ended = true
 	}
-	if err := d.end(ctx, node, rec, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")"); err != nil {
-		return false, err
+	// The close is kept on a Node with no drain of its own now: an older report of the same
+	// maintenance that arrives after it begins none.
+	if err := d.tombstone(ctx, name, dr); err != nil {
+		return ended, err
 	}
-	return true, nil
+	return ended, nil
+}
+
+// tombstone records the close dr on the Node when it has no record (or only an earlier close):
+// a drain in progress, a finished one, or a running is left as it is.
+func (d *Drainer) tombstone(ctx context.Context, name string, dr Drain) error {
+	if dr.EventTime.IsZero() || (dr.Key == "" && dr.Match == "") {
+		return nil // nothing a late report could be told apart by
+	}
+	node, err := d.node(ctx, name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading node %s: %w", name, err)
+	}
+	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		cur, found, err := Records(n)
+		if err != nil || (found && !cur.Closed) || (found && !dr.EventTime.After(cur.EventTime) && cur.Key == dr.Key) {
+			return false, nil
+		}
+		now := d.clock.Now()
+		n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, EventTime: dr.EventTime,
+			Started: now, Done: &now, Closed: true})
+		return true, nil
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("recording the close on node %s: %w", name, err)
+	}
+	return nil
 }
 
 // resume handles a `running` of the instance (dr.Resumes): a drain for a stop from before it

@@ -40,6 +40,11 @@ type Record struct {
 	// another event, its drain finished) was on the Node: a stop from before it, arriving
 	// late, is over and begins no drain either.
 	RunningSince time.Time `json:"running_since,omitzero"`
+	// Closed marks no drain but a maintenance closed (a closed Health event, a [Canceled] or
+	// [Completed] poller finding) while the Node had no drain for it: an older report of the
+	// same event or maintenance, arriving late, is over and begins no drain (Begin), as a
+	// closed record on a NodeClaim does (router/record). EventTime is the close's.
+	Closed bool `json:"closed,omitempty"`
 	// Release is when a drain for a maintenance AWS keeps the instance through (a reboot)
 	// ends: past it, once the drain is done and the Node Ready, the router uncordons the Node
 	// it cordoned. Zero for the events that end the instance.

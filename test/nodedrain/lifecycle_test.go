@@ -270,3 +270,39 @@ func TestLateStopBesideAFinishedDrain(t *testing.T) {
 		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
 	}
 }
+
+// TestLateUpdateAfterClose: an older report of a maintenance, processed after the close that
+// cancelled it (SQS reorders, and so does the router's own retry backoff), begins no drain of
+// an unmanaged node: the close leaves a tombstone on the Node, as a closed record does on a
+// NodeClaim (router/record). Found by make sim (a random seed): an upcoming event of an unmapped
+// type, retried after an API outage, was decided after the close of the same instance's
+// maintenance at the same start, and the node was cordoned and drained for nothing.
+func TestLateUpdateAfterClose(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "late-a", false)
+	at := t0.Add(-10 * time.Minute)
+	closed := nodedrain.Drain{EventID: "close-1", Key: "arn:retirement", Match: "instance-retirement@2026-11-24T13:00:00Z", Kind: "scheduled-change", EventTime: at}
+	if ended, err := s.drainer.Cancel(s.ctx, "late-a", closed); err != nil || ended {
+		t.Fatalf("a close with no drain: ended=%v err=%v", ended, err)
+	}
+	for _, late := range []nodedrain.Drain{
+		{EventID: "up-1", Key: "arn:retirement", Match: "instance-retirement@2026-11-24T13:00:00Z", Kind: "scheduled-change", EventTime: at},                         // the same event, older word
+		{EventID: "up-2", Key: "arn:unmapped", Match: "@2026-11-24T13:00:00Z", Kind: "scheduled-change", EventTime: at.Add(-time.Minute)},                            // the same maintenance, an unmapped type, from before
+		{EventID: "up-3", Key: "i-1/instance-event-1", Match: "instance-retirement@2026-11-24T13:00:00Z", Kind: "scheduled-change", EventTime: at.Add(-time.Second)}, // the poller's report of it, from before
+	} {
+		already, err := s.drainer.Begin(s.ctx, getNode(t, "late-a"), late)
+		if err != nil || !already {
+			t.Errorf("%s after the close: already=%v err=%v, want it taken as over", late.EventID, already, err)
+		}
+		if getNode(t, "late-a").Spec.Unschedulable {
+			t.Fatalf("%s after the close cordoned the node", late.EventID)
+		}
+	}
+	// A newer report of the same maintenance (AWS scheduled it again) and another maintenance
+	// still drain.
+	again, err := s.drainer.Begin(s.ctx, getNode(t, "late-a"), nodedrain.Drain{EventID: "up-4", Key: "arn:retirement", Match: "instance-retirement@2026-11-24T13:00:00Z",
+		Kind: "scheduled-change", EventTime: at.Add(time.Minute)})
+	if err != nil || again || !getNode(t, "late-a").Spec.Unschedulable {
+		t.Errorf("a report newer than the close: already=%v err=%v, want the drain begun", again, err)
+	}
+}
