@@ -112,8 +112,8 @@ func TestModuleAppliedToMoto(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(rules.Rules) != 6 {
-			t.Errorf("%d dispatcher rules, want 6", len(rules.Rules))
+		if len(rules.Rules) != 7 { // one per kind: six of EC2 and Health, and Capacity Block expiration
+			t.Errorf("%d dispatcher rules, want 7", len(rules.Rules))
 		}
 		for _, r := range rules.Rules {
 			targets, err := events.ListTargetsByRule(ctx, &eventbridge.ListTargetsByRuleInput{Rule: r.Name, EventBusName: aws.String(e2eDispatcherBus)})
@@ -231,8 +231,8 @@ func checkQueues(t *testing.T, ctx context.Context, c *sqs.Client, queueURL, dlq
 }
 
 func checkRules(t *testing.T, ctx context.Context, c *eventbridge.Client, names map[string]string) {
-	if len(names) != 6 {
-		t.Errorf("%d rules in the outputs, want 6", len(names))
+	if len(names) != 7 { // one per kind: six of EC2 and Health, and Capacity Block expiration
+		t.Errorf("%d rules in the outputs, want 7", len(names))
 	}
 	for kind, name := range names {
 		rule, err := c.DescribeRule(ctx, &eventbridge.DescribeRuleInput{Name: aws.String(name)})
