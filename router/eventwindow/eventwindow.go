@@ -27,8 +27,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
@@ -39,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
+	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/policy"
@@ -593,9 +592,6 @@ func notFound(err error) bool {
 	return errors.As(err, &ae) && strings.HasSuffix(ae.ErrorCode(), ".NotFound")
 }
 
-// serverFaults are EC2 error codes of faults on its side.
-var serverFaults = map[string]bool{"InternalError": true, "InternalFailure": true, "ServiceUnavailable": true, "Unavailable": true}
-
 // classify wraps err with ErrRefused or ErrUnavailable, in one place: a client error EC2
 // answered (4xx: InvalidParameterValue for a range it cannot hold, a target already in
 // another window; the region's limit of windows; UnauthorizedOperation) is a refusal;
@@ -604,15 +600,7 @@ func classify(err error) error {
 	if errors.Is(err, ErrRefused) || errors.Is(err, ErrUnavailable) {
 		return err
 	}
-	var ae smithy.APIError
-	if !errors.As(err, &ae) {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	code := ae.ErrorCode()
-	_, throttled := retry.DefaultThrottleErrorCodes[code]
-	_, timedOut := retry.DefaultRetryableErrorCodes[code]
-	var re *awshttp.ResponseError
-	if throttled || timedOut || serverFaults[code] || (errors.As(err, &re) && re.HTTPStatusCode() >= 500) {
+	if awscalls.Unanswered(err) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return fmt.Errorf("%w: %w", ErrRefused, err)

@@ -7,12 +7,11 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/event"
 )
 
@@ -112,25 +111,13 @@ func fromEC2(ev ec2types.InstanceStatusEvent) Event {
 	}
 }
 
-// serverFaults are EC2 error codes of faults on its side (answered with a 5xx status, which
-// classify also reads; the code alone says it when the status is lost).
-var serverFaults = map[string]bool{"InternalError": true, "InternalFailure": true, "ServiceUnavailable": true, "Unavailable": true}
-
 // classify wraps err with ErrRefused or ErrUnavailable, in one place. A client error EC2
 // answered (4xx: InvalidInstanceEventStartTime, InvalidInstanceEventIDNotFound,
 // InvalidInstanceID.NotFound, InvalidParameterValue, UnauthorizedOperation, ...) is a refusal;
 // throttling, a server fault and no answer at all (a network error, a timeout, the context
 // ending) are unavailability.
 func classify(err error) error {
-	var ae smithy.APIError
-	if !errors.As(err, &ae) {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	code := ae.ErrorCode()
-	_, throttled := retry.DefaultThrottleErrorCodes[code]
-	_, timedOut := retry.DefaultRetryableErrorCodes[code]
-	var re *awshttp.ResponseError
-	if throttled || timedOut || serverFaults[code] || (errors.As(err, &re) && re.HTTPStatusCode() >= 500) {
+	if awscalls.Unanswered(err) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return fmt.Errorf("%w: %w", ErrRefused, err)
