@@ -395,10 +395,7 @@ func awaitNext(st State, obs Observation, now time.Time, o Options) Decision {
 		}
 		return Decision{State: st, Wait: o.Poll}
 	}
-	quietUntil := st.Start.Add(o.Quiet)
-	if st.End.After(st.Start) {
-		quietUntil = st.End
-	}
+	quietUntil := o.windowOver(st)
 	if !now.Before(quietUntil) {
 		st = advance(st, StepUncordon, now)
 		st.Why = fmt.Sprintf("the Node stayed Ready from the start %s to %s: AWS's maintenance had no visible effect", stamp(st.Start), stamp(quietUntil))
@@ -439,7 +436,9 @@ func afterReboot(st State) Step {
 // MigrationConfirm with the event still there, the migration did not happen (EC2 rebooted the
 // instance in place): AWS reboots it at the start. The Node goes back into service until the
 // run prepares for that (StepRelease), or, with the start nearer than Prepare, stays out of
-// service and waits for it: uncordoned now, it would be emptied again within the hour.
+// service and waits for it: uncordoned now, it would be emptied again within the hour. EC2 not
+// answering is not "still there": the Node stays out of service, and EC2 is asked again with
+// backoff until AWS's window is over either way.
 func confirmNext(st State, obs Observation, now time.Time, o Options) Decision {
 	if obs.Unscheduled != "" {
 		st = advance(st, StepUncordon, now)
@@ -454,6 +453,23 @@ func confirmNext(st State, obs Observation, now time.Time, o Options) Decision {
 		}
 		return Decision{State: st, Wait: min(o.Poll, by.Sub(now))}
 	}
+	if obs.Err != nil {
+		// EC2 does not answer: whether the migration cleared the event is not known, and an
+		// outage is not an answer. The Node stays out of service (if the event remains, AWS
+		// reboots it at the start; given back, it would be emptied again for a reboot that
+		// may never come) and EC2 is asked again, until AWS's window is over either way.
+		over := o.windowOver(st)
+		if now.Before(over) {
+			d := backoff(st, obs.Err.Error(), now, o)
+			d.Wait = min(d.Wait, over.Sub(now))
+			return d
+		}
+		err := obs.Err.Error()
+		st = advance(st, StepUncordon, now)
+		st.Why = truncate(fmt.Sprintf("EC2 did not answer whether the reboot migration cleared the %s, and AWS's window for it ended at %s (the last answer: %s)",
+			st.Type, stamp(over), err), lastErrorMax)
+		return Decision{State: st}
+	}
 	why := fmt.Sprintf("the router's reboot at %s did not clear the %s (EC2 still shows it %s after the Node was Ready again; the last answer: %s)",
 		stamp(st.Rebooted), st.Type, o.MigrationConfirm, orShown(obs.Err))
 	st.Migration, st.MigrationWhy = MigrationOff, truncate(why, lastErrorMax)
@@ -466,6 +482,15 @@ func confirmNext(st State, obs Observation, now time.Time, o Options) Decision {
 	st = advance(st, StepAwait, now)
 	st.Why = "not migrated: the Node stays out of service until AWS's reboot at " + stamp(st.Start)
 	return Decision{State: st, Wait: max(0, st.Start.Sub(now))}
+}
+
+// windowOver is when AWS's window for the run's maintenance is over: its end, or, with none
+// known, the start plus Quiet.
+func (o Options) windowOver(st State) time.Time {
+	if st.End.After(st.Start) {
+		return st.End
+	}
+	return st.Start.Add(o.Quiet)
 }
 
 func orShown(err error) string {

@@ -325,6 +325,31 @@ func TestNext(t *testing.T) {
 				s.MigrationWhy = "the router's reboot at 2026-03-01T12:05:00Z did not clear the system-reboot (EC2 still shows it 10m0s after the Node was Ready again; the last answer: the event is shown)"
 			}), why: "stays out of service until AWS's reboot", wantWait: start.Sub(rebooted.Add(DefaultMigrationConfirm))},
 
+		// EC2 does not answer past the bound: whether the migration cleared the event is not
+		// known. The Node stays out of service (if the event remains, AWS reboots it at the
+		// start) and EC2 is asked again, until AWS's window is over either way: neither given
+		// back to be emptied again for a reboot that may never come, nor held for it.
+		{name: "migration: EC2 has not answered by the bound, the start far: asked again, the Node kept out",
+			st: with(run(system, StepConfirm), func(s *State) {
+				s.Start, s.Migration, s.Rebooted, s.StepSince, s.Attempts = t0.Add(48*time.Hour), MigrationOn, rebooted, rebooted, 9
+			}),
+			obs: Observation{Node: readyAt(rebooted, "boot-2"), Err: errAPI}, now: rebooted.Add(DefaultMigrationConfirm),
+			want: with(run(system, StepConfirm), func(s *State) {
+				s.Start, s.Migration, s.Rebooted, s.StepSince, s.Attempts, s.LastError = t0.Add(48*time.Hour), MigrationOn, rebooted, rebooted, 10, errAPI.Error()
+			}), wantWait: DefaultRetryMax},
+		{name: "migration: EC2 has not answered by the bound, the start near: asked again, not waiting for AWS",
+			st:  with(run(system, StepConfirm), func(s *State) { s.Migration, s.Rebooted, s.StepSince = MigrationOn, rebooted, rebooted }),
+			obs: Observation{Node: readyAt(rebooted, "boot-2"), Err: errAPI}, now: rebooted.Add(DefaultMigrationConfirm),
+			want: with(run(system, StepConfirm), func(s *State) {
+				s.Migration, s.Rebooted, s.StepSince, s.Attempts, s.LastError = MigrationOn, rebooted, rebooted, 1, errAPI.Error()
+			}), wantWait: DefaultRetryMin},
+		{name: "migration: EC2 has not answered through AWS's window: given back",
+			st:  with(run(system, StepConfirm), func(s *State) { s.Migration, s.Rebooted, s.StepSince = MigrationOn, rebooted, rebooted }),
+			obs: Observation{Node: readyAt(rebooted, "boot-2"), Err: errAPI}, now: start.Add(DefaultQuiet),
+			want: with(run(system, StepConfirm), func(s *State) {
+				s.Migration, s.Rebooted, s.Step, s.StepSince = MigrationOn, rebooted, StepUncordon, start.Add(DefaultQuiet)
+			}), why: "EC2 did not answer whether the reboot migration cleared the system-reboot"},
+
 		// Karpenter reboots the node (its Rebooting condition): a run that has not rebooted
 		// holds, whatever its deadlines; one whose reboot is under way goes on.
 		{name: "karpenter rebooting: the cordon holds", st: run(reboot, StepCordon), obs: Observation{Node: ready, KarpenterRebooting: true}, now: t0,
