@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -540,7 +541,19 @@ func (p *Pipeline) decide(ctx context.Context, ev event.Event, id string, resolv
 		eligible = false
 	}
 	if eligible {
-		moved, how, changed := p.reschedule(ctx, ev, id, o.Resolved)
+		moved, how, changed, result := p.reschedule(ctx, ev, id, o.Resolved)
+		if result == reschedule.ResultUnavailable {
+			if r, ok := postpones(o.Resolved.NodeClaim, ev); ok {
+				// EC2 does not answer, and this report puts the maintenance of an active record
+				// later: it may be AWS postponing it, or a report sent before the router moved it
+				// earlier, into the window (SQS and retries reorder). Only EC2 can tell, and
+				// taking it as a move would give up the earlier start EC2 may hold: the message
+				// stays, and is retried; the record keeps the earlier start meanwhile (the safe
+				// side). A report of an earlier start is taken at its word.
+				return engine.Outcome{}, ev, false, fmt.Errorf("%s: its start %s is later than the %s of the active record %s, and EC2 cannot be asked which one it holds: retried",
+					how, ev.Deadline.UTC().Format(time.RFC3339), r.Match, r.EventID)
+			}
+		}
 		if changed {
 			// The event as EC2 now holds it: it may be a maintenance recorded already (the
 			// other source's view of an event moved before).
@@ -810,11 +823,11 @@ func (p *Pipeline) tell(ev event.Event, d policy.Decision) {
 // reschedule moves the instance's scheduled event into its pool's window (reschedule.Attempt)
 // and returns the event as EC2 then holds it (changed: it starts at another time than ev
 // says) and what was done, for the decision's reason.
-func (p *Pipeline) reschedule(ctx context.Context, ev event.Event, id string, res cluster.Resolved) (event.Event, string, bool) {
+func (p *Pipeline) reschedule(ctx context.Context, ev event.Event, id string, res cluster.Resolved) (event.Event, string, bool, string) {
 	one, err := p.restrict(ev, id)
 	if err != nil {
 		p.metrics.Reschedules.WithLabelValues(reschedule.ResultNotMoved).Inc()
-		return ev, "not rescheduled: " + err.Error(), false
+		return ev, "not rescheduled: " + err.Error(), false, reschedule.ResultNotMoved
 	}
 	out := reschedule.Attempt(ctx, p.resched, one, id, policy.FromAnnotations(res.NodePool.Annotations), p.clock.Now())
 	p.metrics.Reschedules.WithLabelValues(out.Result).Inc()
@@ -823,9 +836,30 @@ func (p *Pipeline) reschedule(ctx context.Context, ev event.Event, id string, re
 		p.log.Info("scheduled event moved into the window", "event_id", ev.ID, "instance", id, "ec2_event", out.EventID, "from", out.From, "to", out.To)
 	}
 	if !out.Changed {
-		return ev, out.Note, false
+		return ev, out.Note, false, out.Result
 	}
-	return out.Event, out.Note, true
+	return out.Event, out.Note, true, out.Result
+}
+
+// postpones returns the active record of nc whose maintenance ev would move later: the same
+// kind of maintenance at a later start (record.Rescheduled), under its own key (an older update)
+// or another source's.
+func postpones(nc *karpv1.NodeClaim, ev event.Event) (record.Record, bool) {
+	if nc == nil {
+		return record.Record{}, false
+	}
+	set, _ := record.Read(nc) // unreadable: nothing to supersede as far as this router can tell
+	match := record.Match(ev)
+	for _, r := range set.Active() {
+		if r.Kind != event.KindScheduledChange || r.EventID == ev.ID || !record.Rescheduled(r.Match, match) {
+			continue
+		}
+		_, at, _ := strings.Cut(r.Match, "@")
+		if start, err := time.Parse(time.RFC3339, at); err == nil && ev.Deadline.After(start) {
+			return r, true
+		}
+	}
+	return record.Record{}, false
 }
 
 // restrict returns ev as it names only instance id (its canonical body, parsed).

@@ -670,3 +670,51 @@ func TestStateConfirmation(t *testing.T) {
 		})
 	}
 }
+
+// TestRescheduleReportDuringEC2Outage: the router moved a maintenance into the window, then a
+// report of it at a later start comes while EC2 does not answer (a report sent before the move,
+// reordered, or AWS postponing it: only EC2 can tell). Taken at its word it would supersede the
+// record of the start EC2 holds; it is retried instead, and the record keeps the earlier start.
+// A report of an earlier start is taken at its word (the safe side).
+func TestRescheduleReportDuringEC2Outage(t *testing.T) {
+	const rebootCode = "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED"
+	pool := map[string]string{policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
+		policy.AnnotationDrainLead: "1h", policy.AnnotationReschedule: "true"}
+	start := now.Add(10 * 24 * time.Hour) // Tuesday 1 December, 12:00
+	moved := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name      string
+		report    time.Time
+		wantErr   bool
+		wantMatch time.Time // the active record's start after the report
+	}{
+		{name: "a later start (the report before the move): retried, the moved start kept", report: start, wantErr: true, wantMatch: moved},
+		{name: "an earlier start: taken", report: moved.Add(-24 * time.Hour), wantMatch: moved.Add(-24 * time.Hour)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, map[string]map[string]string{"kafka": pool}, map[string]int{"kafka": 1})
+			srv, client := harness.NewEC2InstanceStatus(t)
+			srv.Now = func() time.Time { return now }
+			srv.Add(instanceID(0), &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-1", Code: "system-reboot",
+				Description: "The instance is scheduled for a reboot", NotBefore: start, NotAfter: start.Add(2 * time.Hour), NotBeforeDeadline: now.Add(14 * 24 * time.Hour)}}})
+			r.p.WithRescheduler(reschedule.NewEvents(client))
+			if _, err := r.p.Process(context.Background(), scheduled("h-1", "arn:aws:health:eu-west-1::event/EC2/SYSTEM_REBOOT/r1", rebootCode, start, "upcoming", instanceID(0))); err != nil {
+				t.Fatal(err)
+			}
+			if held, _ := srv.Event(instanceID(0), "instance-event-1"); !held.NotBefore.Equal(moved) {
+				t.Fatalf("EC2 holds %s, want the move to %s", held.NotBefore, moved)
+			}
+			srv.Fail = 1000 // EC2 answers nothing from here on
+			_, err := r.p.Process(context.Background(), scheduled("h-0", "arn:aws:health:eu-west-1::event/EC2/SYSTEM_REBOOT/other-view", rebootCode, tt.report, "upcoming", instanceID(0)))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err %v, want an error %v", err, tt.wantErr)
+			}
+			set, _ := record.Read(&r.claims(t)[0])
+			a := set.Active()
+			if len(a) != 1 || a[0].Match != "system-reboot@"+tt.wantMatch.Format(time.RFC3339) {
+				t.Errorf("active records %+v, want one of the maintenance at %s", a, tt.wantMatch)
+			}
+		})
+	}
+}
