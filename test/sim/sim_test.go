@@ -28,6 +28,7 @@ import (
 	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/nodedrain"
+	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
@@ -48,6 +49,11 @@ var eventsSummarised atomic.Int64
 // batches decided by workers at once, failovers where the old leader overlapped the new, AWS
 // reboots that found a kept node out of service, drains of the unmanaged node begun.
 var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds, contradicted, shadowOutcomes atomic.Int64
+
+// migrations counts the router's reboots that migrated an instance and cleared its
+// system-reboot; ec2Outages the EC2 outages drawn; sqsFailures the batches whose deletes and
+// sends SQS failed after it handed them out.
+var migrations, ec2Outages, sqsFailures atomic.Int64
 
 // windowsKept: kafka's EC2 event window was seen over the run.
 var windowsKept atomic.Bool
@@ -83,12 +89,18 @@ type machine struct {
 	shadowSeen map[string]int
 	plans      map[string]awsReboot
 	goBase     int
+	// reboots are the maintenances (instance/event ID/start) the router rebooted an instance
+	// for; migrated the instances whose reboot migration cleared their system-reboot, and when.
+	reboots  map[string]bool
+	migrated map[string]time.Time
+	// ec2DownUntil is when EC2's outage ends (zero: none).
+	ec2DownUntil time.Time
 }
 
 func newMachine(t *rapid.T) *machine {
 	mode := rapid.SampledFrom([]signal.Mode{signal.ModeDeleteNodeClaim, signal.ModeForward}).Draw(t, "mode")
 	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, polled: map[string]effect{}, plans: map[string]awsReboot{},
-		shadowSeen: map[string]int{}}
+		shadowSeen: map[string]int{}, reboots: map[string]bool{}, migrated: map[string]time.Time{}}
 	w, err := newWorldHooked(mode, m)
 	if err != nil {
 		t.Fatal(err)
@@ -144,6 +156,11 @@ func newWorldHooked(mode signal.Mode, m *machine) (*world, error) {
 		moves.Add(1)
 		m.m.moved(eid, inst, typ, from, to, w.clock.Now())
 		m.horizon = maxTime(m.horizon, to)
+	}
+	w.ec2.onReboot = func(c rebootCall) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.rebooted(c)
 	}
 	w.onGone = func(id string) {
 		m.mu.Lock() // the intake's workers may call at once
@@ -227,7 +244,7 @@ func (m *machine) Health(t *rapid.T) {
 		// The pool moves its events in EC2: AWS Health and EC2 tell of one maintenance. EC2
 		// holds it (the router reads it there before it moves it); a closed Health event
 		// carries the start EC2 holds.
-		start, effect = m.ec2View(arn, inst, typ, start, closed)
+		start, effect = m.ec2View(t, arn, inst, typ, start, closed)
 	}
 	detail := map[string]any{"eventArn": arn, "service": "EC2",
 		"eventTypeCode": healthCodes[typ], "eventTypeCategory": "scheduledChange", "statusCode": status,
@@ -241,7 +258,7 @@ func (m *machine) Health(t *rapid.T) {
 // start: AWS scheduled or moved it; closed: cancelled at the start EC2 holds), and returns the
 // start the Health report carries and its effect on the model: when the router processes it,
 // the maintenance is the one EC2 then holds (the router may have moved it meanwhile).
-func (m *machine) ec2View(arn, inst string, typ event.ScheduledType, start time.Time, closed bool) (time.Time, effect) {
+func (m *machine) ec2View(t *rapid.T, arn, inst string, typ event.ScheduledType, start time.Time, closed bool) (time.Time, effect) {
 	eid := m.pollID(inst, typ)
 	m.w.ec2.mu.Lock()
 	defer m.w.ec2.mu.Unlock()
@@ -252,6 +269,7 @@ func (m *machine) ec2View(arn, inst string, typ event.ScheduledType, start time.
 	if closed {
 		desc = "[Canceled] " + desc
 	}
+	m.migrationOf(t, inst, typ)
 	evs := filterEvents(m.w.ec2.events[inst], eid)
 	m.w.ec2.events[inst] = append(evs, ec2types.InstanceStatusEvent{InstanceEventId: aws.String(eid), Code: ec2types.EventCode(typ), Description: aws.String(desc),
 		NotBefore: aws.Time(start), NotAfter: aws.Time(start.Add(2 * time.Hour)), NotBeforeDeadline: aws.Time(start.Add(7 * 24 * time.Hour))})
@@ -261,7 +279,10 @@ func (m *machine) ec2View(arn, inst string, typ event.ScheduledType, start time.
 		return func(now time.Time) {
 			s := start
 			m.w.ec2.mu.Lock()
-			if cur, ok := m.w.ec2.current(inst, eid); ok && !closed {
+			if cur, ok := m.w.ec2.held(inst, eid); ok && !closed {
+				// The maintenance EC2 holds now (the router may have moved it), or held last
+				// when it was cancelled, completed or cleared since: a late copy of this
+				// report is of that one, not a move back to the start it first carried.
 				s = cur
 			}
 			m.w.ec2.mu.Unlock()
@@ -329,6 +350,7 @@ func (m *machine) Poller(t *rapid.T) {
 	if cur, ok := m.w.ec2.current(inst, eid); ok && cancel {
 		start = cur // EC2 cancels the event it holds
 	}
+	m.migrationOf(t, inst, typ)
 	evs := m.w.ec2.events[inst]
 	evs = append(evs[:0:0], filterEvents(evs, eid)...)
 	ev := ec2types.InstanceStatusEvent{InstanceEventId: aws.String(eid), Code: ec2types.EventCode(typ), Description: aws.String(desc),
@@ -411,7 +433,7 @@ func (m *machine) Spot(t *rapid.T) {
 // Forged sends a shutting-down state change for a running instance, as a sender who may
 // write to the queue would: EC2 shows it running, so the router takes it as the pool takes a
 // stop (web's drain, kafka's after its restart-grace and paced, never batch's), not as an
-// urgent drain past pacing.
+// urgent drain past pacing; while EC2 does not answer, as claimed (docs/policy.md).
 func (m *machine) Forged(t *rapid.T) {
 	inst := m.pick(t, "instance")
 	at := m.now()
@@ -419,6 +441,13 @@ func (m *machine) Forged(t *rapid.T) {
 	m.send(body, effect{before: func(time.Time) {
 		in := m.m.insts[inst]
 		in.changes = append(in.changes, stateChange{at: at, state: event.StateStopping})
+		m.w.ec2.mu.Lock()
+		defer m.w.ec2.mu.Unlock()
+		if m.w.ec2.down {
+			// EC2 does not answer: the router acts on it as claimed, an urgent drain (the
+			// instance is going away if it is true; web's breaker bounds the harm if not).
+			in.urgent = true
+		}
 	}})
 }
 
@@ -531,6 +560,17 @@ func (m *machine) Poll(*rapid.T) { m.poll() }
 
 func (m *machine) poll() {
 	now := m.now()
+	m.w.ec2.mu.Lock()
+	down := m.w.ec2.down
+	m.w.ec2.mu.Unlock()
+	if down {
+		// EC2 does not answer the poller's first call: the router learns nothing, and EC2's
+		// events are handed over at the first poll after the outage.
+		if err := m.w.leader.poller.Poll(m.ctx); err == nil {
+			m.m.fail("%s: the poller reported success while EC2 does not answer", now.Format(time.RFC3339))
+		}
+		return
+	}
 	ids := make([]string, 0, len(m.polled))
 	for id := range m.polled {
 		ids = append(ids, id)
@@ -566,18 +606,28 @@ func (m *machine) poll() {
 	}
 }
 
-// Faults makes the API server fail (an outage, or conflicting writes) while the leader takes
-// one batch of messages.
+// Faults makes the API server fail (an outage, or conflicting writes), and sometimes SQS once
+// it has handed the batch out, while the leader takes one batch of messages.
 func (m *machine) Faults(t *rapid.T) {
 	outage := rapid.Bool().Draw(t, "outage")
 	m.w.faults.mu.Lock()
 	m.w.faults.apiDown = outage
 	m.w.faults.conflict = rapid.IntRange(0, 3).Draw(t, "conflicts")
 	m.w.faults.mu.Unlock()
+	sqsFails := rapid.IntRange(0, 2).Draw(t, "SQS fails after the receive") == 0
+	m.w.queues.mu.Lock()
+	m.w.queues.failAfterReceive = sqsFails
+	m.w.queues.mu.Unlock()
 	m.deliver(t, 3)
 	m.w.faults.mu.Lock()
 	m.w.faults.apiDown, m.w.faults.conflict = false, 0
 	m.w.faults.mu.Unlock()
+	m.w.queues.mu.Lock()
+	if m.w.queues.down {
+		sqsFailures.Add(1)
+	}
+	m.w.queues.failAfterReceive, m.w.queues.down = false, false
+	m.w.queues.mu.Unlock()
 }
 
 // Karpenter acts on forwards (or drops them: the router's fallback must then delete) and
@@ -599,6 +649,7 @@ func (m *machine) advance(t *rapid.T, d time.Duration) {
 	for end := m.now().Add(d); m.now().Before(end); {
 		step := min(tick, end.Sub(m.now()))
 		m.w.clock.Step(step)
+		m.ec2Back()
 		m.lag(t, "cache at the tick")
 		m.deliver(t, 10)
 		m.lag(t, "cache before the poll")
@@ -626,6 +677,7 @@ func (m *machine) advance(t *rapid.T, d time.Duration) {
 			t.Fatal(err)
 		}
 		m.checkUnmanaged(t)
+		m.checkMigrated(t)
 		m.inPlaceOver()
 		m.w.endOverlap()          // a lease period is shorter than a tick
 		m.w.summarise(m.w.leader) // the summary loop runs every 30s; a tick is longer
@@ -681,6 +733,149 @@ func (m *machine) awsActs(t *rapid.T) {
 				m.now().Format(time.RFC3339), a.instance, a.start.Format(time.RFC3339), mt.known.Format(time.RFC3339), a.why)
 		}
 	}
+}
+
+// rebooted checks a reboot the router asked EC2 for (RebootInstances): only for a maintenance
+// EC2 shows (open, of a type AWS reboots for), only of a node out of service (cordoned, its
+// reboot in place in progress), and once per maintenance. A reboot migration that cleared the
+// event gives the node back (checkMigrated).
+func (m *machine) rebooted(c rebootCall) {
+	now := m.now().Format(time.RFC3339)
+	if len(c.open) == 0 {
+		m.m.fail("%s: the router rebooted %s with no maintenance EC2 shows for it", now, c.instance)
+	}
+	for _, ev := range c.open {
+		key := c.instance + "/" + aws.ToString(ev.InstanceEventId) + "/" + aws.ToTime(ev.NotBefore).Format(time.RFC3339)
+		if m.reboots[key] {
+			m.m.fail("%s: the router rebooted %s a second time for its %s at %s", now, c.instance, ev.Code, aws.ToTime(ev.NotBefore).Format(time.RFC3339))
+		}
+		m.reboots[key] = true
+	}
+	claims, err := cluster.InstanceClaims(m.ctx, m.w.store, c.instance)
+	if err != nil || len(claims) == 0 {
+		m.m.fail("%s: the router rebooted %s, which has no NodeClaim (%v)", now, c.instance, err)
+		return
+	}
+	var n corev1.Node
+	if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: claims[0].Status.NodeName}, &n); err != nil {
+		m.m.fail("%s: the router rebooted %s, whose Node cannot be read: %v", now, c.instance, err)
+		return
+	}
+	if !n.Spec.Unschedulable || !inplace.Active(&claims[0]) {
+		m.m.fail("%s: the router rebooted %s with its node in service (cordoned %v, run %s)", now, c.instance, n.Spec.Unschedulable, claims[0].Annotations[inplace.Annotation])
+	}
+	if c.migrated != "" {
+		migrations.Add(1)
+		m.migrated[c.instance] = m.now()
+		// EC2 gives the instance's next system-reboot an ID of its own.
+		delete(m.pollIDs, c.instance+"/"+string(event.ScheduledSystemReboot))
+	}
+}
+
+// migrationBack is how soon a node whose reboot migration cleared its maintenance is back in
+// service, once EC2 answers: the Node's reboot, EC2's word that the event is gone, the uncordon,
+// each a pass of the run (a tick here), and a failover between them.
+const migrationBack = time.Hour
+
+// checkMigrated: a node whose reboot migration cleared its system-reboot is back in service
+// within migrationBack of the migration, or of the end of an EC2 outage after it, unless EC2
+// shows it another reboot-type maintenance since, or the node is being replaced.
+func (m *machine) checkMigrated(t *rapid.T) {
+	insts := make([]string, 0, len(m.migrated))
+	for inst := range m.migrated {
+		insts = append(insts, inst)
+	}
+	sort.Strings(insts)
+	for _, inst := range insts {
+		m.w.ec2.mu.Lock()
+		again, down := false, m.w.ec2.down
+		for _, ev := range m.w.ec2.events[inst] {
+			again = again || (!strings.HasPrefix(aws.ToString(ev.Description), "[") && policy.RebootsInPlace(event.ScheduledType(ev.Code)))
+		}
+		m.w.ec2.mu.Unlock()
+		if down {
+			m.migrated[inst] = m.now() // the router cannot hear that the event is gone
+			continue
+		}
+		claims, err := cluster.InstanceClaims(m.ctx, m.w.store, inst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again || len(claims) == 0 || !claims[0].DeletionTimestamp.IsZero() {
+			delete(m.migrated, inst)
+			continue
+		}
+		var n corev1.Node
+		if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: claims[0].Status.NodeName}, &n); err != nil {
+			delete(m.migrated, inst)
+			continue
+		}
+		if !n.Spec.Unschedulable && n.Annotations[karpv1.DoNotDisruptAnnotationKey] == "" {
+			delete(m.migrated, inst)
+			continue
+		}
+		if at := m.migrated[inst]; m.now().After(at.Add(migrationBack)) {
+			t.Fatalf("%s: %s's reboot migration cleared its system-reboot at %s, and its node is still out of service (run %s)",
+				m.now().Format(time.RFC3339), inst, at.Format(time.RFC3339), claims[0].Annotations[inplace.Annotation])
+		}
+	}
+}
+
+// Migration is the owner of a kafka instance setting its reboot migration
+// (ModifyInstanceMaintenanceOptions: "default", "disabled", or an instance type without it), at
+// any time, a reboot in place of it in progress or not; with it is drawn how EC2's migration
+// of the instance goes.
+func (m *machine) Migration(t *rapid.T) {
+	var kafka []string
+	for _, id := range m.live() {
+		if m.m.insts[id].pool == PoolKafka {
+			kafka = append(kafka, id)
+		}
+	}
+	if len(kafka) == 0 {
+		t.Skip("no kafka instance")
+	}
+	inst := rapid.SampledFrom(kafka).Draw(t, "instance")
+	m.w.ec2.mu.Lock()
+	m.w.ec2.migration[inst] = drawMigration(t)
+	m.w.ec2.mu.Unlock()
+}
+
+func drawMigration(t *rapid.T) migrationOpt {
+	return migrationOpt{state: rapid.SampledFrom([]ec2types.InstanceRebootMigrationState{ec2types.InstanceRebootMigrationStateDefault,
+		ec2types.InstanceRebootMigrationStateDefault, ec2types.InstanceRebootMigrationStateDisabled, ""}).Draw(t, "rebootMigration"),
+		fails: rapid.IntRange(0, 3).Draw(t, "migration not possible") == 0, completed: rapid.Bool().Draw(t, "cleared shows [Completed]")}
+}
+
+// migrationOf draws a kafka instance's reboot-migration setting when EC2 first schedules it a
+// system-reboot (ec2.mu held): before the run the event begins asks for it.
+func (m *machine) migrationOf(t *rapid.T, inst string, typ event.ScheduledType) {
+	if _, ok := m.w.ec2.migration[inst]; ok || typ != event.ScheduledSystemReboot || m.m.insts[inst].pool != PoolKafka {
+		return
+	}
+	m.w.ec2.migration[inst] = drawMigration(t)
+}
+
+// Outage makes EC2 fail every call for a while (RequestLimitExceeded): the poller, the moves,
+// the confirmations, the reboots and the event windows retry after it.
+func (m *machine) Outage(t *rapid.T) {
+	d := rapid.SampledFrom([]time.Duration{tick, time.Hour, 6 * time.Hour}).Draw(t, "EC2 down for")
+	ec2Outages.Add(1)
+	m.ec2DownUntil = maxTime(m.ec2DownUntil, m.now().Add(d))
+	m.w.ec2.mu.Lock()
+	m.w.ec2.down = true
+	m.w.ec2.mu.Unlock()
+}
+
+// ec2Back ends EC2's outage once its time has come.
+func (m *machine) ec2Back() {
+	if m.ec2DownUntil.IsZero() || m.now().Before(m.ec2DownUntil) {
+		return
+	}
+	m.ec2DownUntil = time.Time{}
+	m.w.ec2.mu.Lock()
+	m.w.ec2.down = false
+	m.w.ec2.mu.Unlock()
 }
 
 // inPlaceOver tells the model of the reboots in place that ended with the node kept.
@@ -909,7 +1104,8 @@ func TestSimulation(t *testing.T) {
 		for name, n := range map[string]int64{"stale reads from the router's cache": staleReads.Load(), "batches decided by workers at once": concurrentBatches.Load(),
 			"failovers with the old leader still acting": overlaps.Load(), "AWS reboots of a kept node, out of service": awsOutOfService.Load(),
 			"drains of the unmanaged node": unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load(),
-			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load()} {
+			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load(),
+			"reboot migrations that cleared the event": migrations.Load(), "EC2 outages": ec2Outages.Load(), "batches SQS failed after handing them out": sqsFailures.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}
@@ -926,7 +1122,7 @@ func TestSimulation(t *testing.T) {
 		actions := map[string]func(*rapid.T){
 			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Storm": m.Storm, "Forged": m.Forged, "Impair": m.Impair,
 			"Duplicate": m.Duplicate, "Deliver": m.Deliver, "Poll": m.Poll, "Faults": m.Faults, "Karpenter": m.Karpenter,
-			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover,
+			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover, "Migration": m.Migration, "Outage": m.Outage,
 		}
 		names := make([]string, 0, len(actions))
 		for n := range actions {

@@ -131,7 +131,10 @@ type queues struct {
 	karpenter []string
 	seq       int
 	down      bool // SQS unreachable
-	onForward func(instance, leadership string)
+	// failAfterReceive: SQS becomes unreachable once it has handed a batch out (the deletes,
+	// dead letters and forwards of that batch fail; its messages come back).
+	failAfterReceive bool
+	onForward        func(instance, leadership string)
 }
 
 func (q *queues) ReceiveMessage(_ context.Context, in *sqs.ReceiveMessageInput, _ ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
@@ -156,6 +159,7 @@ func (q *queues) ReceiveMessage(_ context.Context, in *sqs.ReceiveMessageInput, 
 		out = append(out, sqstypes.Message{MessageId: aws.String(m.id), Body: aws.String(m.body), ReceiptHandle: aws.String(m.handle),
 			Attributes: map[string]string{string(sqstypes.MessageSystemAttributeNameApproximateReceiveCount): strconv.Itoa(m.receives)}})
 	}
+	q.down = q.failAfterReceive && len(out) > 0
 	return &sqs.ReceiveMessageOutput{Messages: out}, nil
 }
 
@@ -274,6 +278,34 @@ type ec2Status struct {
 	rebooted []string // instances RebootInstances asked for, since the last pass
 	// onMove observes every move EC2 accepted (mu held).
 	onMove func(instance, eventID string, code event.ScheduledType, from, to time.Time)
+	// migration is each instance's reboot-migration setting and how EC2's migration of it goes
+	// (none: EC2 shows no rebootMigration, the instance does not support it).
+	migration map[string]migrationOpt
+	// cleared is the start each event a reboot migration cleared had, by event ID.
+	cleared map[string]time.Time
+	// onReboot observes every RebootInstances EC2 carried out (mu not held).
+	onReboot func(rebootCall)
+}
+
+// migrationOpt is an instance's maintenanceOptions.rebootMigration, which its owner may change
+// at any time (ModifyInstanceMaintenanceOptions), and how a migration of it goes: EC2's
+// documentation says that, with "default", a reboot the owner starts with a system-reboot
+// scheduled moves the instance to new hardware and clears the event, and that when the
+// migration is not possible the reboot is in place and the event remains.
+type migrationOpt struct {
+	state ec2types.InstanceRebootMigrationState // "": EC2 shows none
+	fails bool                                  // the migration is not possible: the event remains
+	// completed: a cleared event shows as [Completed] for a while, rather than going from
+	// DescribeInstanceStatus at once.
+	completed bool
+}
+
+// rebootCall is one instance EC2 rebooted at the router's request: the open reboot-type
+// events EC2 showed for it at the call, and the one the reboot migration cleared ("" none).
+type rebootCall struct {
+	instance string
+	open     []ec2types.InstanceStatusEvent
+	migrated string
 }
 
 func (e *ec2Status) ModifyInstanceEventStartTime(_ context.Context, in *ec2.ModifyInstanceEventStartTimeInput, _ ...func(*ec2.Options)) (*ec2.ModifyInstanceEventStartTimeOutput, error) {
@@ -315,6 +347,19 @@ func (e *ec2Status) current(instance, eid string) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// held returns the start EC2 holds, or held last, for an instance's event eid, open or not:
+// a cancelled or completed event keeps its start, a cleared one (a reboot migration) the
+// start it had (mu held).
+func (e *ec2Status) held(instance, eid string) (time.Time, bool) {
+	for _, ev := range e.events[instance] {
+		if aws.ToString(ev.InstanceEventId) == eid {
+			return aws.ToTime(ev.NotBefore), true
+		}
+	}
+	at, ok := e.cleared[eid]
+	return at, ok
 }
 
 func (e *ec2Status) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeInstanceStatusInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
@@ -432,6 +477,36 @@ type world struct {
 	boots     int
 }
 
+// stamped reports whether the API server's NodeClaim that obj writes (a NodeClaim, or its
+// metadata alone) carries the router's drain stamp (false for other objects).
+func (w *world) stamped(ctx context.Context, c client.Client, obj client.Object) bool {
+	switch o := obj.(type) {
+	case *karpv1.NodeClaim:
+	case *metav1.PartialObjectMetadata:
+		if o.Kind != "NodeClaim" {
+			return false
+		}
+	default:
+		return false
+	}
+	cur := &karpv1.NodeClaim{}
+	return c.Get(ctx, client.ObjectKey{Name: obj.GetName()}, cur) == nil && cur.Annotations[cluster.AnnotationDrainSignalled] != ""
+}
+
+// noteStamp tells of a drain the router stamped on a NodeClaim (had: stamped before the
+// write): the stamp commits the drain (write-ahead), and the router's fallback deletes the
+// NodeClaim past the confirmation bound if the send or the DELETE after it failed, so the drain
+// is judged when it is stamped, not when the fallback carries it out.
+func (w *world) noteStamp(ctx context.Context, c client.Client, obj client.Object, had bool) {
+	if had || w.onDrain == nil || !w.stamped(ctx, c, obj) {
+		return
+	}
+	cur := &karpv1.NodeClaim{}
+	if err := c.Get(ctx, client.ObjectKey{Name: obj.GetName()}, cur); err == nil {
+		w.onDrain(cluster.InstanceID(cur.Status.ProviderID))
+	}
+}
+
 // newWorldWith builds the cluster and the two replicas; onLaunch sees every node from the first.
 func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*world, error) {
 	scheme, err := cluster.NewScheme()
@@ -440,7 +515,7 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 	}
 	clk := clocktesting.NewFakeClock(Start)
 	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode, cache: newLagCache(),
-		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}},
+		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}, migration: map[string]migrationOpt{}, cleared: map[string]time.Time{}},
 		recorder: &summaryRecorder{}, log: simLog(), onLaunch: onLaunch}
 	w.windows, w.windowsAPI, w.stopWindows = harness.StartEC2EventWindows()
 	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&karpv1.NodeClaim{})
@@ -475,13 +550,23 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 			if err := write(ctx, c, obj); err != nil {
 				return err
 			}
-			return c.Patch(ctx, obj, patch, opts...)
+			had := w.stamped(ctx, c, obj)
+			if err := c.Patch(ctx, obj, patch, opts...); err != nil {
+				return err
+			}
+			w.noteStamp(ctx, c, obj, had)
+			return nil
 		},
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			if err := write(ctx, c, obj); err != nil {
 				return err
 			}
-			return c.Update(ctx, obj, opts...)
+			had := w.stamped(ctx, c, obj)
+			if err := c.Update(ctx, obj, opts...); err != nil {
+				return err
+			}
+			w.noteStamp(ctx, c, obj, had)
+			return nil
 		},
 		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
 			if err := write(ctx, c, obj); err != nil {
@@ -756,15 +841,66 @@ func (b *budgets) Evict(ctx context.Context, node string, _ time.Time) (int, map
 	return 1, map[string]string{"kafka/broker-0": "Cannot evict pod as it would violate the pod's disruption budget."}, nil
 }
 
-// RebootInstances is EC2's reboot of an instance: its Node comes back with a new boot ID.
+// RebootInstances is EC2's reboot of an instance: its Node comes back with a new boot ID (at
+// the next pass of reconcileInPlace). An instance whose rebootMigration is "default" and
+// whose migration is possible moves to new hardware: its system-reboot is cleared.
 func (e *ec2Status) RebootInstances(_ context.Context, in *ec2.RebootInstancesInput, _ ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
+	e.mu.Lock()
+	if e.down {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("RequestLimitExceeded")
+	}
+	e.rebooted = append(e.rebooted, in.InstanceIds...)
+	var calls []rebootCall
+	for _, id := range in.InstanceIds {
+		c := rebootCall{instance: id}
+		var kept []ec2types.InstanceStatusEvent
+		for _, ev := range e.events[id] {
+			open := !strings.HasPrefix(aws.ToString(ev.Description), "[")
+			if open && policy.RebootsInPlace(event.ScheduledType(ev.Code)) {
+				c.open = append(c.open, ev)
+			}
+			opt := e.migration[id]
+			if open && ev.Code == ec2types.EventCode(event.ScheduledSystemReboot) && opt.state == ec2types.InstanceRebootMigrationStateDefault && !opt.fails {
+				c.migrated = aws.ToString(ev.InstanceEventId)
+				if !opt.completed {
+					e.cleared[c.migrated] = aws.ToTime(ev.NotBefore)
+					continue // cleared: gone from the list
+				}
+				ev.Description = aws.String("[Completed] " + aws.ToString(ev.Description))
+			}
+			kept = append(kept, ev)
+		}
+		e.events[id] = kept
+		calls = append(calls, c)
+	}
+	hook := e.onReboot
+	e.mu.Unlock()
+	if hook != nil {
+		for _, c := range calls {
+			hook(c)
+		}
+	}
+	return &ec2.RebootInstancesOutput{}, nil
+}
+
+// DescribeInstances shows each instance running, with its reboot-migration setting
+// (maintenanceOptions.rebootMigration; none where the instance does not support it).
+func (e *ec2Status) DescribeInstances(_ context.Context, in *ec2.DescribeInstancesInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.down {
 		return nil, fmt.Errorf("RequestLimitExceeded")
 	}
-	e.rebooted = append(e.rebooted, in.InstanceIds...)
-	return &ec2.RebootInstancesOutput{}, nil
+	var res ec2types.Reservation
+	for _, id := range in.InstanceIds {
+		inst := ec2types.Instance{InstanceId: aws.String(id), State: &ec2types.InstanceState{Name: ec2types.InstanceStateNameRunning}}
+		if opt := e.migration[id]; opt.state != "" {
+			inst.MaintenanceOptions = &ec2types.InstanceMaintenanceOptions{RebootMigration: opt.state}
+		}
+		res.Instances = append(res.Instances, inst)
+	}
+	return &ec2.DescribeInstancesOutput{Reservations: []ec2types.Reservation{res}}, nil
 }
 
 // drainHook tells the world of each drain of an unmanaged node the pipeline begins.
