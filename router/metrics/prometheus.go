@@ -102,7 +102,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: EventsHeld, Help: "Instances whose decision Events (on the Node and the NodeClaim) went over --instance-events-per-second, by Event reason: they are told in one Event per NodePool and reason every 30s, and their records stay on their NodeClaims.",
 		}, []string{LabelReason}),
 		Reschedules: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: Reschedules, Help: "Scheduled events of pools annotated healthrouter.io/reschedule=true the router tried to move into the pool's window, by result: moved, in-window (already there), not-moved (no deadline, too close, no opening before the deadline, no open event), refused (EC2 refused the call) or unavailable (EC2 did not answer; the ordinary policy applied).",
+			Name: Reschedules, Help: "Scheduled events of pools annotated healthrouter.io/reschedule=true the router tried to move into the pool's window, by result: moved, in-window (already there), not-moved (no deadline, too close, no opening before the deadline, no open event), refused (EC2 refused the call) or unavailable (EC2 did not answer; the ordinary policy applied, or, for a report that would put an active record's maintenance later, the message is retried).",
 		}, []string{LabelResult}),
 	}
 	// Which build is running, as Prometheus exporters say it: one series at 1, the build in
