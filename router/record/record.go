@@ -290,6 +290,17 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 	return Record{}, false
 }
 
+// ClosedSince reports whether a close applied to the set ended ev's event or maintenance after
+// ev was sent (lateAfterClose): a deferral decided from a copy read before the close was
+// written, by another worker at the same moment, must not bring back what the close ended.
+func (s Set) ClosedSince(ev event.Event) bool {
+	if Closed(ev) {
+		return false
+	}
+	key := Key(ev)
+	return slices.ContainsFunc(s.Records, func(r Record) bool { return r.State == StateClosed && lateAfterClose(r, ev, key) })
+}
+
 // movedBack reports whether ev, a report of EC2's own (the instance-status poller), names its
 // maintenance at another start than the active record of the same report holds: the router
 // moved the event (the record holds the new start) and EC2 now shows the report's start again

@@ -421,6 +421,12 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body,
 		Communication: record.Communication(ev)}
 	err = s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
+		// The decision read the records before this write; a close written since (another
+		// worker's, at the same moment) ends the event here as it would have there.
+		if set.ClosedSince(ev) {
+			changed = false
+			return false
+		}
 		changed = set.Put(entry)
 		return changed
 	})

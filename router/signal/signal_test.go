@@ -788,3 +788,32 @@ func TestAnnotationPatch(t *testing.T) {
 		})
 	}
 }
+
+// TestDeferAfterAConcurrentClose: an update of a Health event and its close are decided at once
+// (two workers of one batch). The close is written first; the deferral, decided from a copy
+// read before it, is written over the fresh set: the close's tombstone ends it there, as it
+// would have ended it at the decision. Two shapes: the close newer than the update, and from
+// the same second (AWS Health closes an event last).
+func TestDeferAfterAConcurrentClose(t *testing.T) {
+	const closedBody = `{"version":"0","id":"h9","detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"%s","region":"eu-west-1","resources":[],"detail":{"eventArn":"arn:aws:health:eu-west-1::event/EC2/RET/1","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"closed","startTime":"Sat, 28 Nov 2026 10:00:00 GMT","affectedEntities":[{"entityValue":"i-0a1b2c3d4e5f6000a"}]}}`
+	for _, closedAt := range []string{"2026-11-21T11:00:00Z", "2026-11-21T10:00:00Z"} {
+		t.Run("closed at "+closedAt, func(t *testing.T) {
+			s, r := newRig(t, ModeDeleteNodeClaim)
+			upd := parse(t, healthBody) // sent at 10:00
+			stale := r.resolved(t)      // the update's worker read the NodeClaim here
+			closed := parse(t, fmt.Sprintf(closedBody, closedAt))
+			if err := s.Ignore(context.Background(), closed, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionIgnore, Cancel: true}, r.resolved(t), false); err != nil {
+				t.Fatal(err)
+			}
+			d := policy.Decision{EventID: upd.ID, InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer, Until: now.Add(24 * time.Hour), Hold: policy.HoldWindow, Reason: "window"}
+			changed, err := s.Defer(context.Background(), upd, d, stale, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			set, _ := record.Read(r.get(t))
+			if a := set.Active(); changed || len(a) != 0 {
+				t.Errorf("changed %v, %d active record(s): the close written first must end the older update", changed, len(a))
+			}
+		})
+	}
+}
