@@ -1077,7 +1077,9 @@ func (w *world) reboot(ctx context.Context, node string) error {
 	w.boots++
 	n.Status.NodeInfo.BootID = fmt.Sprintf("boot-%d", w.boots)
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(w.clock.Now())}}
-	return w.store.Update(ctx, &n)
+	// Through the status subresource: the fake API server, as a real one, ignores a Node's
+	// status in a plain Update (before this, no reboot ever showed on a Node).
+	return w.store.Status().Update(ctx, &n)
 }
 
 // checkInPlace: no Node is cordoned or protected from Karpenter, and no NodeClaim protected,
