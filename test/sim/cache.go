@@ -3,11 +3,13 @@ package sim
 import (
 	"context"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -28,10 +30,26 @@ type lagCache struct {
 	trim   *cluster.Trimmer
 	before map[string]client.Object // kind/name -> the object before the unsynced writes; nil: it did not exist
 	lagged int                      // reads served a stale copy, over the run
+	// since is when the oldest unsynced write was made (zero: none), on clock.
+	since time.Time
+	clock clock.PassiveClock
 }
 
-func newLagCache() *lagCache {
-	return &lagCache{trim: cluster.NewTrimmer(), before: map[string]client.Object{}}
+// lagMax bounds the lag: an informer whose watch shows the router's own write a minute late is
+// a broken one, and the router's in-memory notes of its decisions (the pacer's reservations
+// last two minutes) are sized for a watch that works. A sync is drawn at every lag point; past
+// lagMax it is not drawn, it happens.
+const lagMax = time.Minute
+
+// overdue reports whether the oldest unsynced write is lagMax old at now.
+func (l *lagCache) overdue(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.before) > 0 && !now.Before(l.since.Add(lagMax))
+}
+
+func newLagCache(clk clock.PassiveClock) *lagCache {
+	return &lagCache{trim: cluster.NewTrimmer(), before: map[string]client.Object{}, clock: clk}
 }
 
 func cacheKey(obj client.Object) (string, bool) {
@@ -71,6 +89,9 @@ func (l *lagCache) written(ctx context.Context, store client.Client, obj client.
 	if _, ok := l.before[key]; ok {
 		return // the first unsynced write's pre-image stands
 	}
+	if len(l.before) == 0 && l.clock != nil {
+		l.since = l.clock.Now()
+	}
 	cur := typed(key)
 	if err := store.Get(ctx, client.ObjectKey{Name: obj.GetName()}, cur); err != nil {
 		l.before[key] = nil
@@ -84,6 +105,7 @@ func (l *lagCache) sync() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	clear(l.before)
+	l.since = time.Time{}
 }
 
 // staleReads is how many reads the cache served a stale copy for.

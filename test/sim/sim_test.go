@@ -496,7 +496,7 @@ func (m *machine) Deliver(t *rapid.T) {
 // lag lets the router's cache catch up with its own writes, or not: a drawn moment (the
 // informer's lag is milliseconds, and a decision is as quick).
 func (m *machine) lag(t *rapid.T, label string) {
-	if rapid.IntRange(0, 2).Draw(t, label) > 0 {
+	if rapid.IntRange(0, 2).Draw(t, label) > 0 || m.w.cache.overdue(m.now()) {
 		m.w.cache.sync()
 	}
 }

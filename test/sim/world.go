@@ -514,7 +514,7 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 		return nil, err
 	}
 	clk := clocktesting.NewFakeClock(Start)
-	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode, cache: newLagCache(),
+	w := &world{clock: clk, faults: &faults{}, queues: &queues{clock: clk}, mode: mode, cache: newLagCache(clk),
 		ec2:      &ec2Status{clock: clk, events: map[string][]ec2types.InstanceStatusEvent{}, impaired: map[string]time.Time{}, migration: map[string]migrationOpt{}, cleared: map[string]time.Time{}},
 		recorder: &summaryRecorder{}, log: simLog(), onLaunch: onLaunch}
 	w.windows, w.windowsAPI, w.stopWindows = harness.StartEC2EventWindows()
