@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -512,11 +513,7 @@ func TestReschedule(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRig(t, map[string]map[string]string{"kafka": pool}, map[string]int{"kafka": 1})
-			srv, client := harness.NewEC2InstanceStatus(t)
-			srv.Now = func() time.Time { return now }
-			srv.Add(instanceID(0), &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-1", Code: "system-reboot",
-				Description: "The instance is scheduled for a reboot", NotBefore: start, NotAfter: start.Add(2 * time.Hour), NotBeforeDeadline: tt.deadline}}})
+			r, srv, client := rescheduleRig(t, pool, start, tt.deadline)
 			srv.Fail = tt.fail
 			if tt.denied {
 				srv.Denied = map[string]bool{"ModifyInstanceEventStartTime": true}
@@ -584,6 +581,18 @@ func TestReschedule(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rescheduleRig is a rig whose kafka pool (annotated pool) has one instance, and EC2's stand-in
+// holding its system reboot instance-event-1 at start (deadline: NotBeforeDeadline).
+func rescheduleRig(t *testing.T, pool map[string]string, start, deadline time.Time) (*rig, *harness.EC2InstanceStatus, *ec2.Client) {
+	t.Helper()
+	r := newRig(t, map[string]map[string]string{"kafka": pool}, map[string]int{"kafka": 1})
+	srv, client := harness.NewEC2InstanceStatus(t)
+	srv.Now = func() time.Time { return now }
+	srv.Add(instanceID(0), &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-1", Code: "system-reboot",
+		Description: "The instance is scheduled for a reboot", NotBefore: start, NotAfter: start.Add(2 * time.Hour), NotBeforeDeadline: deadline}}})
+	return r, srv, client
 }
 
 func drainEvents(rec *events.FakeRecorder) []string {
@@ -693,11 +702,7 @@ func TestRescheduleReportDuringEC2Outage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRig(t, map[string]map[string]string{"kafka": pool}, map[string]int{"kafka": 1})
-			srv, client := harness.NewEC2InstanceStatus(t)
-			srv.Now = func() time.Time { return now }
-			srv.Add(instanceID(0), &harness.Instance{Events: []harness.ScheduledEvent{{ID: "instance-event-1", Code: "system-reboot",
-				Description: "The instance is scheduled for a reboot", NotBefore: start, NotAfter: start.Add(2 * time.Hour), NotBeforeDeadline: now.Add(14 * 24 * time.Hour)}}})
+			r, srv, client := rescheduleRig(t, pool, start, now.Add(14*24*time.Hour))
 			r.p.WithRescheduler(reschedule.NewEvents(client))
 			if _, err := r.p.Process(context.Background(), scheduled("h-1", "arn:aws:health:eu-west-1::event/EC2/SYSTEM_REBOOT/r1", rebootCode, start, "upcoming", instanceID(0))); err != nil {
 				t.Fatal(err)
