@@ -235,7 +235,7 @@ func (m *machine) Health(t *rapid.T) {
 	m.health(t, inst, typ, start, closed)
 }
 
-// health sends AWS Health's report of a maintenance of inst (EC2 holds it too, for kafka).
+// health sends AWS Health's report of a maintenance of inst (EC2 holds it too).
 func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start time.Time, closed bool) {
 	status := event.HealthUpcoming
 	if closed {
@@ -243,10 +243,10 @@ func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start
 	}
 	arn := "arn:aws:health:eu-west-1::event/EC2/" + healthCodes[typ] + "/" + inst
 	effect := reportEffect(m.m, arn, inst, typ, start, closed)
-	if m.m.insts[inst].pool == PoolKafka && typ != "" {
-		// The pool moves its events in EC2: AWS Health and EC2 tell of one maintenance. EC2
-		// holds it (the router reads it there before it moves it); a closed Health event
-		// carries the start EC2 holds.
+	if typ != "" {
+		// AWS Health and EC2 tell of one maintenance: EC2 holds it too (the router reads it
+		// there before it moves it, and its poller finds it there), and a closed Health event
+		// carries the start EC2 holds. A code EC2 has no event type for is Health's alone.
 		start, effect = m.ec2View(t, arn, inst, typ, start, closed)
 	}
 	detail := map[string]any{"eventArn": arn, "service": "EC2",
@@ -257,7 +257,7 @@ func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start
 	m.horizon = maxTime(m.horizon, start)
 }
 
-// ec2View sets EC2's event of a kafka instance's maintenance as AWS Health reports it (a new
+// ec2View sets EC2's event of an instance's maintenance as AWS Health reports it (a new
 // start: AWS scheduled or moved it; closed: cancelled at the start EC2 holds), and returns the
 // start the Health report carries and its effect on the model: when the router processes it,
 // the maintenance is the one EC2 then holds (the router may have moved it meanwhile).
