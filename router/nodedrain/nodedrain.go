@@ -299,8 +299,11 @@ func (d *Drainer) tombstone(ctx context.Context, name string, dr Drain) error {
 			return false, nil
 		}
 		now := d.clock.Now()
+		// The running the close it replaces kept (RunningSince) is kept too: the poller
+		// reports a cancelled event at every poll, each report newer than the last, and a
+		// stop from before the running, arriving late, must still begin no drain.
 		n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, EventTime: dr.EventTime,
-			Started: now, Done: &now, Closed: true})
+			Started: now, Done: &now, Closed: true, RunningSince: cur.RunningSince})
 		return true, nil
 	})
 	if err != nil && !apierrors.IsNotFound(err) {

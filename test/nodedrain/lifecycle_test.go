@@ -306,3 +306,32 @@ func TestLateUpdateAfterClose(t *testing.T) {
 		t.Errorf("a report newer than the close: already=%v err=%v, want the drain begun", again, err)
 	}
 }
+
+// TestLateStopAfterARepeatedClose: found by make sim (a random seed on 2ad330c). The poller
+// reports a cancelled EC2 event at every poll, each report newer than the last; each rewrote
+// the close kept on the Node and dropped the `running` kept beside it, so a stop from before
+// that running, arriving late (SQS reorders), cordoned and drained the node for a stop that
+// was over, and no running was left to come and end it.
+func TestLateStopAfterARepeatedClose(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "reclose-a", false)
+	closed := func(at time.Time) nodedrain.Drain {
+		return nodedrain.Drain{EventID: "closed-" + at.Format("1504"), Key: "i-1/instance-event-0", Match: "instance-retirement@2026-03-01T11:00:00Z", Kind: "scheduled-change", EventTime: at}
+	}
+	stopped := t0.Add(-3 * time.Minute)
+	if _, err := s.drainer.Cancel(s.ctx, "reclose-a", closed(t0.Add(-10*time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	running := nodedrain.Drain{EventID: "run-1", Key: "run-1", Kind: "state-change", EventTime: stopped.Add(2 * time.Minute), Resumes: true}
+	if _, err := s.drainer.Cancel(s.ctx, "reclose-a", running); err != nil {
+		t.Fatal(err)
+	}
+	// The next poll reports the cancelled event again.
+	if _, err := s.drainer.Cancel(s.ctx, "reclose-a", closed(t0)); err != nil {
+		t.Fatal(err)
+	}
+	already, err := s.drainer.Begin(s.ctx, getNode(t, "reclose-a"), nodedrain.Drain{EventID: "stop-1", Key: "stop-1", Kind: "state-change", EventTime: stopped})
+	if err != nil || !already || getNode(t, "reclose-a").Spec.Unschedulable {
+		t.Fatalf("a stop older than the running: already=%v err=%v cordoned=%v, want it taken as over", already, err, getNode(t, "reclose-a").Spec.Unschedulable)
+	}
+}
