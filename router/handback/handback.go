@@ -501,6 +501,7 @@ func (h *Handback) nodeDrain(base Item, n *corev1.Node) (Item, bool) {
 	}
 	it.Kind, it.Event, it.Until = rec.Kind, rec.EventID, rec.Deadline
 	now := h.clock.Now()
+	release, byItself := rec.ReleaseAt() // the last of the maintenances the drain holds the Node for
 	switch {
 	case !rec.Cordoned:
 		it.Done = "record removed (the router did not cordon it)"
@@ -508,11 +509,11 @@ func (h *Handback) nodeDrain(base Item, n *corev1.Node) (Item, bool) {
 	case h.opts.Pending == PendingDrop:
 		it.Done = "dropped; uncordoned"
 		return it, true
-	case !rec.Release.IsZero() && !now.Before(rec.Release):
+	case byItself && !now.Before(release):
 		it.Done = "record removed; uncordoned (its maintenance is over)"
 		return it, true
-	case !rec.Release.IsZero():
-		it.Done = fmt.Sprintf("record removed; left cordoned: uncordon after the maintenance (%s)", rec.Release.UTC().Format(time.RFC3339))
+	case byItself:
+		it.Done = fmt.Sprintf("record removed; left cordoned: uncordon after the maintenance (%s)", release.UTC().Format(time.RFC3339))
 	case rec.Finished():
 		it.Done = "record removed; left cordoned (its instance ends)"
 	default:

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -148,10 +149,13 @@ func (d *Drainer) Start(ctx context.Context) error {
 }
 
 // Begin records the drain on the Node and cordons it in one patch (optimistic lock, retried
-// on conflict, idempotent): already=true, and nothing written, when the Node carries an
-// unfinished drain, or a finished one of the same event. A finished drain of another event is
-// replaced: the instance was drained before and is now drained again (an operator may have
-// uncordoned it meanwhile). The Node is read fresh, not from the router's cache, which trims
+// on conflict, idempotent): already=true when the Node carries an unfinished drain, or a
+// finished one of the same event. That drain then holds the Node for dr's maintenance too
+// (Record.hold): a postponed or rescheduled maintenance moves its release, a second one is
+// held beside it, so that the Node is not handed back before AWS carries the last of them
+// out. A finished drain of another event is replaced: the instance was drained before and is
+// now drained again (an operator may have uncordoned it meanwhile); the maintenances it still
+// held are carried over. The Node is read fresh, not from the router's cache, which trims
 // spec.unschedulable: whether the router cordons it (and so may uncordon it) is decided on
 // what the Node is.
 func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (already bool, err error) {
@@ -173,13 +177,23 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 			(prev.Closed && !dr.EventTime.IsZero() && !dr.EventTime.After(prev.EventTime) &&
 				((dr.Key != "" && prev.Key == dr.Key) || sameMaintenance(prev.Match, dr.Match))))
 		already = stale || (found && !prev.Closed && (!prev.Finished() || prev.EventID == dr.EventID || (dr.Key != "" && prev.Key == dr.Key)))
-		if already {
+		if stale {
 			return false, nil
+		}
+		if already {
+			if !prev.hold(dr) {
+				return false, nil
+			}
+			n.Annotations[AnnotationNodeDrain] = encode(prev)
+			return true, nil
 		}
 		// A finished drain's cordon is still the router's if the Node is still cordoned.
 		cordoned := !n.Spec.Unschedulable || (found && prev.Cordoned)
 		rec := Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, EventTime: dr.EventTime, Started: d.clock.Now(), Deadline: dr.Deadline,
 			Release: dr.Release, Cordoned: cordoned}
+		if found && !prev.Closed && !prev.Running {
+			carry(&rec, prev)
+		}
 		n.Annotations[AnnotationNodeDrain] = encode(rec)
 		n.Spec.Unschedulable = true
 		return true, nil
@@ -193,6 +207,27 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 	return already, nil
 }
 
+// carry holds the new drain rec for the maintenances the finished drain prev it replaces
+// still held (a reboot AWS has yet to carry out): each is taken as a report (Record.hold), so
+// that rec's own event, if it is a newer report of one of them, replaces it.
+func carry(rec *Record, prev Record) {
+	held := prev.Also
+	if prev.Match != "" {
+		held = append([]Held{prev.own()}, held...)
+	}
+	for _, h := range held {
+		if same, newer := reports(h, rec.own()); same && rec.Match != "" {
+			if !newer && h.EventTime.After(rec.EventTime) && !sameMaintenance(h.Match, rec.Match) {
+				// rec is an older report of a maintenance prev holds a newer one of: the drain
+				// is for the newer one.
+				rec.EventID, rec.Key, rec.Match, rec.EventTime, rec.Deadline, rec.Release = h.EventID, h.Key, h.Match, h.EventTime, h.Deadline, h.Release
+			}
+			continue
+		}
+		rec.hold(Drain{EventID: h.EventID, Key: h.Key, Match: h.Match, EventTime: h.EventTime, Deadline: h.Deadline, Release: h.Release})
+	}
+}
+
 // Resumable reports whether the drain is one a `running` of the instance after it ends: a
 // stop's (a state change).
 func (dr Drain) Resumable() bool { return dr.Kind == stateChangeKind && !dr.Resumes }
@@ -200,6 +235,9 @@ func (dr Drain) Resumable() bool { return dr.Kind == stateChangeKind && !dr.Resu
 // stateChangeKind is router/event's KindStateChange, restated: this package is below event's
 // users in the pipeline and names kinds as strings.
 const stateChangeKind = "state-change"
+
+// scheduledChangeKind is router/event's KindScheduledChange, restated.
+const scheduledChangeKind = "scheduled-change"
 
 // impairedKey is in the key of a drain for an impairment the poller found (the finding's
 // event ID, router/event's StatusFinding.ID: <prefix><instance>/impaired/<since>).
@@ -238,9 +276,12 @@ func (d *Drainer) node(ctx context.Context, name string) (*corev1.Node, error) {
 }
 
 // Cancel ends the Node's drain if it is for the maintenance that closes (a closed event:
-// the same event ID or key, or the same maintenance, Record.Match), or for a stop of the
-// instance that now runs again (Drain.Resumes, after the stop): the record goes and the Node is
-// uncordoned if the router cordoned it. It reports whether it ended one.
+// the same event ID or key, or the same maintenance, Record.Match), for an impairment the
+// instance recovered from (Drain.Recovers), or for a stop of the instance that now runs again
+// (Drain.Resumes, after the stop): the record goes and the Node is uncordoned if the router
+// cordoned it. A drain that holds the Node for another maintenance too (Record.Also) is handed
+// on to it instead, and a close of such a maintenance drops it from the drain. It reports
+// whether it ended a drain.
 func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, error) {
 	node, err := d.node(ctx, name)
 	if apierrors.IsNotFound(err) {
@@ -249,28 +290,26 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 	if err != nil {
 		return false, fmt.Errorf("reading node %s: %w", name, err)
 	}
-	rec, ok, err := Records(node)
-	if err != nil {
+	if _, _, err := Records(node); err != nil {
 		return false, nil // not one this router can trace
 	}
 	if dr.Resumes {
 		return d.resume(ctx, node, dr)
 	}
 	if dr.Recovers {
-		if !ok || rec.Kind != dr.Kind || !strings.Contains(rec.Key, impairedKey) {
-			return false, nil
-		}
-		if err := d.end(ctx, node, rec, "the instance passes its status checks again ("+dr.EventID+")"); err != nil {
-			return false, err
-		}
-		return true, nil
+		return d.settle(ctx, node, "the instance passes its status checks again ("+dr.EventID+")", func(cur Record) (Record, bool) {
+			if cur.Kind != dr.Kind || !strings.Contains(cur.Key, impairedKey) {
+				return cur, false
+			}
+			next, ok := cur.handOn()
+			return next, !ok
+		})
 	}
-	ended := false
-	if ok && !rec.Closed && (rec.EventID == dr.EventID || (dr.Key != "" && rec.Key == dr.Key) || (dr.Match != "" && sameMaintenance(rec.Match, dr.Match))) {
-		if err := d.end(ctx, node, rec, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")"); err != nil {
-			return false, err
-		}
-		ended = true
+	ended, err := d.settle(ctx, node, "its maintenance was cancelled ("+dr.Kind+" "+dr.EventID+")", func(cur Record) (Record, bool) {
+		return cur.closes(dr)
+	})
+	if err != nil {
+		return false, err
 	}
 	// The close is kept on a Node with no drain of its own now: an older report of the same
 	// maintenance that arrives after it begins none.
@@ -279,6 +318,57 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 	}
 	return ended, nil
 }
+
+// settle applies f to the Node's drain as the write finds it (an unfinished or finished
+// drain, not a close or a running kept on the Node): f returns the drain as it stands after,
+// or end=true to end it (the record goes, the Node is uncordoned if the router cordoned it).
+// Deciding on the Node as written, not as first read, keeps a maintenance that Begin took
+// into the drain meanwhile (Record.Also) from being dropped with it. It says why on the Node
+// and reports whether the drain ended.
+func (d *Drainer) settle(ctx context.Context, node *corev1.Node, why string, f func(cur Record) (next Record, end bool)) (bool, error) {
+	var ended, from *Record
+	var handed string
+	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+		ended, from, handed = nil, nil, ""
+		cur, ok, err := Records(n)
+		if err != nil || !ok || cur.Closed || cur.Running {
+			return false, nil
+		}
+		next, end := f(cur)
+		if end {
+			c := cur
+			ended = &c
+			return UndoNode(n, true), nil
+		}
+		if next.EventID == cur.EventID && slices.EqualFunc(next.Also, cur.Also, sameHeld) {
+			return false, nil
+		}
+		if next.EventID != cur.EventID {
+			c := cur
+			from, handed = &c, next.EventID
+		}
+		n.Annotations[AnnotationNodeDrain] = encode(next)
+		return true, nil
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("recording the drain of node %s: %w", node.Name, err)
+	}
+	d.mu.Lock()
+	if ended != nil {
+		delete(d.lastTried, node.Name)
+	}
+	d.mu.Unlock()
+	switch {
+	case ended != nil:
+		d.ended(node, *ended, why)
+	case from != nil:
+		d.log.Info("node drain holds on", "node", node.Name, "event_id", from.EventID, "why", why, "now_for", handed)
+	}
+	return ended != nil, nil
+}
+
+// sameHeld compares two held maintenances.
+func sameHeld(a, b Held) bool { return a.EventID == b.EventID && a.EventTime.Equal(b.EventTime) }
 
 // tombstone records the close dr on the Node when it has no record (or only an earlier close):
 // a drain in progress, a finished one, or a running is left as it is.
@@ -329,6 +419,12 @@ func (d *Drainer) resume(ctx context.Context, node *corev1.Node, dr Drain) (bool
 		switch {
 		case !found, cur.Running && dr.EventTime.After(cur.EventTime):
 			// No drain to end; this running is the latest.
+		case !cur.Running && cur.Kind == dr.Kind && !cur.EventTime.IsZero() && dr.EventTime.After(cur.EventTime) && len(cur.Also) > 0:
+			// The stop is over, but the drain holds the Node for a maintenance still to come.
+			next, _ := cur.handOn()
+			next.RunningSince = dr.EventTime
+			n.Annotations[AnnotationNodeDrain] = encode(next)
+			return true, nil
 		case !cur.Running && cur.Kind == dr.Kind && !cur.EventTime.IsZero() && dr.EventTime.After(cur.EventTime):
 			c := cur
 			ended = &c
@@ -371,19 +467,14 @@ func sameMaintenance(a, b string) bool {
 	return at == bt && (ta == tb || ta == "" || tb == "")
 }
 
-// end forgets the drain rec of node (its record gone, the Node uncordoned if the router
-// cordoned it) and says why on the Node.
-func (d *Drainer) end(ctx context.Context, node *corev1.Node, rec Record, why string) error {
-	if err := d.forget(ctx, node, rec.EventID); err != nil {
-		return err
-	}
+// ended says on the Node why its drain rec ended.
+func (d *Drainer) ended(node *corev1.Node, rec Record, why string) {
 	how := "left cordoned: it was cordoned before the drain"
 	if rec.Cordoned {
 		how = "uncordoned"
 	}
 	d.recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNodeDrainEnded, eventAction, "%s (%s): the drain ended: %s; %s", rec.Kind, rec.EventID, why, how)
 	d.log.Info("node drain ended", "node", node.Name, "event_id", rec.EventID, "why", why, "uncordoned", rec.Cordoned)
-	return nil
 }
 
 // Forget removes the record and uncordons the Node, if the router cordoned it; no-op without
@@ -398,22 +489,9 @@ func (d *Drainer) Forget(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("reading node %s: %w", name, err)
 	}
-	return d.forget(ctx, node, "")
-}
-
-// forget removes node's record (only eventID's, unless empty) and uncordons the Node if the
-// record says the router cordoned it.
-func (d *Drainer) forget(ctx context.Context, node *corev1.Node, eventID string) error {
-	name := node.Name
-	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
-		if _, ok := n.Annotations[AnnotationNodeDrain]; !ok {
-			return false, nil
-		}
+	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
 		// A record that does not parse is removed, but the Node stays cordoned: who cordoned
 		// it is not known.
-		if rec, _, err := Records(n); eventID != "" && (err != nil || rec.EventID != eventID) {
-			return false, nil // replaced meanwhile: not the drain to end
-		}
 		return UndoNode(n, true), nil
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -449,8 +527,8 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 			d.log.Warn("node drain record ignored", "node", n.Name, "error", err)
 			continue
 		}
-		if ok && rec.Finished() && !rec.Release.IsZero() && !now.Before(rec.Release) {
-			if err := d.release(ctx, n.Name, rec); err != nil {
+		if at, held := rec.ReleaseAt(); ok && rec.Finished() && held && !now.Before(at) {
+			if err := d.release(ctx, n.Name, rec, at); err != nil {
 				errs = append(errs, err)
 			}
 			continue
@@ -499,7 +577,7 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 
 // release ends a finished drain whose maintenance AWS kept the instance through, once the
 // Node is Ready (read fresh: the cache trims Node status): AWS's reboot is over.
-func (d *Drainer) release(ctx context.Context, name string, rec Record) error {
+func (d *Drainer) release(ctx context.Context, name string, rec Record, at time.Time) error {
 	node, err := d.node(ctx, name)
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -509,7 +587,11 @@ func (d *Drainer) release(ctx context.Context, name string, rec Record) error {
 	}
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-			return d.end(ctx, node, rec, "AWS's maintenance is over ("+rec.Release.UTC().Format(time.RFC3339)+") and the Node is Ready")
+			_, err := d.settle(ctx, node, "AWS's maintenance is over ("+at.UTC().Format(time.RFC3339)+") and the Node is Ready", func(cur Record) (Record, bool) {
+				// Ended as the pass found it: a maintenance taken in meanwhile holds it on.
+				return cur, cur.EventID == rec.EventID && slices.EqualFunc(cur.Also, rec.Also, sameHeld)
+			})
+			return err
 		}
 	}
 	return nil // not Ready yet: the next pass looks again

@@ -62,6 +62,131 @@ type Record struct {
 	// Warned is set once the Warning that a PodDisruptionBudget blocks the drain past its
 	// deadline has been posted: once per record, across restarts and leader changes.
 	Warned bool `json:"warned,omitempty"`
+	// Also are the other scheduled maintenances of the instance AWS reported while the drain
+	// held the Node: the drain holds it for each of them too. It ends (Release) when the last
+	// of them is over; a close, a recovery or a running that ends the drain's own event hands
+	// the Node to the next of them instead of uncordoning it.
+	Also []Held `json:"also,omitempty"`
+}
+
+// Held is a scheduled maintenance a drain holds its Node for, beside the event it began for
+// (Record.Also): its report's keys, time, bound and release, as a Drain gives them.
+type Held struct {
+	EventID   string    `json:"event_id"`
+	Key       string    `json:"key,omitempty"`
+	Match     string    `json:"match"`
+	EventTime time.Time `json:"event_time,omitzero"`
+	Deadline  time.Time `json:"deadline,omitzero"`
+	Release   time.Time `json:"release,omitzero"`
+}
+
+// hold takes the report dr of a scheduled maintenance into the drain r, which holds the Node
+// already: a newer report of a maintenance r holds (its key, or the same type at another
+// start: AWS rescheduled it, as router/record's Rescheduled says) replaces it, so the drain's
+// release moves with it; an older one, or the same maintenance from the other source, changes
+// nothing; another maintenance is held beside the drain's own (Also). A report of no scheduled
+// maintenance (a Spot warning, a stop, an impairment) changes nothing either. It reports
+// whether r changed.
+func (r *Record) hold(dr Drain) bool {
+	if dr.Match == "" {
+		return false
+	}
+	h := Held{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, EventTime: dr.EventTime, Deadline: dr.Deadline, Release: dr.Release}
+	if r.Match != "" {
+		if same, newer := reports(r.own(), h); same {
+			if newer {
+				r.EventID, r.Key, r.Match, r.EventTime, r.Deadline, r.Release = h.EventID, h.Key, h.Match, h.EventTime, h.Deadline, h.Release
+			}
+			return newer
+		}
+	}
+	for i, a := range r.Also {
+		if same, newer := reports(a, h); same {
+			if newer {
+				r.Also[i] = h
+			}
+			return newer
+		}
+	}
+	r.Also = append(r.Also, h)
+	return true
+}
+
+// own is the drain's own maintenance as a Held.
+func (r Record) own() Held {
+	return Held{EventID: r.EventID, Key: r.Key, Match: r.Match, EventTime: r.EventTime, Deadline: r.Deadline, Release: r.Release}
+}
+
+// reports tells whether h is a report of the maintenance a (same: its key, the same
+// maintenance, or the same type rescheduled) and whether it replaces a's (newer: a later
+// report that moves it).
+func reports(a, h Held) (same, newer bool) {
+	switch {
+	case sameMaintenance(a.Match, h.Match):
+		return true, false
+	case (h.Key != "" && a.Key == h.Key) || rescheduled(a.Match, h.Match):
+		return true, h.EventTime.After(a.EventTime)
+	}
+	return false, false
+}
+
+// rescheduled is router/record's Rescheduled (the same known type at another start),
+// restated: this package is below record in the pipeline.
+func rescheduled(a, b string) bool {
+	ta, at, _ := strings.Cut(a, "@")
+	tb, bt, _ := strings.Cut(b, "@")
+	return a != "" && b != "" && ta != "" && ta == tb && at != bt
+}
+
+// handOn ends the drain's own event and hands the Node to the next maintenance it holds
+// (Also): ok=false when it holds none, and the drain ends.
+func (r Record) handOn() (Record, bool) {
+	if len(r.Also) == 0 {
+		return r, false
+	}
+	next := r.Also[0]
+	r.EventID, r.Key, r.Match, r.Kind, r.EventTime, r.Deadline, r.Release = next.EventID, next.Key, next.Match, scheduledChangeKind, next.EventTime, next.Deadline, next.Release
+	r.Also = slices.Clone(r.Also[1:])
+	r.Warned = false // the next maintenance's bound is its own
+	return r, true
+}
+
+// closes applies the close dr (a closed maintenance: its event ID, key or maintenance) to the
+// drain: a close of its own event hands the Node on (handOn), or ends the drain (end); a close
+// of a maintenance in Also drops it. It returns the drain as it stands after.
+func (r Record) closes(dr Drain) (next Record, end bool) {
+	if r.EventID == dr.EventID || (dr.Key != "" && r.Key == dr.Key) || (dr.Match != "" && sameMaintenance(r.Match, dr.Match)) {
+		next, ok := r.handOn()
+		return next, !ok
+	}
+	r.Also = slices.DeleteFunc(slices.Clone(r.Also), func(a Held) bool {
+		return a.EventID == dr.EventID || (dr.Key != "" && a.Key == dr.Key) || (dr.Match != "" && sameMaintenance(a.Match, dr.Match))
+	})
+	return r, false
+}
+
+// ReleaseAt is when the finished drain ends by itself: the last release of the maintenances
+// it holds, AWS's reboots over. ok=false when one of them has none (it ends the instance, or
+// is no maintenance: a Spot warning, a stop).
+func (r Record) ReleaseAt() (at time.Time, ok bool) {
+	if r.Release.IsZero() {
+		return time.Time{}, false
+	}
+	at = r.Release
+	for _, a := range r.Also {
+		if a.Release.IsZero() {
+			return time.Time{}, false
+		}
+		at = later(at, a.Release)
+	}
+	return at, true
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // UndoNode removes n's record and, when uncordon is set and the record says the router
@@ -116,6 +241,11 @@ func encode(r Record) string {
 	r.Deadline = r.Deadline.UTC()
 	r.Release = r.Release.UTC()
 	r.EventTime = r.EventTime.UTC()
+	r.Also = slices.Clone(r.Also)
+	for i := range r.Also {
+		a := &r.Also[i]
+		a.EventTime, a.Deadline, a.Release = a.EventTime.UTC(), a.Deadline.UTC(), a.Release.UTC()
+	}
 	if r.Done != nil {
 		done := r.Done.UTC()
 		r.Done = &done

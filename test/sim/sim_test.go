@@ -48,7 +48,7 @@ var eventsSummarised atomic.Int64
 // The harsher world is driven, not only possible: stale reads the router's cache served,
 // batches decided by workers at once, failovers where the old leader overlapped the new, AWS
 // reboots that found a kept node out of service, drains of the unmanaged node begun.
-var staleReads, concurrentBatches, overlaps, awsOutOfService, unmanagedCordons, urgentHolds, contradicted, shadowOutcomes atomic.Int64
+var staleReads, concurrentBatches, overlaps, awsOutOfService, awsUnmanaged, unmanagedCordons, urgentHolds, contradicted, shadowOutcomes atomic.Int64
 
 // migrations counts the router's reboots that migrated an instance and cleared its
 // system-reboot; sqsFailures the batches whose deletes and sends SQS failed after it handed
@@ -687,10 +687,11 @@ func (m *machine) checkUnmanaged(t *rapid.T) {
 	}
 }
 
-// awsActs lets AWS carry out the kafka system reboots whose time has come, each at a moment
-// drawn within its window (sometimes with no trace on the Node), and checks each against the
-// model: a maintenance the router was told of in time finds its node out of service (cordoned,
-// its reboot in place in progress), never serving pods.
+// awsActs lets AWS carry out the system reboots of the kafka nodes and the unmanaged node whose
+// time has come, each at a moment drawn within its window (sometimes with no trace on the
+// Node), and checks each against the model: a maintenance the router was told of in time finds
+// its node out of service (cordoned; a kafka node's reboot in place in progress), never
+// serving pods.
 func (m *machine) awsActs(t *rapid.T) {
 	acts, err := m.w.awsActs(m.ctx, func(inst, eid string) awsReboot {
 		key := inst + "/" + eid
@@ -707,6 +708,10 @@ func (m *machine) awsActs(t *rapid.T) {
 	}
 	for _, a := range acts {
 		delete(m.plans, a.instance+"/"+a.eventID)
+		if a.outOfService && a.instance == UnmanagedInstance {
+			awsUnmanaged.Add(1)
+			continue
+		}
 		if a.outOfService {
 			awsOutOfService.Add(1)
 			continue
@@ -1071,7 +1076,8 @@ func TestSimulation(t *testing.T) {
 		}
 		// The reboots of a kept node are drawn by few runs (make test's 20 draw 0 to 5 of each
 		// kind): TestKeptReboots drives each kind every time.
-		t.Logf("AWS reboots of a kept node, out of service: %d; reboot migrations that cleared the event: %d", awsOutOfService.Load(), migrations.Load())
+		t.Logf("AWS reboots of a kept node, out of service: %d; reboot migrations that cleared the event: %d; AWS reboots of the unmanaged node, cordoned: %d",
+			awsOutOfService.Load(), migrations.Load(), awsUnmanaged.Load())
 	}()
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)

@@ -955,8 +955,8 @@ type awsAct struct {
 	why               string
 }
 
-// awsActs plays AWS carrying out the system reboots EC2 holds for the kafka instances whose
-// time has come, each at a drawn moment within its window (plan), and marks the event
+// awsActs plays AWS carrying out the system reboots EC2 holds for the kafka instances, and the
+// managed node group's, whose time has come, each at a drawn moment within its window (plan), and marks the event
 // completed. It returns what it did.
 func (w *world) awsActs(ctx context.Context, plan func(instance, eventID string) awsReboot) ([]awsAct, error) {
 	now := w.clock.Now()
@@ -996,6 +996,22 @@ func (w *world) awsActs(ctx context.Context, plan func(instance, eventID string)
 		claims, err := cluster.InstanceClaims(ctx, w.store, d.inst)
 		if err != nil {
 			return nil, err
+		}
+		if len(claims) == 0 && d.inst == UnmanagedInstance {
+			// The managed node group's node, drained by the router under cordon-drain: out of
+			// service when cordoned.
+			var n corev1.Node
+			if err := w.store.Get(ctx, client.ObjectKey{Name: UnmanagedNode}, &n); err != nil {
+				return nil, err
+			}
+			rec := n.Annotations[nodedrain.AnnotationNodeDrain]
+			acts = append(acts, awsAct{instance: d.inst, eventID: d.eid, start: d.start, outOfService: n.Spec.Unschedulable, why: fmt.Sprintf("cordoned %v, record %s", n.Spec.Unschedulable, rec)})
+			if p.visible {
+				if err := w.reboot(ctx, UnmanagedNode); err != nil {
+					return nil, err
+				}
+			}
+			continue
 		}
 		if len(claims) == 0 {
 			continue // the instance is gone
