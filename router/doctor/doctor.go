@@ -95,6 +95,7 @@ type ec2API interface {
 	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
 	ModifyInstanceEventStartTime(context.Context, *ec2.ModifyInstanceEventStartTimeInput, ...func(*ec2.Options)) (*ec2.ModifyInstanceEventStartTimeOutput, error)
 	RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error)
+	DescribeInstances(context.Context, *ec2.DescribeInstancesInput, ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
 	eventWindowsAPI
 }
 
@@ -122,7 +123,8 @@ type Config struct {
 	// the router then needs ec2:ModifyInstanceEventStartTime.
 	Reschedule bool
 	// RebootInPlace is the router's --reboot-in-place: doctor checks that it may call
-	// ec2:RebootInstances (an instance-reboot kept in place is rebooted by the router).
+	// ec2:RebootInstances (an instance-reboot kept in place is rebooted by the router) and
+	// ec2:DescribeInstances (a system-reboot run reads the instance's reboot migration).
 	RebootInPlace bool
 	// Shadow is the router's --shadow: every pool in shadow, Karpenter's own handling to stay.
 	Shadow bool
@@ -255,6 +257,7 @@ func (d *Doctor) aws(ctx context.Context, r *Report, c Config) {
 	}
 	if c.RebootInPlace {
 		d.routerReboot(ctx, r, sample)
+		d.routerMigration(ctx, r)
 	}
 	if c.EventWindows {
 		d.routerEventWindows(ctx, r, c, sample)
@@ -479,6 +482,30 @@ func (d *Doctor) routerReboot(ctx context.Context, r *Report, s scopeSample) {
 		},
 		notFound: []string{"InvalidInstanceID.NotFound"},
 	}, s)
+}
+
+// CheckRouterMigration is the check of the router's permission to read an instance's reboot
+// migration.
+const CheckRouterMigration = "router's ec2:DescribeInstances"
+
+// routerMigration checks ec2:DescribeInstances, with which a system-reboot run reads the
+// instance's reboot migration (router/inplace): where it is on, the router reboots the
+// instance itself once it is empty, and the migration may clear the event; denied, the run
+// takes it as off and waits for AWS at the event's start. A read: no instance is named, and a
+// stand-in that ignores DryRun only lists.
+func (d *Doctor) routerMigration(ctx context.Context, r *Report) {
+	_, err := d.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{DryRun: aws.Bool(true), MaxResults: aws.Int32(5)})
+	allowed, denied := dryRun(err)
+	switch {
+	case allowed:
+		*r = append(*r, Item{OK, CheckRouterMigration, "the router's credentials may read an instance's reboot migration: a system-reboot run reboots an instance whose migration is on itself, once it is empty", ""})
+	case denied:
+		*r = append(*r, Item{Warn, CheckRouterMigration, fmt.Sprintf("denied to the router's credentials (%v): a system-reboot run takes reboot migration as off: the node is emptied 2 h 10 min before AWS's start and AWS reboots it then, where the router could have rebooted it in the window and cleared the event", err),
+			"grant the router's role ec2:DescribeInstances (terraform: enable_reboot_in_place = true, statement RebootMigration)"})
+	default:
+		*r = append(*r, Item{Unknown, CheckRouterMigration, fmt.Sprintf("cannot tell whether the router may call ec2:DescribeInstances: %v", err),
+			"grant the router's role ec2:DescribeInstances (terraform: enable_reboot_in_place = true, statement RebootMigration)"})
+	}
 }
 
 // dryRun reads the answer to a DryRun call. Local stand-ins (moto) ignore DryRun and answer;

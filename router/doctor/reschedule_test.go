@@ -193,3 +193,42 @@ func TestScopeProof(t *testing.T) {
 		})
 	}
 }
+
+// TestRouterMigration: the DryRun check of ec2:DescribeInstances (--reboot-in-place: a
+// system-reboot run reads the instance's reboot migration), against the EC2 stand-in through
+// the real SDK client.
+func TestRouterMigration(t *testing.T) {
+	tests := []struct {
+		name   string
+		setup  func(*harness.EC2InstanceStatus)
+		status Status
+		detail string
+	}{
+		{"allowed", func(*harness.EC2InstanceStatus) {}, OK, "reboots an instance whose migration is on itself"},
+		{"denied", func(s *harness.EC2InstanceStatus) { s.Denied = map[string]bool{"DescribeInstances": true} }, Warn, "takes reboot migration as off"},
+		{"stand-in that ignores DryRun: it lists", func(s *harness.EC2InstanceStatus) { s.IgnoreDryRun = true }, OK, "reboots an instance"},
+		{"EC2 fails", func(s *harness.EC2InstanceStatus) { s.Fail = 1 }, Unknown, "cannot tell"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, client := harness.NewEC2InstanceStatus(t)
+			tt.setup(srv)
+			var r Report
+			(&Doctor{ec2: client}).routerMigration(context.Background(), &r)
+			if len(r) != 1 || r[0].Check != CheckRouterMigration || r[0].Status != tt.status || !strings.Contains(r[0].Detail, tt.detail) {
+				t.Fatalf("report %+v, want one %s item mentioning %q", r, tt.status, tt.detail)
+			}
+			if tt.status != OK && !strings.Contains(r[0].Fix, "RebootMigration") {
+				t.Errorf("fix %q: want the Terraform statement named", r[0].Fix)
+			}
+		})
+	}
+	for _, on := range []bool{false, true} {
+		_, client := harness.NewEC2InstanceStatus(t)
+		r := New(nil, nil, client, nil, nil, nil).Run(context.Background(), Config{RebootInPlace: on})
+		found := slices.ContainsFunc(r, func(i Item) bool { return i.Check == CheckRouterMigration })
+		if found != on {
+			t.Errorf("RebootInPlace %v: the migration check made %v", on, found)
+		}
+	}
+}
