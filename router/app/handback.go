@@ -56,6 +56,7 @@ func Handback(ctx context.Context, o options.Handback, restCfg *rest.Config) (ha
 		fwd = sqsForwarder{api: sqs.NewFromConfig(awsCfg), queueURL: o.KarpenterQueueURL}
 	}
 	h := handback.New(kube, fwd, clock.RealClock{}, handback.Options{Pending: o.Pending, DryRun: o.DryRun, LeaseNamespace: o.Namespace,
-		LeaseName: o.LeaderElectionID, ConfirmTimeout: o.ConfirmTimeout, LedgerName: o.ShadowLedger})
+		LeaseName: o.LeaderElectionID, ConfirmTimeout: o.ConfirmTimeout, LedgerName: o.ShadowLedger,
+		KarpenterVersion: o.KarpenterVersion})
 	return h.Run(ctx)
 }

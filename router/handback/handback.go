@@ -43,10 +43,12 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/shadow"
+	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
 )
 
@@ -83,6 +85,10 @@ type Options struct {
 	ConfirmTimeout time.Duration
 	// LedgerName is the shadow ledger's ConfigMap (in LeaseNamespace); empty: none is looked for.
 	LedgerName string
+	// KarpenterVersion is the Karpenter the drains are forwarded to (the router's
+	// --karpenter-version; zero: unknown, taken as the newest): an event it has no parser for
+	// deletes the NodeClaim at once, as the router would, instead of a forward it drops.
+	KarpenterVersion signal.KarpenterVersion
 }
 
 // Forwarder sends an event body to Karpenter's interruption queue.
@@ -377,13 +383,19 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1
 
 // drain drains a NodeClaim with pending events as the router would: the earliest record's
 // event forwarded to Karpenter (which must start within ConfirmTimeout, else the NodeClaim is
-// deleted), or, without a Forwarder or a recorded event (a reboot in place), the NodeClaim
-// deleted.
+// deleted), or, without a Forwarder or a recorded event (a reboot in place), or for an event
+// the Karpenter has no parser for (unparsed), the NodeClaim deleted.
 func (h *Handback) drain(ctx context.Context, nc *karpv1.NodeClaim, active []record.Record) (string, error) {
 	var body json.RawMessage
 	if len(active) > 0 {
 		first := slices.MinFunc(active, func(a, b record.Record) int { return a.Until.Compare(b.Until) })
 		body = first.Event
+	}
+	if why := h.unparsed(body); h.forward != nil && len(body) > 0 && why != "" {
+		if err := h.delete(ctx, nc); err != nil {
+			return "", err
+		}
+		return "drained (nodeclaim deleted: " + why + ")", nil
 	}
 	if h.forward != nil && len(body) > 0 {
 		if err := h.forward.Forward(ctx, body); err != nil {
@@ -405,6 +417,29 @@ func (h *Handback) drain(ctx context.Context, nc *karpv1.NodeClaim, active []rec
 		return "", err
 	}
 	return "drained (nodeclaim deleted)", nil
+}
+
+// unparsed says why Karpenter would drop a forward of body, the canonical event: no version
+// parses its kind (a Capacity Block's expiration), or the version the handback was given is
+// older than the first that does (a capacity-reservation interruption before v1.10), as the
+// router's signaller decides. "" when Karpenter parses it, or the body is not one the router
+// can read (forwarded: the confirmation bound still deletes the NodeClaim).
+func (h *Handback) unparsed(body []byte) string {
+	if len(body) == 0 {
+		return ""
+	}
+	ev, err := event.Parse(body)
+	if err != nil {
+		return ""
+	}
+	since, ok := signal.KarpenterParsesSince(ev)
+	switch {
+	case !ok:
+		return fmt.Sprintf("no Karpenter parses a %s message", ev.Kind)
+	case !h.opts.KarpenterVersion.IsZero() && h.opts.KarpenterVersion.Less(since):
+		return fmt.Sprintf("Karpenter %s has no parser for a %s message (since %s)", h.opts.KarpenterVersion, ev.Kind, since)
+	}
+	return ""
 }
 
 // confirm waits up to ConfirmTimeout for the NodeClaim to be deleting or gone.

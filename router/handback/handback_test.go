@@ -26,12 +26,17 @@ import (
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/shadow"
+	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
 )
 
 var now = time.Now().UTC().Truncate(time.Second)
 
 const body = `{"version":"0","id":"ev-1","detail-type":"AWS Health Event","source":"aws.health"}`
+
+// reservationBody is a capacity-reservation interruption, as the router keeps it: Karpenter
+// parses it from v1.10 on.
+const reservationBody = `{"version":"0","id":"ev-r1","detail-type":"EC2 Capacity Reservation Instance Interruption Warning","source":"aws.ec2","account":"111122223333","time":"2026-11-21T11:00:00Z","resources":["arn:aws:ec2:eu-west-1:111122223333:instance/i-0d4c3b2a190817263"],"region":"eu-west-1","detail":{"instance-id":"i-0d4c3b2a190817263","instance-action":"terminate","instance-termination-time":"2026-11-21T11:02:00Z"}}`
 
 func claim(t *testing.T, name string, recs []record.Record, run *inplace.State, extra map[string]string) *karpv1.NodeClaim {
 	t.Helper()
@@ -195,7 +200,9 @@ func TestHandback(t *testing.T) {
 		pending Pending
 		dryRun  bool
 		fwd     func(c client.Client) *forwarder
-		check   func(t *testing.T, c client.Client, rep Report, f *forwarder)
+		// karpenter is the handback's --karpenter-version (zero: unknown).
+		karpenter signal.KarpenterVersion
+		check     func(t *testing.T, c client.Client, rep Report, f *forwarder)
 		// leftover is the router state the handback leaves (items it reports as problems, or a
 		// cordon it leaves on purpose does not count: it is not a router key).
 		leftover []string
@@ -237,6 +244,45 @@ func TestHandback(t *testing.T) {
 			}
 			if _, ok := getClaim(t, c, "a"); ok {
 				t.Error("the nodeclaim is still there")
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drained (forwarded to Karpenter)")
+		},
+	}, {
+		name:    "a held reservation interruption drained for a Karpenter below v1.10: the nodeclaim deleted, nothing forwarded it would drop",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			r := deferred("ev-r1", now.Add(time.Minute))
+			r.Kind, r.Event = event.KindCapacityReservation, json.RawMessage(reservationBody)
+			return []client.Object{claim(t, "a", []record.Record{r}, nil, nil)}
+		},
+		fwd:       func(client.Client) *forwarder { return &forwarder{} },
+		karpenter: signal.KarpenterVersion{Major: 1, Minor: 9, Patch: 3},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if len(f.bodies) != 0 {
+				t.Errorf("forwarded %q to a Karpenter with no parser for it", f.bodies)
+			}
+			if _, ok := getClaim(t, c, "a"); ok {
+				t.Error("the nodeclaim is still there")
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "Karpenter v1.9.3 has no parser")
+		},
+	}, {
+		name:    "the same for a Karpenter that parses it (v1.10 on, or unknown): forwarded",
+		pending: PendingDrain,
+		objs: func(t *testing.T) []client.Object {
+			r := deferred("ev-r1", now.Add(time.Minute))
+			r.Kind, r.Event = event.KindCapacityReservation, json.RawMessage(reservationBody)
+			return []client.Object{claim(t, "a", []record.Record{r}, nil, nil)}
+		},
+		fwd: func(c client.Client) *forwarder {
+			return &forwarder{karpenter: func(ctx context.Context) {
+				_ = c.Delete(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
+			}}
+		},
+		karpenter: signal.KarpenterVersion{Major: 1, Minor: 10},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if len(f.bodies) != 1 || f.bodies[0] != reservationBody {
+				t.Errorf("forwarded %q, want the record's event", f.bodies)
 			}
 			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drained (forwarded to Karpenter)")
 		},
@@ -452,7 +498,7 @@ func TestHandback(t *testing.T) {
 				fwd = f
 			}
 			h := New(c, fwd, clock.RealClock{}, Options{Pending: tt.pending, DryRun: tt.dryRun, ConfirmTimeout: 50 * time.Millisecond,
-				LeaseNamespace: "health-router", LedgerName: shadow.DefaultLedgerName})
+				LeaseNamespace: "health-router", LedgerName: shadow.DefaultLedgerName, KarpenterVersion: tt.karpenter})
 			rep, err := h.Run(context.Background())
 			if err != nil {
 				t.Fatal(err)

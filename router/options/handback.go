@@ -7,6 +7,7 @@ import (
 	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/handback"
 	"github.com/health-router/health-router/router/shadow"
+	"github.com/health-router/health-router/router/signal"
 )
 
 // Handback is the configuration of `health-router handback`.
@@ -22,9 +23,12 @@ type Handback struct {
 	// NodeClaims are deleted.
 	KarpenterQueueURL string
 	ConfirmTimeout    time.Duration
-	Region            string
-	AWSEndpointURL    string
-	Output            string
+	// KarpenterVersion is the router's --karpenter-version: a pending event this Karpenter
+	// has no parser for deletes its NodeClaim instead of a forward it would drop.
+	KarpenterVersion signal.KarpenterVersion
+	Region           string
+	AWSEndpointURL   string
+	Output           string
 }
 
 // NewHandback returns the parser of `health-router handback`.
@@ -39,6 +43,7 @@ func NewHandback() *Parser[Handback] {
 	fs.StringVar(&o.ShadowLedger, "shadow-ledger", shadow.DefaultLedgerName, "`name` of the shadow ledger ConfigMap, deleted with the rest")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue: --pending=drain forwards each pending event there, as the router's forward mode; empty: the NodeClaim is deleted")
 	fs.DurationVar(&o.ConfirmTimeout, "forward-confirm-timeout", handback.DefaultConfirmTimeout, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the NodeClaim is deleted")
+	fs.Var(karpenterVersionValue{&o.KarpenterVersion}, "karpenter-version", "the router's --karpenter-version (the same environment variable): a pending event this Karpenter has no parser for (a capacity-reservation interruption below v1.10) deletes its NodeClaim instead of being forwarded; empty: unknown, taken as the newest")
 	fs.StringVar(&o.Region, "region", "", "AWS `region` of Karpenter's queue (default: the AWS SDK's)")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "AWS endpoint `URL` (local stand-ins such as moto)")
 	fs.StringVarP(&o.Output, "output", "o", "table", "output: table (for people) or json")
