@@ -266,9 +266,10 @@ func Closed(ev event.Event) bool {
 
 // Recorded returns the record of ev, if any: an event recorded already needs no new decision.
 // That is the same event (its ID: a redelivery), the same scheduled maintenance reported by
-// another source under another key, or an update of an event that was closed by a report at
-// least as new (lateAfterClose). Any other update under the same key (a new status, a closed
-// event) is never "recorded": it is decided, and supersedes or cancels the record.
+// another source under another key (unless a close cancelled that record before ev was sent:
+// reopened), or an update of an event that was closed by a report at least as new
+// (lateAfterClose). Any other update under the same key (a new status, a closed event) is
+// never "recorded": it is decided, and supersedes or cancels the record.
 func (s Set) Recorded(ev event.Event) (Record, bool) {
 	match, key := Match(ev), Key(ev)
 	closed := Closed(ev)
@@ -280,7 +281,7 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 		if r.EventID == ev.ID && movedBack(r, ev, match) {
 			continue
 		}
-		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && SameMaintenance(r.Match, match)) {
+		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && SameMaintenance(r.Match, match) && !s.reopened(r, ev)) {
 			return r, true
 		}
 		if !closed && r.State == StateClosed && lateAfterClose(r, ev, key) {
@@ -299,6 +300,25 @@ func (s Set) ClosedSince(ev event.Event) bool {
 	}
 	key := Key(ev)
 	return slices.ContainsFunc(s.Records, func(r Record) bool { return r.State == StateClosed && lateAfterClose(r, ev, key) })
+}
+
+// reopened reports whether ev, a report of the cancelled record r's maintenance from another
+// source, was sent after the close that cancelled it (the close kept in the set, of r's key or
+// maintenance): AWS scheduled the instance that maintenance again (the router moves every
+// event of a pool into the same place of its window, so a new one may start where a cancelled
+// one did). It is decided, not taken as the cancelled one. A report from before the close, or
+// from its second, is the cancelled maintenance, late.
+func (s Set) reopened(r Record, ev event.Event) bool {
+	if r.State != StateCancelled || ev.Time.IsZero() {
+		return false
+	}
+	var last time.Time // the latest close of r's event or maintenance: the one that cancelled it
+	for _, c := range s.Records {
+		if c.State == StateClosed && (c.Key == r.Key || SameMaintenance(c.Match, r.Match)) && c.EventTime.After(last) {
+			last = c.EventTime
+		}
+	}
+	return !last.IsZero() && ev.Time.After(last)
 }
 
 // movedBack reports whether ev, a report of EC2's own (the instance-status poller), names its
