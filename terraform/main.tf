@@ -39,9 +39,11 @@ locals {
     }
     # A Capacity Block for ML about to end (40 minutes' warning; terminations from 10 minutes
     # later): the router drains the block's nodes. Karpenter has no rule for it.
+    # EventBridge's reference names its detail-type "Capacity Block Expiration Warning" (no
+    # "EC2 "), some of EC2's samples "Capacity Block Reservation Expiration Warning": both match.
     "capacity-block-expiration" = {
       source        = ["aws.ec2"]
-      "detail-type" = ["EC2 Capacity Block Expiration Warning"]
+      "detail-type" = ["Capacity Block Expiration Warning", "Capacity Block Reservation Expiration Warning"]
     }
   }
 

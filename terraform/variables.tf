@@ -112,7 +112,7 @@ variable "rules" {
     state_change                      = optional(bool, true) # EC2 Instance State-change Notification
     capacity_reservation_interruption = optional(bool, true) # EC2 Capacity Reservation Instance Interruption Warning
     ami_state_change                  = optional(bool, true) # EC2 AMI State Change
-    capacity_block_expiration         = optional(bool, true) # EC2 Capacity Block Expiration Warning
+    capacity_block_expiration         = optional(bool, true) # Capacity Block Expiration Warning
   })
   default  = {}
   nullable = false

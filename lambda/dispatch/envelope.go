@@ -33,7 +33,8 @@ var kinds = map[[2]string]kind{
 	{"aws.ec2", "EC2 Instance State-change Notification"}:                 kindStateChange,
 	{"aws.ec2", "EC2 Capacity Reservation Instance Interruption Warning"}: kindCapacityReservation,
 	{"aws.ec2", "EC2 AMI State Change"}:                                   kindAMIStateChange,
-	{"aws.ec2", "EC2 Capacity Block Expiration Warning"}:                  kindCapacityBlock,
+	{"aws.ec2", "Capacity Block Expiration Warning"}:                      kindCapacityBlock, // EventBridge's reference
+	{"aws.ec2", "Capacity Block Reservation Expiration Warning"}:          kindCapacityBlock, // some of EC2's samples
 }
 
 var instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)

@@ -106,8 +106,14 @@ func parseAMIStateChange(env envelope, ev *Event) error {
 	return nil
 }
 
-// DetailTypeCapacityBlockExpiration is EC2's warning that a Capacity Block for ML ends.
-const DetailTypeCapacityBlockExpiration = "EC2 Capacity Block Expiration Warning"
+// DetailTypeCapacityBlockExpiration is EC2's warning that a Capacity Block for ML ends, as
+// EventBridge's reference of EC2's events names it; DetailTypeCapacityBlockReservationExpiration
+// is the name some of EC2's user guide samples give it. Both parse, and the Terraform module's
+// rule matches both (EC2's other detail-types begin "EC2 "; these do not).
+const (
+	DetailTypeCapacityBlockExpiration            = "Capacity Block Expiration Warning"
+	DetailTypeCapacityBlockReservationExpiration = "Capacity Block Reservation Expiration Warning"
+)
 
 // Capacity Block timing: EC2 warns CapacityBlockWarning before the block's end, and begins
 // terminating its instances CapacityBlockTerminationLead before the end (ten minutes after
@@ -119,7 +125,7 @@ const (
 
 var reservationIDPattern = regexp.MustCompile(`^cr-[0-9a-f]{8}([0-9a-f]{9})?$`)
 
-// parseCapacityBlockExpiration reads EC2 Capacity Block Expiration Warning: detail
+// parseCapacityBlockExpiration reads Capacity Block Expiration Warning: detail
 // capacity-reservation-id and end-date (the block's end). Its Deadline is when EC2 begins to
 // terminate the block's instances, CapacityBlockTerminationLead before the end; without an
 // end-date, ten minutes after the warning. It names no instance: the pipeline finds the

@@ -27,6 +27,7 @@ var awsParsers = map[key]parser{
 	{"aws.ec2", "EC2 Capacity Reservation Instance Interruption Warning"}: parseCapacityReservation,
 	{"aws.ec2", "EC2 AMI State Change"}:                                   parseAMIStateChange,
 	{"aws.ec2", DetailTypeCapacityBlockExpiration}:                        parseCapacityBlockExpiration,
+	{"aws.ec2", DetailTypeCapacityBlockReservationExpiration}:             parseCapacityBlockExpiration,
 }
 
 // ownParsers are the router's own kinds: it builds them (its instance-status poller's

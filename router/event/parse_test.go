@@ -212,7 +212,7 @@ func TestOrganizationalView(t *testing.T) {
 	}
 }
 
-// TestCapacityBlockExpiration (issue 27, 5): EC2 Capacity Block Expiration Warning names a
+// TestCapacityBlockExpiration (issue 27, 5): Capacity Block Expiration Warning names a
 // reservation; its deadline is the first terminations, 30 minutes before the block's end.
 func TestCapacityBlockExpiration(t *testing.T) {
 	body := mustRead(t, "capacity-block-expiration.json")
@@ -236,6 +236,33 @@ func TestCapacityBlockExpiration(t *testing.T) {
 	} {
 		if _, err := Parse([]byte(bad)); RejectReason(err) != ReasonInvalid {
 			t.Errorf("bad %s: %v, want invalid", name, err)
+		}
+	}
+}
+
+// TestCapacityBlockDetailTypes: EC2 names its Capacity Block warning "Capacity Block Expiration
+// Warning" (EventBridge's reference of EC2's events), and "Capacity Block Reservation
+// Expiration Warning" in some of its user guide's samples; no AWS page names the "EC2 Capacity
+// Block Expiration Warning" the router parsed (and the Terraform module's rule matched) before,
+// so a real warning never reached it. Both documented names parse; the invented one is an
+// unknown kind.
+func TestCapacityBlockDetailTypes(t *testing.T) {
+	body := string(mustRead(t, "capacity-block-expiration.json"))
+	for dt, want := range map[string]Kind{
+		"Capacity Block Expiration Warning":             KindCapacityBlockExpiration,
+		"Capacity Block Reservation Expiration Warning": KindCapacityBlockExpiration,
+		"EC2 Capacity Block Expiration Warning":         "",
+	} {
+		b := strings.Replace(body, `"detail-type": "Capacity Block Expiration Warning"`, `"detail-type": "`+dt+`"`, 1)
+		if !strings.Contains(b, dt) {
+			t.Fatalf("the sample's detail-type was not replaced by %q", dt)
+		}
+		ev, err := ParseReceived([]byte(b))
+		switch {
+		case want == "" && RejectReason(err) != ReasonUnknownKind:
+			t.Errorf("%q: %v, want an unknown kind", dt, err)
+		case want != "" && (err != nil || ev.Kind != want):
+			t.Errorf("%q: kind %q, err %v; want %s", dt, ev.Kind, err, want)
 		}
 	}
 }

@@ -71,6 +71,10 @@ run "defaults" {
     condition     = jsondecode(aws_cloudwatch_event_rule.this["capacity-reservation-interruption"].event_pattern)["detail-type"] == ["EC2 Capacity Reservation Instance Interruption Warning"]
     error_message = "capacity reservation rule has the wrong detail-type"
   }
+  assert {
+    condition     = jsondecode(aws_cloudwatch_event_rule.this["capacity-block-expiration"].event_pattern)["detail-type"] == ["Capacity Block Expiration Warning", "Capacity Block Reservation Expiration Warning"]
+    error_message = "the Capacity Block rule must match the detail-types EC2 sends (EventBridge's reference: Capacity Block Expiration Warning, no EC2 prefix; some of EC2's samples: Capacity Block Reservation Expiration Warning)"
+  }
 
   # SSE on, SQS-managed by default; 14-day retention; redrive to the DLQ.
   assert {

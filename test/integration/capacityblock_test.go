@@ -25,7 +25,7 @@ func (s *stage) blockNode(pool, id, reservation string) string {
 	return name
 }
 
-// TestCapacityBlockExpiration (issue 27, 5): EC2 Capacity Block Expiration Warning names a
+// TestCapacityBlockExpiration (issue 27, 5): Capacity Block Expiration Warning names a
 // reservation; the router finds the NodeClaims that carry it and decides each per pool as
 // capacity-block-expiration: drained at once by default (the NodeClaim deleted: Karpenter has
 // no parser for the event, so nothing goes to its queue), kept until deadline minus drain-lead
@@ -42,8 +42,10 @@ func TestCapacityBlockExpiration(t *testing.T) {
 
 	now := time.Now().UTC().Truncate(time.Second)
 	end := now.Add(40 * time.Minute)
-	s.putRaw(fmt.Sprintf(`{"version":"0","id":"5e0c2f7a-8b3d-4c19-a6e2-1d9f4b7c2751","detail-type":"EC2 Capacity Block Expiration Warning","source":"aws.ec2","account":"123456789012","time":%q,"region":%q,"resources":["arn:aws:ec2:%s:123456789012:capacity-reservation/%s"],"detail":{"capacity-reservation-id":%q,"end-date":%q}}`,
-		now.Format(time.RFC3339), harness.Region, harness.Region, block, block, end.Format(time.RFC3339)))
+	// Through EventBridge, under the detail-type EC2 sends (no "EC2 " prefix) and the module's
+	// rule matches.
+	s.put("aws.ec2", "Capacity Block Expiration Warning", map[string]string{"capacity-reservation-id": block, "end-date": end.Format(time.RFC3339)},
+		fmt.Sprintf("arn:aws:ec2:%s:123456789012:capacity-reservation/%s", harness.Region, block))
 
 	s.eventually("the block's node in the default pool deleting", 30*time.Second, func() bool { return !s.claim(train).DeletionTimestamp.IsZero() })
 	s.eventually("the checkpoint pool's node deferred", 30*time.Second, func() bool { return len(record.Records(s.claim(kept))) == 1 })

@@ -51,6 +51,7 @@ var rules = map[string]string{
 	"state":       `{"source":["aws.ec2"],"detail-type":["EC2 Instance State-change Notification"]}`,
 	"reservation": `{"source":["aws.ec2"],"detail-type":["EC2 Capacity Reservation Instance Interruption Warning"]}`,
 	"ami":         `{"source":["aws.ec2"],"detail-type":["EC2 AMI State Change"]}`,
+	"block":       `{"source":["aws.ec2"],"detail-type":["Capacity Block Expiration Warning","Capacity Block Reservation Expiration Warning"]}`,
 }
 
 // stage is moto (SQS, EventBridge, EC2) and a kube-apiserver with the Karpenter CRDs,
