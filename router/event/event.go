@@ -105,6 +105,11 @@ type Event struct {
 	// an on-demand node): such an event is not trusted as urgent (Urgent is false), and is
 	// decided as an ordinary drain, paced and gated. Set by the pipeline per instance.
 	Implausible string `json:"implausible,omitempty"`
+	// MovedFrom is the start a scheduled change was reported at before it moved (Moved: the
+	// router moved it into a window, or EC2 holds it at another start than the report said),
+	// the earliest when it moved more than once; zero when it did not. A report of that start
+	// is the same maintenance, sent before the move.
+	MovedFrom time.Time `json:"movedFrom,omitzero"`
 
 	// Body is the event exactly as received, for forwarding to Karpenter.
 	Body []byte `json:"-"`

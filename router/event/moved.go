@@ -48,7 +48,15 @@ func Moved(ev Event, start time.Time) (Event, error) {
 	if err != nil {
 		return Event{}, fmt.Errorf("event %s: %w", ev.ID, err)
 	}
-	return Parse(body)
+	moved, err := Parse(body)
+	if err != nil {
+		return Event{}, err
+	}
+	moved.MovedFrom = ev.MovedFrom
+	if moved.MovedFrom.IsZero() && !start.Equal(ev.Deadline.UTC().Truncate(time.Second)) {
+		moved.MovedFrom = ev.Deadline.UTC().Truncate(time.Second)
+	}
+	return moved, nil
 }
 
 // healthTimeLayout is how AWS Health writes its times ("Sat, 05 Dec 2026 02:00:00 GMT").

@@ -697,7 +697,9 @@ func TestRescheduleReportDuringEC2Outage(t *testing.T) {
 		wantErr   bool
 		wantMatch time.Time // the active record's start after the report
 	}{
-		{name: "a later start (the report before the move): retried, the moved start kept", report: start, wantErr: true, wantMatch: moved},
+		// The start the router moved it from is the moved maintenance: recorded, EC2 or not.
+		{name: "the start before the move: the moved maintenance, recorded", report: start, wantMatch: moved},
+		{name: "another later start (a report from before the move, or AWS postponing it): retried, the moved start kept", report: start.Add(24 * time.Hour), wantErr: true, wantMatch: moved},
 		{name: "an earlier start: taken", report: moved.Add(-24 * time.Hour), wantMatch: moved.Add(-24 * time.Hour)},
 	}
 	for _, tt := range tests {
@@ -719,6 +721,52 @@ func TestRescheduleReportDuringEC2Outage(t *testing.T) {
 			a := set.Active()
 			if len(a) != 1 || a[0].Match != "system-reboot@"+tt.wantMatch.Format(time.RFC3339) {
 				t.Errorf("active records %+v, want one of the maintenance at %s", a, tt.wantMatch)
+			}
+		})
+	}
+}
+
+// TestReportOfTheFirstStartAfterACancel: found by make sim (a random seed on c7c27b0, after 200
+// seeds). The router moved a kafka node's system reboot into the window, and AWS cancelled it
+// there. The other source's report of the first start, sent before the move, was decided after
+// the cancel: EC2 showed no open event to resolve it against, so it was taken at its word and
+// stayed deferred for a maintenance that was cancelled (the node would be emptied for nothing),
+// whether it came before the close or after it. It is the moved maintenance, recorded already.
+func TestReportOfTheFirstStartAfterACancel(t *testing.T) {
+	const rebootCode = "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED"
+	const arn = "arn:aws:health:eu-west-1::event/EC2/SYSTEM_REBOOT/r1"
+	pool := map[string]string{policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
+		policy.AnnotationDrainLead: "1h", policy.AnnotationReschedule: "true"}
+	start := now.Add(10 * 24 * time.Hour)
+	moved := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
+	for _, closeFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("close processed first: %v", closeFirst), func(t *testing.T) {
+			r, srv, client := rescheduleRig(t, pool, start, now.Add(14*24*time.Hour))
+			r.p.WithRescheduler(reschedule.NewEvents(client))
+			if _, err := r.p.Process(context.Background(), scheduled("h-1", arn, rebootCode, start, "upcoming", instanceID(0))); err != nil {
+				t.Fatal(err)
+			}
+			if held, _ := srv.Event(instanceID(0), "instance-event-1"); !held.NotBefore.Equal(moved) {
+				t.Fatalf("EC2 holds %s, want the move to %s", held.NotBefore, moved)
+			}
+			srv.Set(instanceID(0), func(in *harness.Instance) { in.Events[0].Description = "[Canceled] " + in.Events[0].Description })
+			if closeFirst {
+				if _, err := r.p.Process(context.Background(), scheduled("h-1-closed", arn, rebootCode, moved, "closed", instanceID(0))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The other source's view of the first start (another event ARN), sent before the move.
+			if _, err := r.p.Process(context.Background(), scheduled("h-0", "arn:aws:health:eu-west-1::event/EC2/SYSTEM_REBOOT/other-view", rebootCode, start, "upcoming", instanceID(0))); err != nil {
+				t.Fatal(err)
+			}
+			if !closeFirst {
+				if _, err := r.p.Process(context.Background(), scheduled("h-1-closed", arn, rebootCode, moved, "closed", instanceID(0))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			set, _ := record.Read(&r.claims(t)[0])
+			if a := set.Active(); len(a) != 0 {
+				t.Errorf("active records %+v after the cancel, want none", a)
 			}
 		})
 	}

@@ -87,6 +87,10 @@ type Record struct {
 	// Communication is the AWS Health communication the record was decided from (see
 	// Communication): another copy of it is the same decision.
 	Communication string `json:"communication,omitempty"`
+	// MovedFrom is the start the maintenance was reported at before it moved (event.Event's
+	// MovedFrom: the router moved it into the window): a report of that start, sent before
+	// the move, is this maintenance (Recorded).
+	MovedFrom time.Time `json:"moved_from,omitzero"`
 }
 
 // Active reports whether the record still waits.
@@ -284,6 +288,13 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && SameMaintenance(r.Match, match) && !s.reopened(r, ev)) {
 			return r, true
 		}
+		if !closed && r.State != StateClosed && r.Key != key && SameMaintenance(movedFrom(r), match) && !s.reopened(r, ev) {
+			// A report of the start the maintenance had before the router moved it, from the
+			// other source (sent before the move): the moved maintenance, recorded. EC2 may
+			// not show it open any more (cancelled since), so the report cannot be moved to
+			// it first.
+			return r, true
+		}
 		if !closed && r.State == StateClosed && lateAfterClose(r, ev, key) {
 			return r, true
 		}
@@ -300,6 +311,15 @@ func (s Set) ClosedSince(ev event.Event) bool {
 	}
 	key := Key(ev)
 	return slices.ContainsFunc(s.Records, func(r Record) bool { return r.State == StateClosed && lateAfterClose(r, ev, key) })
+}
+
+// movedFrom is r's maintenance at the start it had before it moved ("" when it did not).
+func movedFrom(r Record) string {
+	if r.MovedFrom.IsZero() || r.Match == "" {
+		return ""
+	}
+	typ, _, _ := strings.Cut(r.Match, "@")
+	return typ + "@" + r.MovedFrom.UTC().Truncate(time.Second).Format(time.RFC3339)
 }
 
 // reopened reports whether ev, a report of the cancelled record r's maintenance from another
@@ -360,6 +380,9 @@ func (s *Set) Put(r Record) bool {
 		switch {
 		case cur.EventID == r.EventID:
 			found = true
+			if r.MovedFrom.IsZero() {
+				r.MovedFrom = cur.MovedFrom // decided again from its record's body, which holds the moved start only
+			}
 			if Same(*cur, r) || (!cur.Active() && r.Active()) {
 				// An ended record stays ended: a deferral decided again from a stale copy (a
 				// lagging cache) must not bring back what a close, a newer update or a drain

@@ -353,3 +353,54 @@ func TestMovedBack(t *testing.T) {
 		})
 	}
 }
+
+// TestReportOfTheStartBeforeAMove: found by make sim (a random seed on c7c27b0, after 200
+// seeds). The router moved a kafka node's system reboot into the window (the poller's report:
+// EC2's key), and AWS cancelled it there. AWS Health's report of the first start, sent before
+// the move, was decided after the cancel: EC2 showed no open event to resolve it against, so
+// it was taken at its word, superseded the moved record as its reschedule, and stayed active
+// for a maintenance that was cancelled (the node would be emptied for nothing). The record of
+// a moved maintenance keeps the start it had (MovedFrom): a report of that start is the moved
+// maintenance, recorded, unless it was sent after a close of it (scheduled again).
+func TestReportOfTheStartBeforeAMove(t *testing.T) {
+	first, moved := t0.Add(30*time.Hour), t0.Add(6*24*time.Hour)
+	at := func(ev event.Event, when time.Time) event.Event { ev.Time = when; return ev }
+	poll := at(health("poll-1", "i-1/instance-event-0", event.ScheduledSystemReboot, moved, event.HealthUpcoming), t0)
+	closed := at(health("poll-1-closed", "i-1/instance-event-0", event.ScheduledSystemReboot, moved, event.HealthClosed), t0.Add(time.Hour))
+	movedRecord := Record{EventID: poll.ID, Key: Key(poll), Kind: poll.Kind, State: StateDeferred, Match: Match(poll), Until: moved, EventTime: poll.Time, MovedFrom: first}
+	before := at(health("h1", "arn:health/1", event.ScheduledSystemReboot, first, event.HealthUpcoming), t0.Add(time.Minute))
+	after := at(health("h2", "arn:health/2", event.ScheduledSystemReboot, first, event.HealthUpcoming), t0.Add(2*time.Hour))
+	retirement := at(health("h3", "arn:health/3", event.ScheduledInstanceRetirement, first, event.HealthUpcoming), t0.Add(time.Minute))
+	for _, tt := range []struct {
+		name      string
+		cancelled bool
+		report    event.Event
+		recorded  bool
+	}{
+		{"the first start, the moved maintenance still deferred", false, before, true},
+		{"the first start, sent before the cancel", true, before, true},
+		{"the first start, sent after the cancel: scheduled again", true, after, false},
+		{"another type at the first start", false, retirement, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var s Set
+			s.Put(movedRecord)
+			if tt.cancelled {
+				s.Cancel(closed, true)
+			}
+			if _, recorded := s.Recorded(tt.report); recorded != tt.recorded {
+				t.Errorf("recorded %v, want %v", recorded, tt.recorded)
+			}
+		})
+	}
+	// Decided again at its time, from its record's body (the moved start only), it keeps
+	// where it moved from.
+	var s Set
+	s.Put(movedRecord)
+	again := movedRecord
+	again.MovedFrom, again.Reason = time.Time{}, "decided again"
+	s.Put(again)
+	if got := s.Records[0].MovedFrom; !got.Equal(first) {
+		t.Errorf("decided again: moved from %s, want %s", got, first)
+	}
+}

@@ -419,7 +419,7 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 	}
 	entry := record.Record{EventID: ev.ID, Key: record.Key(ev), Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: record.StateDeferred,
 		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body,
-		Communication: record.Communication(ev)}
+		Communication: record.Communication(ev), MovedFrom: ev.MovedFrom}
 	err = s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
 		// The decision read the records before this write; a close written since (another
 		// worker's, at the same moment) ends the event here as it would have there.
