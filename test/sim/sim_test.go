@@ -85,6 +85,10 @@ type machine struct {
 	horizon time.Time         // the latest maintenance the run made
 	evSeq   int
 	pollIDs map[string]string // instance/type -> EC2 instance-event ID
+	// healthARNs is the AWS Health event of each instance and code: a report after the
+	// event's close is of a new event (AWS Health does not reopen a closed event), under a
+	// new ARN.
+	healthARNs map[string]healthARN
 	// shadowSeen is how many would-be outcomes each NodeClaim of the shadow pool showed last.
 	shadowSeen map[string]int
 	plans      map[string]awsReboot
@@ -97,7 +101,7 @@ type machine struct {
 
 func newMachine(t *rapid.T) *machine {
 	mode := rapid.SampledFrom([]signal.Mode{signal.ModeDeleteNodeClaim, signal.ModeForward}).Draw(t, "mode")
-	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, polled: map[string]effect{}, plans: map[string]awsReboot{},
+	m := &machine{m: newModel(), ctx: context.Background(), effects: map[string]effect{}, pollIDs: map[string]string{}, healthARNs: map[string]healthARN{}, polled: map[string]effect{}, plans: map[string]awsReboot{},
 		shadowSeen: map[string]int{}, reboots: map[string]bool{}, migrated: map[string]time.Time{}}
 	w, err := newWorldHooked(mode, m)
 	if err != nil {
@@ -241,7 +245,7 @@ func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start
 	if closed {
 		status = event.HealthClosed
 	}
-	arn := "arn:aws:health:eu-west-1::event/EC2/" + healthCodes[typ] + "/" + inst
+	arn := m.healthARN(inst, typ, closed)
 	effect := reportEffect(m.m, arn, inst, typ, start, closed)
 	if typ != "" {
 		// AWS Health and EC2 tell of one maintenance: EC2 holds it too (the router reads it
@@ -255,6 +259,30 @@ func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start
 	body := envelope(m.id(), "aws.health", "AWS Health Event", inst, m.now(), detail)
 	m.send(body, effect)
 	m.horizon = maxTime(m.horizon, start)
+}
+
+// healthARN is one instance's AWS Health event of a code: its generation, and whether a
+// close of it was sent.
+type healthARN struct {
+	gen    int
+	closed bool
+}
+
+// healthARN returns the ARN of the AWS Health event a report of inst's maintenance of typ is
+// an update of: the same event until it is closed; an upcoming report after a close is a new
+// event, with a new ARN (a close sent again keeps the ARN it closed).
+func (m *machine) healthARN(inst string, typ event.ScheduledType, closed bool) string {
+	base := "arn:aws:health:eu-west-1::event/EC2/" + healthCodes[typ] + "/" + inst
+	h := m.healthARNs[base]
+	if h.closed && !closed {
+		h = healthARN{gen: h.gen + 1}
+	}
+	h.closed = h.closed || closed
+	m.healthARNs[base] = h
+	if h.gen == 0 {
+		return base
+	}
+	return fmt.Sprintf("%s-%d", base, h.gen)
 }
 
 // ec2View sets EC2's event of an instance's maintenance as AWS Health reports it (a new
