@@ -46,6 +46,9 @@ type maintenance struct {
 	state string
 	known time.Time // when the router first processed a report of it
 	keys  map[string]bool
+	// movedFrom are the starts the router moved it from: a report of one of them was sent before
+	// the move, and is this maintenance, not a reschedule back.
+	movedFrom []time.Time
 }
 
 type stateChange struct {
@@ -124,7 +127,7 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 		if mt.inst != inst || (mt.state != stateActive && mt.state != stateInPlace) {
 			continue
 		}
-		same := mt.start.Equal(start) && (mt.typ == typ || mt.typ == "" || typ == "")
+		same := (mt.start.Equal(start) || slices.ContainsFunc(mt.movedFrom, start.Equal)) && (mt.typ == typ || mt.typ == "" || typ == "")
 		switch {
 		case closed:
 			if same || mt.keys[key] {
@@ -170,6 +173,7 @@ func (m *model) moved(key, inst string, typ event.ScheduledType, from, to, now t
 	}
 	for _, mt := range m.maints {
 		if mt.inst == inst && mt.state == stateActive && mt.start.Equal(from) && (mt.typ == typ || mt.typ == "") {
+			mt.movedFrom = append(mt.movedFrom, mt.start)
 			mt.start, mt.typ, mt.keys[key] = to, typ, true
 			return
 		}

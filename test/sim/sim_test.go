@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -1051,7 +1052,9 @@ func (m *machine) activeMaintenance(inst, match string) bool {
 		return false
 	}
 	for _, mt := range m.m.maints {
-		if mt.inst == inst && mt.start.Equal(start) && (string(mt.typ) == typ || mt.typ == "" || typ == "") && mt.state == stateActive {
+		// A record of a start the router moved the maintenance from is of it too: a report of
+		// that start decided before the move was written (two workers at once).
+		if mt.inst == inst && (mt.start.Equal(start) || slices.ContainsFunc(mt.movedFrom, start.Equal)) && (string(mt.typ) == typ || mt.typ == "" || typ == "") && mt.state == stateActive {
 			return true
 		}
 	}
