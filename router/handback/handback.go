@@ -391,13 +391,13 @@ func (h *Handback) drain(ctx context.Context, nc *karpv1.NodeClaim, active []rec
 		first := slices.MinFunc(active, func(a, b record.Record) int { return a.Until.Compare(b.Until) })
 		body = first.Event
 	}
-	if why := h.unparsed(body); h.forward != nil && len(body) > 0 && why != "" {
-		if err := h.delete(ctx, nc); err != nil {
-			return "", err
-		}
-		return "drained (nodeclaim deleted: " + why + ")", nil
-	}
 	if h.forward != nil && len(body) > 0 {
+		if why := h.unparsed(body); why != "" {
+			if err := h.delete(ctx, nc); err != nil {
+				return "", err
+			}
+			return "drained (nodeclaim deleted: " + why + ")", nil
+		}
 		if err := h.forward.Forward(ctx, body); err != nil {
 			return "", fmt.Errorf("forwarding to Karpenter: %w", err)
 		}
@@ -425,21 +425,14 @@ func (h *Handback) drain(ctx context.Context, nc *karpv1.NodeClaim, active []rec
 // router's signaller decides. "" when Karpenter parses it, or the body is not one the router
 // can read (forwarded: the confirmation bound still deletes the NodeClaim).
 func (h *Handback) unparsed(body []byte) string {
-	if len(body) == 0 {
-		return ""
-	}
 	ev, err := event.Parse(body)
-	if err != nil {
+	if err != nil || h.opts.KarpenterVersion.Parses(ev) {
 		return ""
 	}
-	since, ok := signal.KarpenterParsesSince(ev)
-	switch {
-	case !ok:
-		return fmt.Sprintf("no Karpenter parses a %s message", ev.Kind)
-	case !h.opts.KarpenterVersion.IsZero() && h.opts.KarpenterVersion.Less(since):
+	if since, ok := signal.KarpenterParsesSince(ev); ok {
 		return fmt.Sprintf("Karpenter %s has no parser for a %s message (since %s)", h.opts.KarpenterVersion, ev.Kind, since)
 	}
-	return ""
+	return fmt.Sprintf("no Karpenter parses a %s message", ev.Kind)
 }
 
 // confirm waits up to ConfirmTimeout for the NodeClaim to be deleting or gone.

@@ -192,6 +192,13 @@ func routerState(t *testing.T, c client.Client) []string {
 	return out
 }
 
+// reservationClaim is a NodeClaim holding a capacity-reservation interruption, deferred.
+func reservationClaim(t *testing.T) []client.Object {
+	r := deferred("ev-r1", now.Add(time.Minute))
+	r.Kind, r.Event = event.KindCapacityReservation, json.RawMessage(reservationBody)
+	return []client.Object{claim(t, "a", []record.Record{r}, nil, nil)}
+}
+
 func TestHandback(t *testing.T) {
 	ended := record.Record{EventID: "ev-0", Key: "ev-0", Kind: event.KindScheduledChange, Until: now.Add(-time.Hour), State: record.StateCancelled}
 	tests := []struct {
@@ -248,13 +255,9 @@ func TestHandback(t *testing.T) {
 			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drained (forwarded to Karpenter)")
 		},
 	}, {
-		name:    "a held reservation interruption drained for a Karpenter below v1.10: the nodeclaim deleted, nothing forwarded it would drop",
-		pending: PendingDrain,
-		objs: func(t *testing.T) []client.Object {
-			r := deferred("ev-r1", now.Add(time.Minute))
-			r.Kind, r.Event = event.KindCapacityReservation, json.RawMessage(reservationBody)
-			return []client.Object{claim(t, "a", []record.Record{r}, nil, nil)}
-		},
+		name:      "a held reservation interruption drained for a Karpenter below v1.10: the nodeclaim deleted, nothing forwarded it would drop",
+		pending:   PendingDrain,
+		objs:      reservationClaim,
 		fwd:       func(client.Client) *forwarder { return &forwarder{} },
 		karpenter: signal.KarpenterVersion{Major: 1, Minor: 9, Patch: 3},
 		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
@@ -269,11 +272,7 @@ func TestHandback(t *testing.T) {
 	}, {
 		name:    "the same for a Karpenter that parses it (v1.10 on, or unknown): forwarded",
 		pending: PendingDrain,
-		objs: func(t *testing.T) []client.Object {
-			r := deferred("ev-r1", now.Add(time.Minute))
-			r.Kind, r.Event = event.KindCapacityReservation, json.RawMessage(reservationBody)
-			return []client.Object{claim(t, "a", []record.Record{r}, nil, nil)}
-		},
+		objs:    reservationClaim,
 		fwd: func(c client.Client) *forwarder {
 			return &forwarder{karpenter: func(ctx context.Context) {
 				_ = c.Delete(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "a"}})

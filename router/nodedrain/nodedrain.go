@@ -209,21 +209,13 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 
 // carry holds the new drain rec for the maintenances the finished drain prev it replaces
 // still held (a reboot AWS has yet to carry out): each is taken as a report (Record.hold), so
-// that rec's own event, if it is a newer report of one of them, replaces it.
+// that a newer report of rec's own maintenance replaces it, and another is held beside it.
 func carry(rec *Record, prev Record) {
 	held := prev.Also
 	if prev.Match != "" {
 		held = append([]Held{prev.own()}, held...)
 	}
 	for _, h := range held {
-		if same, newer := reports(h, rec.own()); same && rec.Match != "" {
-			if !newer && h.EventTime.After(rec.EventTime) && !sameMaintenance(h.Match, rec.Match) {
-				// rec is an older report of a maintenance prev holds a newer one of: the drain
-				// is for the newer one.
-				rec.EventID, rec.Key, rec.Match, rec.EventTime, rec.Deadline, rec.Release = h.EventID, h.Key, h.Match, h.EventTime, h.Deadline, h.Release
-			}
-			continue
-		}
 		rec.hold(Drain{EventID: h.EventID, Key: h.Key, Match: h.Match, EventTime: h.EventTime, Deadline: h.Deadline, Release: h.Release})
 	}
 }

@@ -95,7 +95,7 @@ func (r *Record) hold(dr Drain) bool {
 	if r.Match != "" {
 		if same, newer := reports(r.own(), h); same {
 			if newer {
-				r.EventID, r.Key, r.Match, r.EventTime, r.Deadline, r.Release = h.EventID, h.Key, h.Match, h.EventTime, h.Deadline, h.Release
+				r.follow(h)
 			}
 			return newer
 		}
@@ -110,6 +110,11 @@ func (r *Record) hold(dr Drain) bool {
 	}
 	r.Also = append(r.Also, h)
 	return true
+}
+
+// follow makes h the drain's own maintenance (its kind stays).
+func (r *Record) follow(h Held) {
+	r.EventID, r.Key, r.Match, r.EventTime, r.Deadline, r.Release = h.EventID, h.Key, h.Match, h.EventTime, h.Deadline, h.Release
 }
 
 // own is the drain's own maintenance as a Held.
@@ -144,8 +149,8 @@ func (r Record) handOn() (Record, bool) {
 	if len(r.Also) == 0 {
 		return r, false
 	}
-	next := r.Also[0]
-	r.EventID, r.Key, r.Match, r.Kind, r.EventTime, r.Deadline, r.Release = next.EventID, next.Key, next.Match, scheduledChangeKind, next.EventTime, next.Deadline, next.Release
+	r.follow(r.Also[0])
+	r.Kind = scheduledChangeKind
 	r.Also = slices.Clone(r.Also[1:])
 	r.Warned = false // the next maintenance's bound is its own
 	return r, true

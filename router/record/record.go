@@ -285,14 +285,11 @@ func (s Set) Recorded(ev event.Event) (Record, bool) {
 		if r.EventID == ev.ID && movedBack(r, ev, match) {
 			continue
 		}
-		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && SameMaintenance(r.Match, match) && !s.reopened(r, ev)) {
-			return r, true
-		}
-		if !closed && r.State != StateClosed && r.Key != key && SameMaintenance(movedFrom(r), match) && !s.reopened(r, ev) {
-			// A report of the start the maintenance had before the router moved it, from the
-			// other source (sent before the move): the moved maintenance, recorded. EC2 may
-			// not show it open any more (cancelled since), so the report cannot be moved to
-			// it first.
+		// The other source's report of the maintenance, or of the start it had before the
+		// router moved it (sent before the move: EC2 may not show the event open any more,
+		// cancelled since, so the report cannot be moved to it first).
+		same := SameMaintenance(r.Match, match) || SameMaintenance(movedFrom(r), match)
+		if r.EventID == ev.ID || (!closed && r.State != StateClosed && r.Key != key && same && !s.reopened(r, ev)) {
 			return r, true
 		}
 		if !closed && r.State == StateClosed && lateAfterClose(r, ev, key) {

@@ -88,6 +88,13 @@ func KarpenterParsesSince(ev event.Event) (since KarpenterVersion, ok bool) {
 	return KarpenterVersion{}, false
 }
 
+// Parses reports whether the Karpenter of version v (zero: unknown, taken as the newest) has
+// an interruption parser for ev's canonical body (KarpenterParsesSince).
+func (v KarpenterVersion) Parses(ev event.Event) bool {
+	since, ok := KarpenterParsesSince(ev)
+	return ok && (v.IsZero() || !v.Less(since))
+}
+
 // SetKarpenterVersion tells the signaller which Karpenter it signals. An unknown version (the
 // zero value, the default) is taken as the newest: the router is built and tested against it
 // (go.mod's Karpenter, the real-Karpenter suite), and a forward Karpenter cannot parse is still

@@ -166,7 +166,7 @@ func (s *Signaller) Via(ev event.Event) Mode {
 	if !acted {
 		return ModeDeleteNodeClaim
 	}
-	if since, ok := KarpenterParsesSince(ev); !ok || !s.karpenter.IsZero() && s.karpenter.Less(since) {
+	if !s.karpenter.Parses(ev) {
 		return ModeDeleteNodeClaim
 	}
 	return ModeForward
