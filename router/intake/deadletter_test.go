@@ -38,9 +38,12 @@ func TestDeadLetterNearTheSizeLimit(t *testing.T) {
 			t.Cleanup(srv.Close)
 			ctx := context.Background()
 			client := sqs.New(sqs.Options{Region: "eu-west-1", BaseEndpoint: aws.String(srv.URL),
-				Credentials: credentials.NewStaticCredentialsProvider("k", "s", ""), RetryMaxAttempts: 1})
+				Credentials: credentials.NewStaticCredentialsProvider("k", "s", "")})
 			queue := func(name string) string {
-				out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name)})
+				// A receive leaves the message visible: a receive whose answer was lost on
+				// the loopback (the SDK retries it) would otherwise hide it from the retry.
+				out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name),
+					Attributes: map[string]string{"VisibilityTimeout": "0"}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -57,8 +60,11 @@ func TestDeadLetterNearTheSizeLimit(t *testing.T) {
 			}
 			got, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(intakeURL),
 				MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll}})
-			if err != nil || len(got.Messages) != 1 {
-				t.Fatalf("receive: %v, %d messages", err, len(got.Messages))
+			if err != nil {
+				t.Fatalf("receive: %v", err)
+			}
+			if len(got.Messages) != 1 {
+				t.Fatalf("receive: %d messages, want 1", len(got.Messages))
 			}
 			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
 			m := metrics.NewRouter(prometheus.NewRegistry(), func() float64 { return 0 })
@@ -69,8 +75,11 @@ func TestDeadLetterNearTheSizeLimit(t *testing.T) {
 			}
 
 			dl, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(dlqURL), MessageAttributeNames: []string{"All"}})
-			if err != nil || len(dl.Messages) != 1 {
-				t.Fatalf("the dead-letter queue: %v, %d messages", err, len(dl.Messages))
+			if err != nil {
+				t.Fatalf("the dead-letter queue: %v", err)
+			}
+			if len(dl.Messages) != 1 {
+				t.Fatalf("the dead-letter queue: %d messages, want 1", len(dl.Messages))
 			}
 			attrs := dl.Messages[0].MessageAttributes
 			dead := aws.ToString(dl.Messages[0].Body)

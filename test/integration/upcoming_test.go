@@ -329,8 +329,11 @@ func TestNodeMarks(t *testing.T) {
 		s.put("aws.health", "AWS Health Event", health("AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", time.Now().Add(10*24*time.Hour), "upcoming",
 			"arn:aws:health:eu-west-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/bulk-1", ids...))
 		msg, err := s.sqs.ReceiveMessage(s.ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(s.intakeURL), MaxNumberOfMessages: 1, WaitTimeSeconds: 5})
-		if err != nil || len(msg.Messages) != 1 {
-			t.Fatalf("the Health event in the intake queue: %v, %d messages", err, len(msg.Messages))
+		if err != nil {
+			t.Fatalf("the Health event in the intake queue: %v", err)
+		}
+		if len(msg.Messages) != 1 {
+			t.Fatalf("the Health event in the intake queue: %d messages, want 1", len(msg.Messages))
 		}
 		body := aws.ToString(msg.Messages[0].Body)
 		if _, err := s.sqs.ChangeMessageVisibility(s.ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: aws.String(s.intakeURL),
