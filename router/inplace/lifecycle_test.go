@@ -181,6 +181,20 @@ func TestCancelled(t *testing.T) {
 			t.Error("cancelled by another maintenance's close")
 		}
 	})
+	t.Run("a close of the start the router moved it from", func(t *testing.T) {
+		// The router moved the maintenance into the window (ev.MovedFrom); another source, or
+		// an AWS Health code the router does not map, closes it at the start it had. A report
+		// of that start is the moved maintenance (router/record), and so is its close.
+		r := newRig(t, rigOpts{})
+		first := start.Add(-3 * 24 * time.Hour)
+		ev := scheduled("ev-1", event.ScheduledSystemReboot, start)
+		ev.MovedFrom = first
+		r.begin(ev)
+		unmapped := closed(scheduled("ev-2", "", first))
+		if ok, err := r.runner.Cancel(r.ctx, r.claim(), unmapped); err != nil || !ok {
+			t.Fatalf("Cancel by a close of the first start: %v %v", ok, err)
+		}
+	})
 	t.Run("the reboot under way", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
 		ev := scheduled("ev-1", event.ScheduledSystemReboot, start)

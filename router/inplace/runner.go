@@ -225,7 +225,7 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 			return fmt.Errorf("reading node %s: %w", cur.Status.NodeName, err)
 		}
 		st = State{Version: Version, EventID: ev.ID, EventARN: arn, Type: typ, Instance: instance, Node: cur.Status.NodeName,
-			Start: start, End: end, Began: now, StepSince: now}
+			Start: start, End: end, MovedFrom: ev.MovedFrom.UTC(), Began: now, StepSince: now}
 		st.Step = r.opts.FirstStep(st, now)
 		st.Protected = cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true"
 		st.RepairVetoed = cur.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"
@@ -266,7 +266,7 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 
 // Cancel ends the NodeClaim's run of the maintenance that ev closes (a closed AWS Health
 // event, a [Canceled] or [Completed] EC2 event: the same event ID or ARN, or the same type and
-// start), if the reboot has not begun (Cancelled): the run gives the Node back and ends. It
+// start, or the start the router moved it from), if the reboot has not begun (Cancelled): the run gives the Node back and ends. It
 // reports whether it did; a run of another maintenance, or one whose reboot is under way, is
 // left as it is. It reads the NodeClaim fresh and writes under its resource version.
 func (r *Runner) Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error) {
@@ -288,8 +288,8 @@ func (r *Runner) Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Even
 		if err != nil || !ok {
 			return nil // none, or not this router's to change
 		}
-		same := st.EventID == ev.ID || (arn != "" && st.EventARN == arn) ||
-			(!ev.Deadline.IsZero() && st.Start.Equal(ev.Deadline) && (typ == "" || typ == st.Type))
+		at := !ev.Deadline.IsZero() && (st.Start.Equal(ev.Deadline) || st.MovedFrom.Equal(ev.Deadline))
+		same := st.EventID == ev.ID || (arn != "" && st.EventARN == arn) || (at && (typ == "" || typ == st.Type))
 		if !same {
 			return nil
 		}

@@ -128,6 +128,9 @@ type State struct {
 	// event's window, zero when unknown.
 	Start time.Time `json:"start"`
 	End   time.Time `json:"end,omitzero"`
+	// MovedFrom is the start the maintenance had before the router moved it into the window
+	// (event.Event's MovedFrom): a close of that start is of this run's maintenance too.
+	MovedFrom time.Time `json:"moved_from,omitzero"`
 
 	Step      Step      `json:"step"`
 	Began     time.Time `json:"began"`

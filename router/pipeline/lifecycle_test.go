@@ -121,6 +121,36 @@ func TestCloseReachesTheRebootInPlace(t *testing.T) {
 	}
 }
 
+// TestCloseOfTheFirstStartReachesAMovedRun: a deferral the router had moved into the window
+// comes due and begins a reboot in place; a close of the start it was moved from (here an AWS
+// Health code the router does not map) is of that maintenance, as it is for the deferral
+// (router/record), and ends the run. Before, the run knew its moved start only, and kept the
+// node cordoned and emptied for a cancelled maintenance.
+func TestCloseOfTheFirstStartReachesAMovedRun(t *testing.T) {
+	r, runner, _ := inPlaceRig(t)
+	start := now.Add(30 * time.Minute) // the moved start: within deadline minus drain-lead
+	first := now.Add(50 * time.Hour)
+	up := scheduled("up", rebootARN, rebootCode, start, event.HealthUpcoming, instanceID(0))
+	nc := r.claims(t)[0]
+	rec := record.Record{EventID: up.ID, Key: record.Key(up), Kind: up.Kind, State: record.StateDeferred, Match: record.Match(up),
+		Until: now, EventTime: up.Time, Event: scheduledBody("up", rebootARN, rebootCode, start, event.HealthUpcoming, instanceID(0)), MovedFrom: first}
+	if d, err := r.p.Redecide(context.Background(), &nc, rec); err != nil || d.Action != policy.ActionRebootInPlace {
+		t.Fatalf("the moved deferral, due: %+v %v", d, err)
+	}
+	r.run(t, runner, 2)
+	if _, err := r.p.Process(context.Background(), scheduled("unmapped-closed", rebootARN+"-unmapped", "AWS_EC2_SOMETHING_NEW_SCHEDULED", first, event.HealthClosed, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	st := r.run(t, runner, 2)
+	n := &corev1.Node{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "node-0"}, n); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Over() || n.Spec.Unschedulable {
+		t.Errorf("after the close of the first start: run %+v, node cordoned %v", st, n.Spec.Unschedulable)
+	}
+}
+
 // TestSecondMaintenanceWaitsForTheRun: defect 5. Another reboot-type maintenance while a run
 // is in progress is held (a deferral), not marked as handled by the run in progress.
 func TestSecondMaintenanceWaitsForTheRun(t *testing.T) {

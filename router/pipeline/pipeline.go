@@ -324,6 +324,9 @@ func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec recor
 		id = ev.Instances[0]
 	}
 	ev.Instances = []string{id}
+	// The body holds the start the router moved the maintenance to; the record keeps the one it
+	// had, which a close or another source's report may still name.
+	ev.MovedFrom = rec.MovedFrom
 	p.metrics.Redecisions.WithLabelValues(string(rec.Hold)).Inc()
 	var d policy.Decision
 	_, _, err = p.instance(ctx, ev, id, newSummary(false), rec.EventID, &d)

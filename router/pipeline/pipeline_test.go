@@ -473,17 +473,21 @@ func TestPodNotices(t *testing.T) {
 }
 
 func scheduled(id, arn, code string, start time.Time, status string, ids ...string) event.Event {
-	var entities []string
-	for _, i := range ids {
-		entities = append(entities, fmt.Sprintf(`{"entityValue":%q}`, i))
-	}
-	body := fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":[],"detail":{"eventArn":%q,"service":"EC2","eventTypeCode":%q,"eventTypeCategory":"scheduledChange","statusCode":%q,"startTime":%q,"affectedEntities":[%s]}}`,
-		id, arn, code, status, start.UTC().Format(time.RFC1123), strings.Join(entities, ","))
-	ev, err := event.Parse([]byte(body))
+	ev, err := event.Parse(scheduledBody(id, arn, code, start, status, ids...))
 	if err != nil {
 		panic(err)
 	}
 	return ev
+}
+
+// scheduledBody is the AWS Health event scheduled parses.
+func scheduledBody(id, arn, code string, start time.Time, status string, ids ...string) []byte {
+	var entities []string
+	for _, i := range ids {
+		entities = append(entities, fmt.Sprintf(`{"entityValue":%q}`, i))
+	}
+	return []byte(fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":[],"detail":{"eventArn":%q,"service":"EC2","eventTypeCode":%q,"eventTypeCategory":"scheduledChange","statusCode":%q,"startTime":%q,"affectedEntities":[%s]}}`,
+		id, arn, code, status, start.UTC().Format(time.RFC1123), strings.Join(entities, ",")))
 }
 
 // TestReschedule: a pool annotated reschedule=true has its scheduled event moved into its

@@ -351,7 +351,8 @@ func movedBack(r Record, ev event.Event, match string) bool {
 // closing report c ended, sent before it: SQS and the router's own retry backoff reorder
 // messages, and the older word must not reopen what the newer closed. Under the same key an
 // update from the close's own second is taken as older too (AWS Health closes an event last);
-// from another source only a strictly older one, since its clock is not the close's.
+// from another source only a strictly older one, since its clock is not the close's. A report
+// the router moved is of the close of the start it was moved from too.
 func lateAfterClose(c Record, ev event.Event, key string) bool {
 	if c.EventTime.IsZero() || ev.Time.IsZero() {
 		return false
@@ -359,10 +360,21 @@ func lateAfterClose(c Record, ev event.Event, key string) bool {
 	switch {
 	case c.Key == key:
 		return !ev.Time.After(c.EventTime)
-	case SameMaintenance(c.Match, Match(ev)):
+	case SameMaintenance(c.Match, Match(ev)) || SameMaintenance(c.Match, movedMatch(ev)):
 		return ev.Time.Before(c.EventTime)
 	}
 	return false
+}
+
+// movedMatch is ev's maintenance at the start it had before the router moved it ("" when it
+// did not): a close of that start is of it (a report is moved before its deferral is written).
+func movedMatch(ev event.Event) string {
+	if ev.MovedFrom.IsZero() {
+		return ""
+	}
+	moved := ev
+	moved.Deadline = ev.MovedFrom
+	return Match(moved)
 }
 
 // Put records r (a deferral of its event): it replaces the record of the same event (unless
@@ -426,7 +438,9 @@ func (s *Set) Cancel(ev event.Event, cancel bool) (cancelled []string, changed b
 		if !r.Active() {
 			continue
 		}
-		closed := Closed(ev) && (r.Key == key || SameMaintenance(r.Match, match))
+		// A close of the start the router moved the maintenance from is of it too, as a report
+		// of that start is (Recorded).
+		closed := Closed(ev) && (r.Key == key || SameMaintenance(r.Match, match) || SameMaintenance(movedFrom(*r), match))
 		running := ev.Kind == event.KindStateChange && r.Kind == event.KindStateChange
 		recovered := ev.Kind == event.KindInstanceStatus && r.Kind == event.KindInstanceStatus
 		if closed || running || recovered {

@@ -404,3 +404,63 @@ func TestReportOfTheStartBeforeAMove(t *testing.T) {
 		t.Errorf("decided again: moved from %s, want %s", got, first)
 	}
 }
+
+// TestCloseOfTheStartBeforeAMove: a close of the maintenance at the start the router moved it
+// from, under another key (the other source, or an AWS Health code the router does not map),
+// ends the moved record, as a report of that start is the moved maintenance (Recorded). Before,
+// only the moved start was matched: the record stayed deferred for a maintenance that was
+// cancelled, and the node would have been emptied in the window for nothing.
+func TestCloseOfTheStartBeforeAMove(t *testing.T) {
+	first, moved := t0.Add(90*time.Minute), t0.Add(6*24*time.Hour)
+	at := func(ev event.Event, when time.Time) event.Event { ev.Time = when; return ev }
+	report := at(health("h1", "arn:health/retirement", event.ScheduledInstanceRetirement, moved, event.HealthUpcoming), t0)
+	movedRecord := Record{EventID: report.ID, Key: Key(report), Kind: report.Kind, State: StateDeferred, Match: Match(report), Until: moved, EventTime: report.Time, MovedFrom: first}
+	for _, tt := range []struct {
+		name   string
+		close  event.Event
+		cancel bool
+	}{
+		{"the other source's close of the first start", at(health("p1-closed", "i-1/instance-event-0", event.ScheduledInstanceRetirement, first, event.HealthClosed), t0.Add(time.Minute)), true},
+		{"an unmapped code's close of the first start", at(health("h2-closed", "arn:health/unmapped", "", first, event.HealthClosed), t0), true},
+		{"the moved start's close", at(health("p1-closed", "i-1/instance-event-0", event.ScheduledInstanceRetirement, moved, event.HealthClosed), t0.Add(time.Minute)), true},
+		{"another type's close of the first start", at(health("h3-closed", "arn:health/reboot", event.ScheduledSystemReboot, first, event.HealthClosed), t0.Add(time.Minute)), false},
+		{"a close of another start", at(health("h4-closed", "arn:health/unmapped", "", first.Add(time.Hour), event.HealthClosed), t0.Add(time.Minute)), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var s Set
+			s.Put(movedRecord)
+			cancelled, _ := s.Cancel(tt.close, true)
+			if got := len(cancelled) == 1 && len(s.Active()) == 0; got != tt.cancel {
+				t.Errorf("cancelled %v (active left %d), want cancelled %v", cancelled, len(s.Active()), tt.cancel)
+			}
+		})
+	}
+}
+
+// TestClosedSinceAMovedReport: a report decided (and moved into the window) by one worker while
+// another applied a close of the start it was moved from, sent after the report, is not
+// written as a deferral: the close ended it. Before, the moved report was read against the
+// close at its new start only, and a deferral of a cancelled maintenance was written.
+func TestClosedSinceAMovedReport(t *testing.T) {
+	first, moved := t0.Add(90*time.Minute), t0.Add(6*24*time.Hour)
+	at := func(ev event.Event, when time.Time) event.Event { ev.Time = when; return ev }
+	report := at(health("h1", "arn:health/retirement", event.ScheduledInstanceRetirement, moved, event.HealthUpcoming), t0)
+	report.MovedFrom = first
+	for _, tt := range []struct {
+		name   string
+		close  event.Event
+		closed bool
+	}{
+		{"a close of the first start, sent after the report", at(health("h2-closed", "arn:health/unmapped", "", first, event.HealthClosed), t0.Add(time.Minute)), true},
+		{"a close of the first start, sent before the report", at(health("h2-closed", "arn:health/unmapped", "", first, event.HealthClosed), t0.Add(-time.Minute)), false},
+		{"a close of another start", at(health("h3-closed", "arn:health/unmapped", "", first.Add(time.Hour), event.HealthClosed), t0.Add(time.Minute)), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var s Set
+			s.Cancel(tt.close, true)
+			if got := s.ClosedSince(report); got != tt.closed {
+				t.Errorf("closed since %v, want %v", got, tt.closed)
+			}
+		})
+	}
+}
