@@ -36,6 +36,11 @@ const (
 	stateCancelled  = "cancelled"
 	stateSuperseded = "superseded"
 	stateInPlace    = "in-place" // the router emptied the node before AWS acts, and keeps it
+	// stateTied: a close of the maintenance and a report of it under another key, sent no
+	// earlier than the close, were decided by workers at once. The router ends it if the
+	// report's record is written first, and keeps the report as a new maintenance if the close
+	// is: either is its to choose. Nothing is owed for it, and a drain for it is allowed.
+	stateTied = "tied"
 )
 
 // maintenance is one scheduled maintenance of one instance, as the router has been told it.
@@ -49,7 +54,19 @@ type maintenance struct {
 	// movedFrom are the starts the router moved it from: a report of one of them was sent before
 	// the move, and is this maintenance, not a reschedule back.
 	movedFrom []time.Time
+	// joined is, for each key it is known under, when that key's report was sent and the
+	// batch of workers at once that made it known (0: one message at a time).
+	joined map[string]joinedBy
 }
+
+type joinedBy struct {
+	sent  time.Time
+	batch int
+}
+
+// live reports whether the router may hold the maintenance as one to drain for: it is active,
+// or a close may or may not have ended it (tied).
+func (mt *maintenance) live() bool { return mt.state == stateActive || mt.state == stateTied }
 
 type stateChange struct {
 	at    time.Time // the event's time
@@ -87,6 +104,9 @@ type model struct {
 	// drains of the minute before still count in no other memory).
 	overlapping func() bool
 	overlapEnds []time.Time
+	// batch is the batch of messages workers decide at once while its reports are applied
+	// (0: one message at a time); batches counts them.
+	batch, batches int
 }
 
 func newModel() *model { return &model{insts: map[string]*instance{}} }
@@ -114,7 +134,7 @@ func (m *model) fail(format string, args ...any) {
 // while the router processes it (ends false), what it ends (a close, the maintenance a
 // reschedule replaces) once the router is done with it (ends true): the model never forgives
 // more than the router knew, whether the processing fails (an outage) or not.
-func (m *model) reported(key, inst string, typ event.ScheduledType, start time.Time, closed, ends bool, now time.Time) {
+func (m *model) reported(key, inst string, typ event.ScheduledType, start time.Time, closed, ends bool, sent, now time.Time) {
 	found := false
 	for _, mt := range m.maints {
 		if !closed && mt.state != stateActive && mt.keys[key] && mt.start.Equal(start) {
@@ -124,7 +144,8 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 	for _, mt := range m.maints {
 		// A maintenance a reboot in place takes care of is still the one the other source
 		// reports: its report joins it, and does not make a new one the run never began for.
-		if mt.inst != inst || (mt.state != stateActive && mt.state != stateInPlace) {
+		// A tied one is reached by a close only.
+		if mt.inst != inst || (mt.state != stateActive && mt.state != stateInPlace && (mt.state != stateTied || !closed)) {
 			continue
 		}
 		same := (mt.start.Equal(start) || slices.ContainsFunc(mt.movedFrom, start.Equal)) && (mt.typ == typ || mt.typ == "" || typ == "")
@@ -132,16 +153,48 @@ func (m *model) reported(key, inst string, typ event.ScheduledType, start time.T
 		case closed:
 			if same || mt.keys[key] {
 				mt.state = stateCancelled
+				if m.tied(mt, key, sent) {
+					mt.state = stateTied
+					tiedCloses.Add(1)
+				}
 			}
 		case same:
 			mt.keys[key], found = true, true
+			mt.join(key, sent, m.batch)
 		case ends && mt.state == stateActive && (mt.keys[key] || (mt.typ != "" && mt.typ == typ && !mt.from(sourceOf(key)))):
 			mt.state = stateSuperseded
 		}
 	}
 	if !closed && !found {
-		m.maints = append(m.maints, &maintenance{inst: inst, typ: typ, start: start, state: stateActive, known: now, keys: map[string]bool{key: true}})
+		mt := &maintenance{inst: inst, typ: typ, start: start, state: stateActive, known: now, keys: map[string]bool{key: true}}
+		mt.join(key, sent, m.batch)
+		m.maints = append(m.maints, mt)
 	}
+}
+
+// join notes a report of the maintenance under key, sent at sent, made known in batch.
+func (mt *maintenance) join(key string, sent time.Time, batch int) {
+	if mt.joined == nil {
+		mt.joined = map[string]joinedBy{}
+	}
+	if j, ok := mt.joined[key]; !ok || sent.After(j.sent) || (batch != 0 && j.batch != batch) {
+		mt.joined[key] = joinedBy{sent: sent, batch: batch}
+	}
+}
+
+// tied reports whether a close of mt under key, sent at sent, was decided by workers at once
+// with a report of mt under another key sent no earlier (to the second): the router's outcome
+// depends on which of the two writes lands first (stateTied).
+func (m *model) tied(mt *maintenance, key string, sent time.Time) bool {
+	if m.batch == 0 || mt.state == stateInPlace {
+		return false
+	}
+	for k, j := range mt.joined {
+		if k != key && j.batch == m.batch && !j.sent.Truncate(time.Second).Before(sent.Truncate(time.Second)) {
+			return true
+		}
+	}
+	return false
 }
 
 // sourceOf is the source a report's key is of: an AWS Health eventArn, or EC2's instance-event ID.
@@ -172,7 +225,7 @@ func (m *model) moved(key, inst string, typ event.ScheduledType, from, to, now t
 		return
 	}
 	for _, mt := range m.maints {
-		if mt.inst == inst && mt.state == stateActive && mt.start.Equal(from) && (mt.typ == typ || mt.typ == "") {
+		if mt.inst == inst && mt.live() && mt.start.Equal(from) && (mt.typ == typ || mt.typ == "") {
 			mt.movedFrom = append(mt.movedFrom, mt.start)
 			mt.start, mt.typ, mt.keys[key] = to, typ, true
 			return
@@ -205,7 +258,7 @@ func (m *model) cause(in *instance, now time.Time) string {
 		return "spot"
 	}
 	for _, mt := range m.maints {
-		if mt.inst != in.id || mt.state != stateActive {
+		if mt.inst != in.id || !mt.live() {
 			continue
 		}
 		if in.pool == PoolWeb || windowOpen(now) || !now.Before(mt.start.Add(-drainLead)) {
@@ -317,7 +370,7 @@ func (m *model) inPlaceBegun(in *instance, typ event.ScheduledType, start, now t
 	m.drained(in, now)
 	in.inPlace = true
 	for _, mt := range m.maints {
-		if mt.inst == in.id && mt.state == stateActive && mt.start.Equal(start) && (mt.typ == typ || mt.typ == "") {
+		if mt.inst == in.id && mt.live() && mt.start.Equal(start) && (mt.typ == typ || mt.typ == "") {
 			mt.state = stateInPlace
 		}
 	}
@@ -332,7 +385,7 @@ func (m *model) inPlaceOver(in *instance) {
 // gives way then.
 func (m *model) forced(in *instance, now time.Time) bool {
 	for _, mt := range m.maints {
-		if mt.inst == in.id && mt.state == stateActive && !now.Before(mt.start.Add(-drainLead)) {
+		if mt.inst == in.id && mt.live() && !now.Before(mt.start.Add(-drainLead)) {
 			return true
 		}
 	}
@@ -389,7 +442,7 @@ func (m *model) webCause(in *instance) string {
 		return "spot"
 	}
 	for _, mt := range m.maints {
-		if mt.inst == in.id && mt.state == stateActive {
+		if mt.inst == in.id && mt.live() {
 			return "maintenance"
 		}
 	}
@@ -419,7 +472,7 @@ func (m *model) holdsCordon(in *instance, now time.Time) bool {
 		return true
 	}
 	for _, mt := range m.maints {
-		if mt.inst != in.id || mt.state != stateActive {
+		if mt.inst != in.id || !mt.live() {
 			continue
 		}
 		if mt.typ != event.ScheduledSystemReboot || now.Before(mt.start.Add(awsWindowModel+2*tick)) {

@@ -56,6 +56,10 @@ var staleReads, concurrentBatches, overlaps, awsOutOfService, awsUnmanaged, unma
 // them out.
 var migrations, sqsFailures atomic.Int64
 
+// tiedCloses counts the closes decided at once with a report of their maintenance under
+// another key, sent no earlier (the model's stateTied).
+var tiedCloses atomic.Int64
+
 // windowsKept: kafka's EC2 event window was seen over the run.
 var windowsKept atomic.Bool
 
@@ -247,7 +251,7 @@ func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start
 		status = event.HealthClosed
 	}
 	arn := m.healthARN(inst, typ, closed)
-	effect := reportEffect(m.m, arn, inst, typ, start, closed)
+	effect := reportEffect(m.m, arn, inst, typ, start, closed, m.now())
 	if typ != "" {
 		// AWS Health and EC2 tell of one maintenance: EC2 holds it too (the router reads it
 		// there before it moves it, and its poller finds it there), and a closed Health event
@@ -291,7 +295,7 @@ func (m *machine) healthARN(inst string, typ event.ScheduledType, closed bool) s
 // start the Health report carries and its effect on the model: when the router processes it,
 // the maintenance is the one EC2 then holds (the router may have moved it meanwhile).
 func (m *machine) ec2View(t *rapid.T, arn, inst string, typ event.ScheduledType, start time.Time, closed bool) (time.Time, effect) {
-	eid := m.pollID(inst, typ)
+	eid, sent := m.pollID(inst, typ), m.now()
 	m.w.ec2.mu.Lock()
 	defer m.w.ec2.mu.Unlock()
 	if cur, ok := m.w.ec2.current(inst, eid); ok && closed {
@@ -318,7 +322,7 @@ func (m *machine) ec2View(t *rapid.T, arn, inst string, typ event.ScheduledType,
 				s = cur
 			}
 			m.w.ec2.mu.Unlock()
-			m.m.reported(arn, inst, typ, s, closed, ends, now)
+			m.m.reported(arn, inst, typ, s, closed, ends, sent, now)
 		}
 	}
 	if closed {
@@ -345,7 +349,7 @@ func (m *machine) pollReport(inst, eid string, typ event.ScheduledType, start ti
 				}
 				m.w.ec2.mu.Unlock()
 			}
-			m.m.reported(eid, inst, typ, s, cancel, ends, now)
+			m.m.reported(eid, inst, typ, s, cancel, ends, now, now) // the poller's finding is of the poll's time
 		}
 	}
 	if cancel {
@@ -396,9 +400,9 @@ func (m *machine) Poller(t *rapid.T) {
 	m.horizon = maxTime(m.horizon, start)
 }
 
-func reportEffect(md *model, key, inst string, typ event.ScheduledType, start time.Time, closed bool) effect {
+func reportEffect(md *model, key, inst string, typ event.ScheduledType, start time.Time, closed bool, sent time.Time) effect {
 	f := func(ends bool) func(time.Time) {
-		return func(now time.Time) { md.reported(key, inst, typ, start, closed, ends, now) }
+		return func(now time.Time) { md.reported(key, inst, typ, start, closed, ends, sent, now) }
 	}
 	if closed {
 		return effect{after: f(true)}
@@ -547,6 +551,9 @@ func (m *machine) deliver(t *rapid.T, n int) {
 	if len(out.Messages) > 1 && rapid.IntRange(0, 2).Draw(t, "workers at once") == 0 {
 		// The intake's workers decide the messages of one batch at once: every cause is known
 		// from the start, every ending once all are done with.
+		m.m.batches++
+		m.m.batch = m.m.batches
+		defer func() { m.m.batch = 0 }()
 		for _, msg := range out.Messages {
 			if e := m.effects[aws.ToString(msg.Body)]; e.before != nil {
 				e.before(m.now())
@@ -745,7 +752,7 @@ func (m *machine) awsActs(t *rapid.T) {
 			awsOutOfService.Add(1)
 			continue
 		}
-		if mt := m.m.maintenanceAt(a.instance, event.ScheduledSystemReboot, a.start); mt != nil && mt.state != stateCancelled && mt.state != stateSuperseded &&
+		if mt := m.m.maintenanceAt(a.instance, event.ScheduledSystemReboot, a.start); mt != nil && mt.state != stateCancelled && mt.state != stateSuperseded && mt.state != stateTied &&
 			!mt.known.After(a.start.Add(-drainLead-2*tick)) {
 			t.Fatalf("%s: AWS rebooted %s for its system reboot at %s, known since %s, with the node in service (%s)",
 				m.now().Format(time.RFC3339), a.instance, a.start.Format(time.RFC3339), mt.known.Format(time.RFC3339), a.why)
@@ -1054,7 +1061,7 @@ func (m *machine) activeMaintenance(inst, match string) bool {
 	for _, mt := range m.m.maints {
 		// A record of a start the router moved the maintenance from is of it too: a report of
 		// that start decided before the move was written (two workers at once).
-		if mt.inst == inst && (mt.start.Equal(start) || slices.ContainsFunc(mt.movedFrom, start.Equal)) && (string(mt.typ) == typ || mt.typ == "" || typ == "") && mt.state == stateActive {
+		if mt.inst == inst && (mt.start.Equal(start) || slices.ContainsFunc(mt.movedFrom, start.Equal)) && (string(mt.typ) == typ || mt.typ == "" || typ == "") && mt.live() {
 			return true
 		}
 	}
@@ -1109,6 +1116,7 @@ func TestSimulation(t *testing.T) {
 		// kind): TestKeptReboots drives each kind every time.
 		t.Logf("AWS reboots of a kept node, out of service: %d; reboot migrations that cleared the event: %d; AWS reboots of the unmanaged node, cordoned: %d",
 			awsOutOfService.Load(), migrations.Load(), awsUnmanaged.Load())
+		t.Logf("closes tied with a report of their maintenance, decided at once: %d", tiedCloses.Load())
 	}()
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
