@@ -111,13 +111,19 @@ func TestCloseReachesTheRebootInPlace(t *testing.T) {
 	if _, err := r.p.Process(context.Background(), scheduled("closed", rebootARN, rebootCode, start, event.HealthClosed, instanceID(0))); err != nil {
 		t.Fatal(err)
 	}
+	r.givenBack(t, runner, "after the close")
+}
+
+// givenBack checks that the run ends within two passes and the Node is back in service.
+func (r *rig) givenBack(t *testing.T, runner *inplace.Runner, when string) {
+	t.Helper()
 	st := r.run(t, runner, 2)
 	n := &corev1.Node{}
 	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "node-0"}, n); err != nil {
 		t.Fatal(err)
 	}
 	if !st.Over() || n.Spec.Unschedulable {
-		t.Errorf("after the close: run %+v, node cordoned %v", st, n.Spec.Unschedulable)
+		t.Errorf("%s: run %+v, node cordoned %v", when, st, n.Spec.Unschedulable)
 	}
 }
 
@@ -141,14 +147,7 @@ func TestCloseOfTheFirstStartReachesAMovedRun(t *testing.T) {
 	if _, err := r.p.Process(context.Background(), scheduled("unmapped-closed", rebootARN+"-unmapped", "AWS_EC2_SOMETHING_NEW_SCHEDULED", first, event.HealthClosed, instanceID(0))); err != nil {
 		t.Fatal(err)
 	}
-	st := r.run(t, runner, 2)
-	n := &corev1.Node{}
-	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "node-0"}, n); err != nil {
-		t.Fatal(err)
-	}
-	if !st.Over() || n.Spec.Unschedulable {
-		t.Errorf("after the close of the first start: run %+v, node cordoned %v", st, n.Spec.Unschedulable)
-	}
+	r.givenBack(t, runner, "after the close of the first start")
 }
 
 // TestSecondMaintenanceWaitsForTheRun: defect 5. Another reboot-type maintenance while a run
