@@ -265,10 +265,10 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 }
 
 // Cancel ends the NodeClaim's run of the maintenance that ev closes (a closed AWS Health
-// event, a [Canceled] or [Completed] EC2 event: the same event ID or ARN, or the same type and
-// start, or the start the router moved it from), if the reboot has not begun (Cancelled): the run gives the Node back and ends. It
-// reports whether it did; a run of another maintenance, or one whose reboot is under way, is
-// left as it is. It reads the NodeClaim fresh and writes under its resource version.
+// event, a [Canceled] or [Completed] EC2 event: the same event ID or ARN, or the same type at
+// its start or the start the router moved it from), if the reboot has not begun (Cancelled):
+// the run gives the Node back and ends. It reports whether it did; a run of another
+// maintenance, or one whose reboot is under way, is left as it is. It reads the NodeClaim fresh and writes under its resource version.
 func (r *Runner) Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event) (bool, error) {
 	var arn string
 	var typ event.ScheduledType

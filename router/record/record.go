@@ -311,12 +311,15 @@ func (s Set) ClosedSince(ev event.Event) bool {
 }
 
 // movedFrom is r's maintenance at the start it had before it moved ("" when it did not).
-func movedFrom(r Record) string {
-	if r.MovedFrom.IsZero() || r.Match == "" {
+func movedFrom(r Record) string { return matchAt(r.Match, r.MovedFrom) }
+
+// matchAt is the maintenance match names, at start instead ("" when either is missing).
+func matchAt(match string, start time.Time) string {
+	if start.IsZero() || match == "" {
 		return ""
 	}
-	typ, _, _ := strings.Cut(r.Match, "@")
-	return typ + "@" + r.MovedFrom.UTC().Truncate(time.Second).Format(time.RFC3339)
+	typ, _, _ := strings.Cut(match, "@")
+	return typ + "@" + start.UTC().Truncate(time.Second).Format(time.RFC3339)
 }
 
 // reopened reports whether ev, a report of the cancelled record r's maintenance from another
@@ -368,14 +371,7 @@ func lateAfterClose(c Record, ev event.Event, key string) bool {
 
 // movedMatch is ev's maintenance at the start it had before the router moved it ("" when it
 // did not): a close of that start is of it (a report is moved before its deferral is written).
-func movedMatch(ev event.Event) string {
-	if ev.MovedFrom.IsZero() {
-		return ""
-	}
-	moved := ev
-	moved.Deadline = ev.MovedFrom
-	return Match(moved)
-}
+func movedMatch(ev event.Event) string { return matchAt(Match(ev), ev.MovedFrom) }
 
 // Put records r (a deferral of its event): it replaces the record of the same event (unless
 // that one has ended: it stays ended), and
@@ -390,7 +386,7 @@ func (s *Set) Put(r Record) bool {
 		case cur.EventID == r.EventID:
 			found = true
 			if r.MovedFrom.IsZero() {
-				r.MovedFrom = cur.MovedFrom // decided again from its record's body, which holds the moved start only
+				r.MovedFrom = cur.MovedFrom // a deferral decided again keeps the start it was moved from
 			}
 			if Same(*cur, r) || (!cur.Active() && r.Active()) {
 				// An ended record stays ended: a deferral decided again from a stale copy (a
