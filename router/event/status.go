@@ -159,6 +159,22 @@ func (f StatusFinding) Event() ([]byte, Event, error) {
 	return body, ev, nil
 }
 
+// FindingDetail returns the detail of an instance-status finding bound to instanceID: the
+// finding's own fields only (decoded into its type, so nothing else is carried), with the
+// instance replaced.
+func FindingDetail(detail json.RawMessage, instanceID string) (json.RawMessage, error) {
+	var d statusDetail
+	if err := json.Unmarshal(detail, &d); err != nil {
+		return nil, fmt.Errorf("instance-status finding detail: %w", err)
+	}
+	d.InstanceID = instanceID
+	out, err := json.Marshal(d)
+	if err != nil {
+		return nil, fmt.Errorf("encoding instance-status finding: %w", err)
+	}
+	return out, nil
+}
+
 // stampUTC formats t in RFC 3339 UTC to the second ("" for zero): EC2 reports event times
 // to the second, and the router matches a poller finding with an AWS Health event by it.
 func stampUTC(t time.Time) string {

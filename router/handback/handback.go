@@ -381,23 +381,42 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1
 	return items
 }
 
-// drain drains a NodeClaim with pending events as the router would: the earliest record's
-// event forwarded to Karpenter (which must start within ConfirmTimeout, else the NodeClaim is
-// deleted), or, without a Forwarder or a recorded event (a reboot in place), or for an event
-// the Karpenter has no parser for (unparsed), the NodeClaim deleted.
+// drain drains a NodeClaim with pending events as the router would, through the signaller's
+// rules: the earliest record's event, bound to this NodeClaim's own instance and checked
+// against it (signal.RecordEvent, signal.Implausible), forwarded to Karpenter built for that
+// instance (signal.Canonical) when the router would forward it (signal.Forwarded; Karpenter
+// must start within ConfirmTimeout, else the NodeClaim is deleted); otherwise (no Forwarder,
+// no recorded event as for a reboot in place, an implausible event, a kind the Karpenter has
+// no parser for) the NodeClaim deleted. A record whose event does not parse, or is not about
+// this instance, is no order: nothing is done for it (dropped, with the reason).
 func (h *Handback) drain(ctx context.Context, nc *karpv1.NodeClaim, active []record.Record) (string, error) {
-	var body json.RawMessage
+	var body []byte
 	if len(active) > 0 {
 		first := slices.MinFunc(active, func(a, b record.Record) int { return a.Until.Compare(b.Until) })
-		body = first.Event
-	}
-	if h.forward != nil && len(body) > 0 {
-		if why := h.unparsed(body); why != "" {
+		ev, id, err := signal.RecordEvent(first.Event, nc)
+		if err != nil {
+			return "dropped, not acted on: its recorded event does not parse (" + err.Error() + ")", nil
+		}
+		ev.Implausible = signal.Implausible(ev, nc)
+		switch {
+		case h.forward == nil:
+		case ev.Implausible != "":
 			if err := h.delete(ctx, nc); err != nil {
 				return "", err
 			}
-			return "drained (nodeclaim deleted: " + why + ")", nil
+			return "drained (nodeclaim deleted, not forwarded: " + ev.Implausible + ")", nil
+		case !signal.Forwarded(ev, h.opts.KarpenterVersion):
+			if err := h.delete(ctx, nc); err != nil {
+				return "", err
+			}
+			return "drained (nodeclaim deleted: " + h.unparsed(ev) + ")", nil
+		default:
+			if body, err = signal.Canonical(ev, id); err != nil {
+				return "dropped, not acted on: its recorded event is not this instance's (" + err.Error() + ")", nil
+			}
 		}
+	}
+	if len(body) > 0 {
 		if err := h.forward.Forward(ctx, body); err != nil {
 			return "", fmt.Errorf("forwarding to Karpenter: %w", err)
 		}
@@ -419,20 +438,15 @@ func (h *Handback) drain(ctx context.Context, nc *karpv1.NodeClaim, active []rec
 	return "drained (nodeclaim deleted)", nil
 }
 
-// unparsed says why Karpenter would drop a forward of body, the canonical event: no version
-// parses its kind (a Capacity Block's expiration), or the version the handback was given is
-// older than the first that does (a capacity-reservation interruption before v1.10), as the
-// router's signaller decides. "" when Karpenter parses it, or the body is not one the router
-// can read (forwarded: the confirmation bound still deletes the NodeClaim).
-func (h *Handback) unparsed(body []byte) string {
-	ev, err := event.Parse(body)
-	if err != nil || h.opts.KarpenterVersion.Parses(ev) {
-		return ""
-	}
+// unparsed says why Karpenter would drop a forward of ev: no version parses its kind (a
+// Capacity Block's expiration, a rebalance recommendation it only records), or the version
+// the handback was given is older than the first that does (a capacity-reservation
+// interruption before v1.10), as the router's signaller decides.
+func (h *Handback) unparsed(ev event.Event) string {
 	if since, ok := signal.KarpenterParsesSince(ev); ok {
 		return fmt.Sprintf("Karpenter %s has no parser for a %s message (since %s)", h.opts.KarpenterVersion, ev.Kind, since)
 	}
-	return fmt.Sprintf("no Karpenter parses a %s message", ev.Kind)
+	return fmt.Sprintf("no Karpenter acts on a %s message", ev.Kind)
 }
 
 // confirm waits up to ConfirmTimeout for the NodeClaim to be deleting or gone.

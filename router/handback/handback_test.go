@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +34,36 @@ import (
 
 var now = time.Now().UTC().Truncate(time.Second)
 
-const body = `{"version":"0","id":"ev-1","detail-type":"AWS Health Event","source":"aws.health"}`
+// iid is the instance of the NodeClaim or Node of a name: a valid EC2 instance ID, so that
+// recorded events about it parse.
+func iid(name string) string { return fmt.Sprintf("i-%08x", crc32.ChecksumIEEE([]byte(name))) }
+
+// body is an AWS Health retirement of the instances of NodeClaims a and b, as a deferral
+// record keeps it; forwarded, it is bound to the NodeClaim's own instance (forwardedFor).
+var body = healthBody(iid("a"), iid("b"))
+
+func healthBody(ids ...string) string {
+	var entities []string
+	for _, id := range ids {
+		entities = append(entities, fmt.Sprintf(`{"entityValue":%q}`, id))
+	}
+	return fmt.Sprintf(`{"version":"0","id":"ev-1","detail-type":"AWS Health Event","source":"aws.health","account":"111122223333","time":"2026-11-21T10:00:00Z","region":"eu-west-1","resources":[],"detail":{"eventArn":"arn:aws:health:eu-west-1::event/EC2/RET/ev-1","service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":"upcoming","startTime":"Sat, 05 Dec 2026 02:00:00 GMT","affectedEntities":[%s]}}`, strings.Join(entities, ","))
+}
+
+// forwardedFor is the body the router forwards for one instance of a recorded event body.
+func forwardedFor(t *testing.T, recorded, id string) string {
+	t.Helper()
+	ev, err := event.Parse([]byte(recorded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Instances = []string{id}
+	b, err := signal.Canonical(ev, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
 
 // reservationBody is a capacity-reservation interruption, as the router keeps it: Karpenter
 // parses it from v1.10 on.
@@ -41,7 +72,7 @@ const reservationBody = `{"version":"0","id":"ev-r1","detail-type":"EC2 Capacity
 func claim(t *testing.T, name string, recs []record.Record, run *inplace.State, extra map[string]string) *karpv1.NodeClaim {
 	t.Helper()
 	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}, Annotations: map[string]string{}},
-		Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-0" + name, NodeName: "node-" + name}}
+		Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/" + iid(name), NodeName: "node-" + name}}
 	if recs != nil {
 		v, err := record.Encode(record.Set{Records: recs})
 		if err != nil {
@@ -67,7 +98,7 @@ func claim(t *testing.T, name string, recs []record.Record, run *inplace.State, 
 
 func node(name string, cordoned bool, annotations map[string]string, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations, Labels: labels},
-		Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/i-0" + strings.TrimPrefix(name, "node-"), Unschedulable: cordoned, Taints: taints}}
+		Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + iid(strings.TrimPrefix(name, "node-")), Unschedulable: cordoned, Taints: taints}}
 	return n
 }
 
@@ -77,7 +108,7 @@ func deferred(id string, until time.Time) record.Record {
 }
 
 func run(step inplace.Step, protected bool) *inplace.State {
-	return &inplace.State{Version: inplace.Version, EventID: "ev-r", EventARN: "arn:r", Type: event.ScheduledSystemReboot, Instance: "i-0b",
+	return &inplace.State{Version: inplace.Version, EventID: "ev-r", EventARN: "arn:r", Type: event.ScheduledSystemReboot, Instance: iid("b"),
 		Node: "node-b", Start: now.Add(time.Hour), Step: step, Began: now, StepSince: now, Cordoned: true, Protected: protected, NodeProtected: true}
 }
 
@@ -246,8 +277,8 @@ func TestHandback(t *testing.T) {
 			}}
 		},
 		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
-			if len(f.bodies) != 1 || f.bodies[0] != body {
-				t.Errorf("forwarded %q, want the record's event", f.bodies)
+			if want := forwardedFor(t, body, iid("a")); len(f.bodies) != 1 || f.bodies[0] != want {
+				t.Errorf("forwarded %q, want the record's event for a's instance only, %s", f.bodies, want)
 			}
 			if _, ok := getClaim(t, c, "a"); ok {
 				t.Error("the nodeclaim is still there")
@@ -280,8 +311,10 @@ func TestHandback(t *testing.T) {
 		},
 		karpenter: signal.KarpenterVersion{Major: 1, Minor: 10},
 		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
-			if len(f.bodies) != 1 || f.bodies[0] != reservationBody {
-				t.Errorf("forwarded %q, want the record's event", f.bodies)
+			// The record's body names another instance: the body forwarded is built for a's.
+			want := forwardedFor(t, reservationBody, iid("a"))
+			if len(f.bodies) != 1 || f.bodies[0] != want || strings.Contains(want, "i-0d4c3b2a190817263") {
+				t.Errorf("forwarded %q, want the record's event built for a's instance, %s", f.bodies, want)
 			}
 			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drained (forwarded to Karpenter)")
 		},
@@ -579,5 +612,91 @@ func TestPendingValidated(t *testing.T) {
 	h := New(newClient(t), nil, clock.RealClock{}, Options{Pending: "later"})
 	if _, err := h.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "want drain or drop") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestHandbackBindsRecordsToTheirInstance: handback --pending=drain forwards what the router
+// would, through the signaller's rules, and nothing a record claims beyond its own NodeClaim's
+// instance (issue 36, defects 5 and 11). A record is a claim anyone with patch on the NodeClaim
+// could have written.
+func TestHandbackBindsRecordsToTheirInstance(t *testing.T) {
+	spot := fmt.Sprintf(`{"version":"0","id":"ev-s","detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","account":"111122223333","time":"2026-11-21T11:00:00Z","region":"eu-west-1","resources":["arn:aws:ec2:eu-west-1:111122223333:instance/%s"],"detail":{"instance-id":%q,"instance-action":"terminate"}}`, iid("a"), iid("a"))
+	withBody := func(b string, kind event.Kind) record.Record {
+		r := deferred("ev-f", now.Add(time.Hour))
+		r.Kind, r.Event = kind, json.RawMessage(b)
+		return r
+	}
+	tests := []struct {
+		name     string
+		rec      record.Record
+		capacity string
+		// forwarded is the one body forwarded ("" for none); deleted whether the NodeClaim goes.
+		forwarded func(t *testing.T) string
+		deleted   bool
+		done      string
+	}{{
+		name:      "a Health record naming every instance: forwarded for a's instance only",
+		rec:       withBody(healthBody(iid("a"), iid("b"), iid("c")), event.KindScheduledChange),
+		capacity:  karpv1.CapacityTypeOnDemand,
+		forwarded: func(t *testing.T) string { return forwardedFor(t, healthBody(iid("a")), iid("a")) },
+		deleted:   true,
+		done:      "drained (forwarded to Karpenter)",
+	}, {
+		name:     "a Health record about another instance only: not acted on",
+		rec:      withBody(healthBody(iid("b")), event.KindScheduledChange),
+		capacity: karpv1.CapacityTypeOnDemand,
+		done:     "dropped, not acted on",
+	}, {
+		name:     "a Spot warning recorded for an on-demand node: not forwarded (Karpenter would mark the offering unavailable), drained by deleting the nodeclaim",
+		rec:      withBody(spot, event.KindSpotInterruption),
+		capacity: karpv1.CapacityTypeOnDemand,
+		deleted:  true,
+		done:     "not forwarded: a Spot interruption warning for a on-demand node",
+	}, {
+		name:      "the same warning for a Spot node: forwarded",
+		rec:       withBody(spot, event.KindSpotInterruption),
+		capacity:  karpv1.CapacityTypeSpot,
+		forwarded: func(t *testing.T) string { return forwardedFor(t, spot, iid("a")) },
+		deleted:   true,
+		done:      "drained (forwarded to Karpenter)",
+	}, {
+		name:     "a record whose event does not parse: not acted on",
+		rec:      withBody(`{"version":"0","id":"ev-x","detail-type":"AWS Health Event","source":"aws.health"}`, event.KindScheduledChange),
+		capacity: karpv1.CapacityTypeOnDemand,
+		done:     "dropped, not acted on",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nc := claim(t, "a", []record.Record{tt.rec}, nil, nil)
+			nc.Labels[karpv1.CapacityTypeLabelKey] = tt.capacity
+			c := newClient(t, nc)
+			f := &forwarder{karpenter: func(ctx context.Context) {
+				_ = c.Delete(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
+			}}
+			h := New(c, f, clock.RealClock{}, Options{Pending: PendingDrain, ConfirmTimeout: time.Second})
+			rep, err := h.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := ""
+			if tt.forwarded != nil {
+				want = tt.forwarded(t)
+			}
+			switch {
+			case want == "" && len(f.bodies) != 0:
+				t.Errorf("forwarded %q, want nothing", f.bodies)
+			case want != "" && (len(f.bodies) != 1 || f.bodies[0] != want):
+				t.Errorf("forwarded %q, want exactly %s", f.bodies, want)
+			}
+			for _, b := range f.bodies {
+				if strings.Contains(b, iid("b")) || strings.Contains(b, iid("c")) {
+					t.Errorf("a body forwarded for nodeclaim a names another instance: %s", b)
+				}
+			}
+			if _, ok := getClaim(t, c, "a"); ok == tt.deleted {
+				t.Errorf("nodeclaim a there: %t, want deleted: %t", ok, tt.deleted)
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDeferred, tt.done)
+		})
 	}
 }

@@ -315,15 +315,10 @@ var ErrBadRecord = errors.New("deferral record holds no event the router can par
 // Redecide decides one due (or released) deferral of a NodeClaim again and carries the new
 // outcome out. It returns the new decision (a defer carries its next Until).
 func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec record.Record) (policy.Decision, error) {
-	ev, err := event.Parse(rec.Event)
+	ev, id, err := signal.RecordEvent(rec.Event, nc)
 	if err != nil {
 		return policy.Decision{}, fmt.Errorf("%w: %s on nodeclaim %s: %v", ErrBadRecord, rec.EventID, nc.Name, err)
 	}
-	id := cluster.InstanceID(nc.Status.ProviderID)
-	if id == "" && len(ev.Instances) == 1 {
-		id = ev.Instances[0]
-	}
-	ev.Instances = []string{id}
 	// The body holds the start the router moved the maintenance to; the record keeps the one it
 	// had, which a close or another source's report may still name.
 	ev.MovedFrom = rec.MovedFrom
@@ -414,20 +409,13 @@ func (p *Pipeline) plausible(ev event.Event, res cluster.Resolved, log *slog.Log
 	if nc == nil || ev.Implausible != "" {
 		return ev
 	}
-	ct := nc.Labels[karpv1.CapacityTypeLabelKey]
-	switch {
-	case ct == "":
-	case ev.Kind == event.KindSpotInterruption && ct != karpv1.CapacityTypeSpot:
-		ev.Implausible = fmt.Sprintf("a Spot interruption warning for a %s node", ct)
-	case ev.Kind == event.KindCapacityReservation && ct != karpv1.CapacityTypeReserved:
-		ev.Implausible = fmt.Sprintf("a capacity-reservation interruption for a %s node", ct)
-	}
+	ev.Implausible = signal.Implausible(ev, nc)
 	if ev.Implausible != "" {
 		// Its two-minute deadline is part of the claim: not trusted either, or it would
 		// drain at once past pacing ("deadline minus drain-lead is reached").
 		ev.Deadline = time.Time{}
 		p.metrics.Implausible.WithLabelValues(string(ev.Kind)).Inc()
-		log.Warn("implausible urgent event: decided as an ordinary drain", "nodeclaim", nc.Name, "capacity_type", ct, "why", ev.Implausible)
+		log.Warn("implausible urgent event: decided as an ordinary drain", "nodeclaim", nc.Name, "capacity_type", nc.Labels[karpv1.CapacityTypeLabelKey], "why", ev.Implausible)
 	}
 	return ev
 }

@@ -17,8 +17,11 @@ const canonicalVersion = "0"
 // Canonical returns the EventBridge body to forward to Karpenter for one instance of ev:
 // version "0", the event's own id, source, detail-type, account, region and time (RFC 3339),
 // resources an array naming that instance only (its ARN as the input gave it, or one built
-// from the event's partition, region and account) and the input's detail restricted to that
-// instance (a Health event keeps that instance's affected entity only). Whatever oddities of
+// from the event's partition, region and account) and a detail for that instance alone: a
+// Health event's detail keeps that instance's affected entity only; every other kind's detail
+// is built from the router's event model for that instance (detailFor), never copied from the
+// input, so that a body kept in a deferral record and bound to its NodeClaim's instance names
+// that instance and nothing a forged record put there. Whatever oddities of
 // the input the parser tolerates (no version, resources as a single string, a bare instance
 // ID as resource), Karpenter's parsers accept the result: an input it would reject is lost
 // there without a trace, since Karpenter deletes a message it cannot parse.
@@ -39,7 +42,7 @@ type Canonicalizer struct {
 	arns      map[string]string          // instance ID -> its ARN in the input's resources
 	detail    map[string]json.RawMessage // Health: every field but affectedEntities, per entity below
 	entities  map[string]json.RawMessage // Health: instance ID -> its (first) affected entity
-	raw       json.RawMessage            // other kinds: the detail as it is
+	finding   json.RawMessage            // the router's own instance-status finding: its detail
 }
 
 // NewCanonicalizer parses ev's body once.
@@ -51,13 +54,15 @@ func NewCanonicalizer(ev event.Event) (*Canonicalizer, error) {
 	if err := json.Unmarshal(ev.Body, &in); err != nil {
 		return nil, fmt.Errorf("canonical body of event %s: %w", ev.ID, err)
 	}
-	c := &Canonicalizer{ev: ev, instances: make(map[string]bool, len(ev.Instances)), arns: instanceARNs(in.Resources), raw: in.Detail}
+	c := &Canonicalizer{ev: ev, instances: make(map[string]bool, len(ev.Instances)), arns: instanceARNs(in.Resources)}
+	if ev.Source == event.SourceHealthRouter {
+		c.finding = in.Detail
+	}
 	for _, id := range ev.Instances {
 		c.instances[id] = true
 	}
 	if !c.healthEntities() {
-		// The router's own findings (the poller's scheduled events) name one instance in a
-		// detail of their own: nothing to restrict.
+		// Every other kind names one instance in its detail, which Body builds for the instance.
 		return c, nil
 	}
 	if err := json.Unmarshal(in.Detail, &c.detail); err != nil {
@@ -86,8 +91,13 @@ func (c *Canonicalizer) Body(instanceID string) ([]byte, error) {
 	if !c.instances[instanceID] {
 		return nil, fmt.Errorf("canonical body of event %s: it does not name instance %s", ev.ID, instanceID)
 	}
-	detail := c.raw
-	if c.healthEntities() {
+	var detail json.RawMessage
+	if !c.healthEntities() {
+		var err error
+		if detail, err = detailFor(ev, c.finding, instanceID); err != nil {
+			return nil, fmt.Errorf("canonical body of event %s: %w", ev.ID, err)
+		}
+	} else {
 		e := c.entities[instanceID]
 		if e == nil {
 			return nil, fmt.Errorf("canonical body of event %s: instance %s is not among the affected entities", ev.ID, instanceID)
@@ -173,4 +183,60 @@ func partition(region string) string {
 // instances in affectedEntities (restricted to one in each canonical body).
 func (c *Canonicalizer) healthEntities() bool {
 	return c.ev.Kind == event.KindScheduledChange && c.ev.Source != event.SourceHealthRouter
+}
+
+// detailFor builds the detail of an EC2 event (or of the router's own instance-status finding)
+// for one instance from the event model: the fields Karpenter's parsers read (instance-id,
+// instance-action, state) and the ones the router's own parser reads back (a reservation
+// interruption's termination time, a Capacity Block's end), nothing else. A stored body is
+// data the router parsed once; only what the model kept of it goes out again.
+func detailFor(ev event.Event, finding json.RawMessage, instanceID string) (json.RawMessage, error) {
+	var d any
+	switch ev.Kind {
+	case event.KindSpotInterruption:
+		d = struct {
+			InstanceID     string `json:"instance-id"`
+			InstanceAction string `json:"instance-action,omitempty"`
+		}{instanceID, ev.InstanceAction}
+	case event.KindCapacityReservation:
+		d = struct {
+			InstanceID      string `json:"instance-id"`
+			InstanceAction  string `json:"instance-action,omitempty"`
+			TerminationTime string `json:"instance-termination-time,omitempty"`
+		}{instanceID, ev.InstanceAction, rfc3339(ev.Deadline)}
+	case event.KindStateChange:
+		d = struct {
+			InstanceID string              `json:"instance-id"`
+			State      event.InstanceState `json:"state"`
+		}{instanceID, ev.State}
+	case event.KindRebalance:
+		d = struct {
+			InstanceID string `json:"instance-id"`
+		}{instanceID}
+	case event.KindCapacityBlockExpiration:
+		// It names a reservation, not an instance: the pipeline found this NodeClaim by it.
+		end := ""
+		if !ev.Deadline.IsZero() {
+			end = rfc3339(ev.Deadline.Add(event.CapacityBlockTerminationLead))
+		}
+		d = struct {
+			ReservationID string `json:"capacity-reservation-id"`
+			EndDate       string `json:"end-date,omitempty"`
+		}{ev.Reservation, end}
+	default:
+		if ev.Source != event.SourceHealthRouter {
+			return nil, fmt.Errorf("no detail for a %s event of %s", ev.Kind, ev.Source)
+		}
+		// The router's own finding: its typed detail, bound to the instance.
+		return event.FindingDetail(finding, instanceID)
+	}
+	return json.Marshal(d)
+}
+
+// rfc3339 formats t in UTC ("" for zero).
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
 }

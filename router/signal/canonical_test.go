@@ -209,3 +209,54 @@ func TestCanonicalTrimsEntityValue(t *testing.T) {
 		t.Fatalf("%s %v", out, err)
 	}
 }
+
+// TestCanonicalIsBuiltForTheInstance: the body forwarded for a deferral record is the record's
+// event bound to the NodeClaim's own instance (Redecide rebinds ev.Instances). Its detail is
+// built from the router's event model for that instance, never copied from the stored body: a
+// record forged on one NodeClaim whose detail names another instance (issue 36, defect 8)
+// would otherwise have Karpenter's parser, which reads detail.instance-id, delete that other
+// node, in any pool, past pacing.
+func TestCanonicalIsBuiltForTheInstance(t *testing.T) {
+	const own = "i-0a1b2c3d4e5f6ffff" // the NodeClaim the forged record sits on
+	tests := []struct {
+		file   string
+		victim string // the instance the stored body names
+		kind   messages.Kind
+	}{
+		{"spot.json", "i-0a1b2c3d4e5f60001", messages.SpotInterruptionKind},
+		{"state-shutting-down.json", "i-0a1b2c3d4e5f60021", messages.InstanceTerminatedKind},
+		{"capacity-reservation-array.json", "i-0a1b2c3d4e5f60031", messages.CapacityReservationInterruptionKind},
+		{"rebalance.json", "i-0a1b2c3d4e5f60041", messages.RebalanceRecommendationKind},
+	}
+	for _, tt := range tests {
+		t.Run(strings.TrimSuffix(tt.file, ".json"), func(t *testing.T) {
+			raw, err := os.ReadFile(filepath.Join("testdata", "canonical", tt.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, err := event.Parse(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev.Instances = []string{own} // as Pipeline.Redecide binds a record to its NodeClaim
+			body, err := Canonical(ev, own)
+			if err != nil {
+				t.Fatalf("Canonical: %v", err)
+			}
+			if strings.Contains(string(body), tt.victim) {
+				t.Errorf("the body forwarded for %s still names %s: %s", own, tt.victim, body)
+			}
+			_, msg := karpenterParse(t, body)
+			if got := msg.EC2InstanceIDs(); !slices.Equal(got, []string{own}) || msg.Kind() != tt.kind {
+				t.Errorf("Karpenter reads %s %v, want %s [%s]", msg.Kind(), got, tt.kind, own)
+			}
+			again, err := event.Parse(body)
+			if err != nil {
+				t.Fatalf("the router's parser rejects the body it built: %v", err)
+			}
+			if again.Kind != ev.Kind || again.State != ev.State || again.InstanceAction != ev.InstanceAction || !again.Deadline.Equal(ev.Deadline) {
+				t.Errorf("the body built parses as %+v, want the model %+v", again, ev)
+			}
+		})
+	}
+}

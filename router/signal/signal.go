@@ -156,20 +156,10 @@ func (s *Signaller) Mode() Mode { return s.mode }
 // v1.10: Karpenter would delete it as a no-op, and the drain would wait for the
 // confirm-or-fallback), and everything in delete-nodeclaim mode delete the NodeClaim.
 func (s *Signaller) Via(ev event.Event) Mode {
-	if s.mode != ModeForward || ev.Implausible != "" {
-		// An implausible event is not passed on: Karpenter would act on it at once (and mark
-		// a Spot offering unavailable) on the strength of a claim the router did not trust.
-		return ModeDeleteNodeClaim
+	if s.mode == ModeForward && Forwarded(ev, s.karpenter) {
+		return ModeForward
 	}
-	acted := ev.Source == "aws.ec2" && (ev.Kind == event.KindSpotInterruption || ev.Kind == event.KindCapacityReservation || ev.Kind == event.KindStateChange) ||
-		ev.Source == "aws.health" && ev.Kind == event.KindScheduledChange
-	if !acted {
-		return ModeDeleteNodeClaim
-	}
-	if !s.karpenter.Parses(ev) {
-		return ModeDeleteNodeClaim
-	}
-	return ModeForward
+	return ModeDeleteNodeClaim
 }
 
 // signalledRecently reports whether id was remembered within recentTTL. Expired entries are

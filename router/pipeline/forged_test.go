@@ -1,0 +1,88 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/signal"
+)
+
+// karpenterQueue records what is sent to Karpenter's queue.
+type karpenterQueue struct {
+	mu     sync.Mutex
+	bodies []string
+}
+
+func (q *karpenterQueue) SendMessageBatch(_ context.Context, in *sqs.SendMessageBatchInput, _ ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := &sqs.SendMessageBatchOutput{}
+	for _, e := range in.Entries {
+		q.bodies = append(q.bodies, aws.ToString(e.MessageBody))
+		out.Successful = append(out.Successful, sqstypes.SendMessageBatchResultEntry{Id: e.Id})
+	}
+	return out, nil
+}
+
+// TestForgedRecordDrainsOnlyItsOwnNode: a deferral record written by someone else on one
+// NodeClaim, holding a Spot warning whose detail names an instance of another pool, decided
+// again when due, forwards a body for its own NodeClaim's instance only (issue 36, defect 8):
+// Karpenter's Spot parser reads detail.instance-id, and a stored detail forwarded as it was
+// had Karpenter delete the other pool's node, past its pacing.
+func TestForgedRecordDrainsOnlyItsOwnNode(t *testing.T) {
+	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}, "web": nil}, map[string]int{"kafka": 1, "web": 1})
+	q := &karpenterQueue{}
+	clk := clocktesting.NewFakeClock(now)
+	sig := signal.New(r.kube, r.kube, signal.ModeForward, q, "https://sqs.eu-west-1.amazonaws.com/111122223333/karpenter", events.NewFakeRecorder(100), clk)
+	m := metrics.NewRouter(prometheus.NewRegistry(), func() float64 { return 0 })
+	p := New(engine.New(cluster.New(r.kube), nil), sig, m, nil, clk, slog.New(slog.NewTextHandler(io.Discard, nil)), 4)
+
+	own, victim := instanceID(0), instanceID(1) // kafka-0's, web-1's
+	forged := fmt.Sprintf(`{"version":"0","id":"forged","detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","account":"123456789012","time":"2026-11-21T11:59:00Z","region":"eu-west-1","resources":["arn:aws:ec2:eu-west-1:123456789012:instance/%s"],"detail":{"instance-id":%q,"instance-action":"terminate"}}`, victim, victim)
+	var nc karpv1.NodeClaim
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-0"}, &nc); err != nil {
+		t.Fatal(err)
+	}
+	nc.Labels[karpv1.CapacityTypeLabelKey] = karpv1.CapacityTypeSpot
+	rec := record.Record{EventID: "forged", Key: "forged", Kind: event.KindSpotInterruption, Until: now, Reason: "forged", State: record.StateDeferred, Event: json.RawMessage(forged)}
+	v, err := record.Encode(record.Set{Records: []record.Record{rec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Annotations = map[string]string{record.Annotation: v}
+	if err := r.kube.Update(context.Background(), &nc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Redecide(context.Background(), &nc, rec); err != nil {
+		t.Fatal(err)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.bodies) != 1 {
+		t.Fatalf("forwarded %d bodies, want 1: %q", len(q.bodies), q.bodies)
+	}
+	if strings.Contains(q.bodies[0], victim) || !strings.Contains(q.bodies[0], own) {
+		t.Errorf("the body forwarded for kafka-0 (%s) names web-1's %s: %s", own, victim, q.bodies[0])
+	}
+}
