@@ -229,7 +229,7 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 		}
 	}
 	// Gates before checks: they read the cache; the checks ask EC2.
-	if d.Action == policy.ActionDrain && policy.Gated(ev, tg.Policy) {
+	if d.Action == policy.ActionDrain && policy.Gated(ev, tg.Policy, now) {
 		gs, err := e.runGates(ctx, tg)
 		if err != nil {
 			if reserved {

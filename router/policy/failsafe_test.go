@@ -221,7 +221,7 @@ func TestInvalidAlertMatcherFailsSafe(t *testing.T) {
 		{map[string]string{AnnotationHoldWhileAlerts: "Kafka(", AnnotationHoldWhileAlertsUnreachable: "drain"}, ActionDrain},
 	} {
 		tg := target(tt.ann)
-		if !Gated(ev, tg.Policy) {
+		if !Gated(ev, tg.Policy, now) {
 			t.Errorf("%v: not gated", tt.ann)
 			continue
 		}

@@ -216,20 +216,30 @@ func parseSettle(v string) (Settle, error) {
 	return Settle{Duration: d}, nil
 }
 
-// Gated reports whether a gate can hold a decision of ev under p: a planned maintenance (an
-// AWS Health scheduled change, or a rebalance recommendation the pool drains) in a pool with
-// a gate on (an invalid hold-while-alerts is on). Only then does the caller need to run the gates.
-func Gated(ev event.Event, p Policy) bool {
-	return !gateExempt(ev) && (p.RespectPDB || p.HoldWhileAlerts != nil || p.alertsInvalid)
+// Gated reports whether a gate can hold a decision of ev under p at now: a planned
+// maintenance (an AWS Health scheduled change, a rebalance recommendation the pool drains, a
+// state change of an instance that may still serve) in a pool with a gate on (an invalid
+// hold-while-alerts is on). Only then does the caller need to run the gates.
+func Gated(ev event.Event, p Policy, now time.Time) bool {
+	return !gateExempt(ev, p, now) && (p.RespectPDB || p.HoldWhileAlerts != nil || p.alertsInvalid)
 }
 
-// gateExempt reports the kinds no gate holds: urgent ones (AWS acts within minutes), and an
-// instance that is not serving already (impaired, or stopping/stopped past restart-grace).
-// Its own pods are then unready, which is likely what takes their PDB to zero, and waiting
-// would not make the workload any more ready: with no deadline to bound it, a gate would
-// hold such a drain for ever.
-func gateExempt(ev event.Event) bool {
-	return ev.Urgent() || ev.Kind == event.KindInstanceStatus || ev.Kind == event.KindStateChange
+// gateExempt reports what no gate holds: an urgent event (AWS acts within minutes), and an
+// instance that is not serving already: impaired, going away (an urgent shutting-down or
+// terminated, which a contradicting EC2 makes implausible, so not urgent), or stopping or
+// stopped past restart-grace. Its own pods are then unready, which is likely what takes their
+// PDB to zero, and waiting would not make the workload any more ready: with no deadline to
+// bound it, a gate would hold such a drain for ever. What is exempt is never a matter of the
+// event's kind alone: a state change EC2 contradicts is a claim about an instance that serves,
+// and is gated like any ordinary drain.
+func gateExempt(ev event.Event, p Policy, now time.Time) bool {
+	switch {
+	case ev.Urgent() || ev.Kind == event.KindInstanceStatus:
+		return true
+	case ev.Kind == event.KindStateChange && ev.Implausible == "":
+		return (ev.State == event.StateStopping || ev.State == event.StateStopped) && !now.Before(ev.Time.Add(p.RestartGrace))
+	}
+	return false
 }
 
 func exemptWhat(ev event.Event) string {
@@ -239,7 +249,7 @@ func exemptWhat(ev event.Event) string {
 	case ev.Kind == event.KindInstanceStatus:
 		return "the instance is impaired: not serving, and no gate waits on it"
 	}
-	return fmt.Sprintf("the instance is %s: not serving, and no gate waits on it", ev.State)
+	return fmt.Sprintf("the instance is %s past restart-grace: not serving, and no gate waits on it", ev.State)
 }
 
 // ApplyGates folds the gates' answers into a drain decision, as ApplyChecks folds checks.
@@ -275,7 +285,7 @@ func ApplyGates(d Decision, ev event.Event, p Policy, gates []Gate, now time.Tim
 		}
 		what += "gate " + g.Name + ": " + g.Reason
 	}
-	if gateExempt(ev) {
+	if gateExempt(ev, p, now) {
 		d.Warnings = append(d.Warnings, "draining although held ("+what+"): "+exemptWhat(ev))
 		return d
 	}

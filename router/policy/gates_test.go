@@ -118,6 +118,10 @@ func TestApplyGates(t *testing.T) {
 	stopped := event.Event{ID: "ev-3", Kind: event.KindStateChange, State: event.StateStopped, Time: now.Add(-time.Hour)}
 	stopTarget := target(map[string]string{ActionKey(event.KindStateChange): "drain"})
 	impaired := event.Event{ID: "ev-4", Kind: event.KindInstanceStatus, Time: now.Add(-time.Minute)}
+	// A terminated EC2 contradicts (it shows the instance running): a forged claim, decided as
+	// an ordinary drain (issue 36, defect 7). The instance serves: the gates hold it.
+	contradicted := event.Event{ID: "ev-5", Kind: event.KindStateChange, State: event.StateTerminated, Time: now.Add(-time.Minute),
+		Implausible: "a terminated state change for an instance EC2 shows running"}
 	tests := []struct {
 		name    string
 		ev      event.Event
@@ -139,8 +143,10 @@ func TestApplyGates(t *testing.T) {
 		{name: "after deadline minus drain-lead drains", ev: retire(now.Add(30 * time.Minute)), tg: target(nil), gates: []Gate{alerts}, action: ActionDrain, warning: "deadline minus drain-lead is reached: gate alerts"},
 		{name: "urgent never waits", ev: spot, tg: target(nil), gates: []Gate{pdb, alerts}, action: ActionDrain, warning: "gate pdb"},
 		{name: "no deadline: rechecked", ev: noDeadline, tg: rebalanceTarget, gates: []Gate{alerts}, action: ActionDefer, hold: HoldAlerts, until: now.Add(GateRecheck)},
-		{name: "stopped instance never waits", ev: stopped, tg: stopTarget, gates: []Gate{pdb}, action: ActionDrain, warning: "instance is stopped: not serving"},
+		{name: "stopped instance never waits", ev: stopped, tg: stopTarget, gates: []Gate{pdb}, action: ActionDrain, warning: "instance is stopped past restart-grace: not serving"},
 		{name: "impaired instance never waits", ev: impaired, tg: target(nil), gates: []Gate{pdb}, action: ActionDrain, warning: "impaired: not serving"},
+		{name: "a terminated EC2 contradicts waits for the pdb", ev: contradicted, tg: target(nil), gates: []Gate{pdb}, action: ActionDefer, hold: HoldPDB, until: now.Add(GateRecheck), reason: "kafka/kafka-pdb", warning: "not trusted as urgent"},
+		{name: "and for an alert", ev: contradicted, tg: target(nil), gates: []Gate{alerts}, action: ActionDefer, hold: HoldAlerts, until: now.Add(GateRecheck), warning: "not trusted as urgent"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -194,10 +200,14 @@ func TestGated(t *testing.T) {
 		{"alert gate only", scheduled(event.ScheduledInstanceRetirement, week), alerts, true},
 		{"urgent", instanceEvent(event.KindSpotInterruption, ""), alerts, false},
 		{"rebalance", instanceEvent(event.KindRebalance, ""), alerts, true},
-		{"stopped", event.Event{Kind: event.KindStateChange, State: event.StateStopped}, alerts, false},
+		{"stopped past restart-grace", event.Event{Kind: event.KindStateChange, State: event.StateStopped, Time: now.Add(-DefaultRestartGrace)}, alerts, false},
+		{"stopped within restart-grace: it may serve again", event.Event{Kind: event.KindStateChange, State: event.StateStopped, Time: now.Add(-time.Minute)}, alerts, true},
+		{"terminated", event.Event{Kind: event.KindStateChange, State: event.StateTerminated, Time: now}, alerts, false},
+		{"terminated, contradicted by EC2", event.Event{Kind: event.KindStateChange, State: event.StateTerminated, Time: now, Implausible: "EC2 shows it running"}, alerts, true},
+		{"running", event.Event{Kind: event.KindStateChange, State: event.StateRunning, Time: now.Add(-time.Hour)}, alerts, true},
 		{"impaired", event.Event{Kind: event.KindInstanceStatus}, alerts, false},
 	} {
-		if got := Gated(tt.ev, tt.p); got != tt.want {
+		if got := Gated(tt.ev, tt.p, now); got != tt.want {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
 		}
 	}
