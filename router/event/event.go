@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -87,6 +88,10 @@ type Event struct {
 	Time       time.Time `json:"time"`
 	// Instances are the EC2 instance IDs the event names, in order, without duplicates.
 	Instances []string `json:"instances,omitempty"`
+	// Resolved are the instances an AWS Health report that is not a close names with the
+	// entity status RESOLVED: the maintenance is over for them (ResolvedClose), while it goes
+	// on for Instances.
+	Resolved []string `json:"resolved,omitempty"`
 	// Deadline is when AWS acts on the instances; zero when it does not act (a rebalance
 	// recommendation, a state change that already happened, an AMI state change).
 	Deadline time.Time `json:"deadline,omitzero"`
@@ -113,6 +118,21 @@ type Event struct {
 
 	// Body is the event exactly as received, for forwarding to Karpenter.
 	Body []byte `json:"-"`
+}
+
+// ResolvedClose is the close, for its Resolved instances, of an AWS Health report that
+// resolves some of its entities: the same event (ID, ARN, start) as a closed report naming
+// only them, so that it ends what was decided for them as a close of the event would. ok is
+// false when nothing is resolved.
+func (e Event) ResolvedClose() (Event, bool) {
+	if e.Health == nil || len(e.Resolved) == 0 {
+		return Event{}, false
+	}
+	c := e
+	h := *e.Health
+	h.Status = HealthClosed
+	c.Health, c.Instances, c.Resolved = &h, slices.Clone(e.Resolved), nil
+	return c, true
 }
 
 // Health is the AWS Health part of a scheduled-change event.

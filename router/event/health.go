@@ -76,7 +76,8 @@ func parseHealth(env envelope, ev *Event) error {
 			continue
 		}
 		seen[v] = true
-		// A resolved entity is not acted on while the event is still upcoming or open; a
+		// A resolved entity is not acted on while the event is still upcoming or open: the
+		// maintenance is over for it, and its report ends what was decided for it (Resolved); a
 		// close names it still, since a close ends what was decided for it.
 		if strings.EqualFold(strings.TrimSpace(e.Status), EntityResolved) && d.StatusCode != HealthClosed {
 			resolved = append(resolved, v)
@@ -84,10 +85,10 @@ func parseHealth(env envelope, ev *Event) error {
 		}
 		ev.Instances = append(ev.Instances, v)
 	}
-	if len(ev.Instances) == 0 && len(resolved) > 0 {
-		return reject(ReasonUnsupported, "AWS Health event %s: every affected instance is resolved (%s)", d.EventARN, strings.Join(resolved, ", "))
-	}
-	if len(ev.Instances) == 0 {
+	// A resolved entity ends what was decided for it (Event.ResolvedClose): a report that
+	// resolves every instance is a close for them all, not nothing.
+	ev.Resolved = resolved
+	if len(ev.Instances) == 0 && len(resolved) == 0 {
 		return reject(ReasonInvalid, "AWS Health event %s names no EC2 instance in affectedEntities", d.EventARN)
 	}
 	ev.Kind = KindScheduledChange

@@ -206,9 +206,16 @@ func TestOrganizationalView(t *testing.T) {
 	if ev, err := Parse([]byte(closed)); err != nil || len(ev.Instances) != 2 {
 		t.Errorf("a close names its resolved entities too: %v %v", ev.Instances, err)
 	}
+	// Every entity resolved: the report is a close for them all (ResolvedClose), not a message
+	// to dead-letter, since their deferrals must end (issue 36, defect 3).
 	allResolved := strings.Replace(string(body), `"status": "PENDING"`, `"status": "resolved"`, 1)
-	if _, err := Parse([]byte(allResolved)); RejectReason(err) != ReasonUnsupported {
-		t.Errorf("every entity resolved: %v, want unsupported", err)
+	ev, err = Parse([]byte(allResolved))
+	if err != nil || len(ev.Instances) != 0 || len(ev.Resolved) != 2 {
+		t.Fatalf("every entity resolved: instances %v, resolved %v (%v), want none and both", ev.Instances, ev.Resolved, err)
+	}
+	c, ok := ev.ResolvedClose()
+	if !ok || c.Health.Status != HealthClosed || len(c.Instances) != 2 || c.Health.EventARN != ev.Health.EventARN || !c.Deadline.Equal(ev.Deadline) || ev.Health.Status == HealthClosed {
+		t.Errorf("its close: %+v (%t), the report's status %s", c, ok, ev.Health.Status)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -84,5 +85,67 @@ func TestForgedRecordDrainsOnlyItsOwnNode(t *testing.T) {
 	}
 	if strings.Contains(q.bodies[0], victim) || !strings.Contains(q.bodies[0], own) {
 		t.Errorf("the body forwarded for kafka-0 (%s) names web-1's %s: %s", own, victim, q.bodies[0])
+	}
+}
+
+// healthUpdate is an AWS Health retirement report of one event (arn) with the status of each
+// affected entity.
+func healthUpdate(t *testing.T, id, arn, status string, start time.Time, entities [][2]string) event.Event {
+	t.Helper()
+	var es []string
+	for _, e := range entities {
+		es = append(es, fmt.Sprintf(`{"entityValue":%q,"status":%q}`, e[0], e[1]))
+	}
+	body := fmt.Sprintf(`{"version":"0","id":%q,"detail-type":"AWS Health Event","source":"aws.health","account":"123456789012","time":%q,"region":"eu-west-1","resources":[],"detail":{"eventArn":%q,"service":"EC2","eventTypeCode":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","eventTypeCategory":"scheduledChange","statusCode":%q,"startTime":%q,"affectedEntities":[%s]}}`,
+		id, now.Format(time.RFC3339), arn, status, start.UTC().Format(time.RFC1123), strings.Join(es, ","))
+	ev, err := event.Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// TestResolvedEntityEndsItsDeferral: an open update of a deferred maintenance that marks one
+// instance RESOLVED ends that instance's deferral, as a close of the event does for it, and
+// leaves the others' (issue 36, defect 3). On dd387c1 the resolved entity was dropped from the
+// event, its record was never ended, and it was drained in the window for a maintenance AWS
+// says is over for it. An update that resolves every instance ends them all.
+func TestResolvedEntityEndsItsDeferral(t *testing.T) {
+	for _, all := range []bool{false, true} {
+		t.Run(fmt.Sprintf("every entity resolved: %t", all), func(t *testing.T) {
+			r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 2})
+			arn := "arn:aws:health:eu-west-1::event/EC2/RET/resolved"
+			start := now.Add(72 * time.Hour)
+			a, b := instanceID(0), instanceID(1)
+			if _, err := r.p.Process(context.Background(), healthUpdate(t, "first", arn, "upcoming", start, [][2]string{{a, "PENDING"}, {b, "PENDING"}})); err != nil {
+				t.Fatal(err)
+			}
+			second := [][2]string{{a, "RESOLVED"}, {b, "PENDING"}}
+			if all {
+				second[1][1] = "RESOLVED"
+			}
+			if _, err := r.p.Process(context.Background(), healthUpdate(t, "update", arn, "open", start, second)); err != nil {
+				t.Fatal(err)
+			}
+			for _, nc := range r.claims(t) {
+				active := 0
+				for _, rec := range record.Records(&nc) {
+					if rec.Active() {
+						active++
+					}
+				}
+				want := 1
+				if nc.Name == "kafka-0" || all {
+					want = 0
+				}
+				if active != want || !nc.DeletionTimestamp.IsZero() {
+					t.Errorf("%s: %d active records (deleting %t), want %d", nc.Name, active, !nc.DeletionTimestamp.IsZero(), want)
+				}
+			}
+			// A redelivery of the update changes nothing.
+			if _, err := r.p.Process(context.Background(), healthUpdate(t, "update", arn, "open", start, second)); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -287,7 +287,7 @@ func (p *Pipeline) Process(ctx context.Context, ev event.Event) (Result, error) 
 	)
 	var g errgroup.Group // not WithContext: one instance's failure must not stop the others' progress
 	g.SetLimit(p.parallel)
-	for _, id := range ev.Instances {
+	decide := func(ev event.Event, id string) {
 		g.Go(func() error {
 			action, recorded, err := p.instance(ctx, ev, id, bulk, "", nil)
 			mu.Lock()
@@ -302,6 +302,17 @@ func (p *Pipeline) Process(ctx context.Context, ev event.Event) (Result, error) 
 			}
 			return nil
 		})
+	}
+	for _, id := range ev.Instances {
+		decide(ev, id)
+	}
+	// The instances the report resolves: the maintenance is over for them, and its close for
+	// them ends their deferrals, runs and drains (a resolved entity was dropped from the
+	// event, and its deferral drained it in the window for nothing).
+	if closed, ok := ev.ResolvedClose(); ok {
+		for _, id := range closed.Instances {
+			decide(closed, id)
+		}
 	}
 	_ = g.Wait()
 	bulk.post(p.signal, ev)
