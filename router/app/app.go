@@ -294,7 +294,8 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if o.EventWindows && !o.Shadow {
 		// Pools annotated healthrouter.io/event-window=true get an EC2 event window of their
 		// maintenance window; their instances are tagged as their NodeClaims appear (leader only).
-		ew := eventwindow.New(mgr.GetClient(), ec2Client, mgr.GetEventRecorder("health-router"), clk, log.With("component", "eventwindow"), reg, o.ClusterName)
+		ew := eventwindow.New(mgr.GetClient(), ec2Client, mgr.GetEventRecorder("health-router"), clk, log.With("component", "eventwindow"), reg, o.ClusterName).
+			WithInPlaceLead(inplace.Options{}.PrepareLead())
 		if err := ew.SetupWithManager(mgr); err != nil {
 			return err
 		}

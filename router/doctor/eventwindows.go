@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/health-router/health-router/router/inplace"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -157,7 +158,7 @@ func (d *Doctor) eventWindowPools(ctx context.Context, r *Report, c Config) {
 				"run the router with --event-windows (chart: settings.eventWindows) and --cluster-name, with the Terraform module's enable_event_windows"})
 			continue
 		}
-		if _, err := p.Window.EC2Ranges(); err != nil {
+		if _, err := p.Window.EC2Ranges(p.EC2Leads(inplace.Options{}.PrepareLead())...); err != nil {
 			bad++
 			*r = append(*r, Item{Warn, CheckEventWindowPools + ": " + np.Name, fmt.Sprintf("EC2 cannot express the pool's maintenance window: %v; the pool gets no EC2 window (AWS keeps its own timing, the deferral applies)", err),
 				"set a window EC2 can hold: whole UTC hours, ranges of 2 h or more, 4 h a week or more, weekly, no daylight-saving CRON_TZ zone (docs/maintenance.md)"})

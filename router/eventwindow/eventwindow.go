@@ -145,6 +145,18 @@ type Manager struct {
 	instances map[string]string
 	missing   map[string]time.Time
 	tagRetry  backoff
+	// inPlaceLead is how long before AWS's start a reboot in place empties the node
+	// (WithInPlaceLead): a pool that reboots in place gets a window that leaves it.
+	inPlaceLead time.Duration
+}
+
+// WithInPlaceLead sets how long before AWS's start a reboot in place empties the node
+// (inplace.Options.PrepareLead): the EC2 window of a pool that reboots a type in place is
+// shifted by it as well as by drain-lead, so that AWS never schedules a start that has the
+// node emptied before the pool's window opens.
+func (m *Manager) WithInPlaceLead(d time.Duration) *Manager {
+	m.inPlaceLead = d
+	return m
 }
 
 // New returns a Manager of the windows of cluster (its name, as the Terraform module's
@@ -198,7 +210,7 @@ func (m *Manager) Pass(ctx context.Context) error {
 		if !p.EventWindow || p.Shadow || !np.DeletionTimestamp.IsZero() {
 			continue
 		}
-		ranges, err := p.Window.EC2Ranges()
+		ranges, err := p.Window.EC2Ranges(p.EC2Leads(m.inPlaceLead)...)
 		want[np.Name] = wanted{pool: np, ranges: ranges, err: err}
 	}
 	// A pool that no longer asks is told afresh if it asks again.

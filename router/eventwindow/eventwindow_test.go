@@ -26,6 +26,8 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -104,7 +106,10 @@ func byPool(srv *harness.EC2EventWindows, clusterName string) map[string][]harne
 // since returns the calls made after the first n.
 func since(srv *harness.EC2EventWindows, n int) []string { return srv.Calls()[n:] }
 
-var saturday = []harness.WindowRange{{StartWeekDay: "saturday", StartHour: 2, EndWeekDay: "saturday", EndHour: 6}}
+// saturday is the EC2 window of a pool whose window opens Saturday 02:00 for 4h, with the
+// default drain-lead of 1h: the pool's shifted by it (a start AWS schedules at 03:00 is
+// drained at 02:00, when the pool's window opens).
+var saturday = []harness.WindowRange{{StartWeekDay: "saturday", StartHour: 3, EndWeekDay: "saturday", EndHour: 7}}
 
 // TestCreate: a pool that asks gets one window, named and tagged by cluster and pool, holding
 // its window's ranges and targeting its instance tag; its instances are tagged; the Event says
@@ -120,12 +125,12 @@ func TestCreate(t *testing.T) {
 	}
 	w := got["kafka"][0]
 	if w.Name != "hr-prod-kafka" || !slices.Equal(w.Ranges, saturday) || !slices.Equal(w.TargetTags, []string{"healthrouter.io/event-window=prod/kafka"}) {
-		t.Errorf("window %+v: want hr-prod-kafka, Saturday 02-06, targeting healthrouter.io/event-window=prod/kafka", w)
+		t.Errorf("window %+v: want hr-prod-kafka, Saturday 03-07, targeting healthrouter.io/event-window=prod/kafka", w)
 	}
 	if v := srv.InstanceTags("i-0000000000000000a")[TagInstance]; v != "prod/kafka" {
 		t.Errorf("instance tag %q, want prod/kafka", v)
 	}
-	if ev := f.events(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Normal "+ReasonSynced) || !strings.Contains(ev[0], "Sat 02:00-Sat 06:00 UTC") {
+	if ev := f.events(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Normal "+ReasonSynced) || !strings.Contains(ev[0], "Sat 03:00-Sat 07:00 UTC") {
 		t.Errorf("events %q, want one %s naming the range", ev, ReasonSynced)
 	}
 	if want := []string{"DescribeInstanceEventWindows", "CreateInstanceEventWindow", "AssociateInstanceEventWindow", "CreateTags"}; !slices.Equal(srv.Calls(), want) {
@@ -148,6 +153,37 @@ func TestCreate(t *testing.T) {
 	}
 }
 
+// TestWindowLeavesTheLeads: the EC2 window is the pool's shifted by what the router does
+// before AWS's start (issue 36, defect 6): by drain-lead, and for a pool that reboots a type in
+// place by the time a run empties the node before the start too (from the opening plus the
+// longest lead to the close plus the shortest). On dd387c1 it was the pool's own: a start AWS
+// scheduled at the opening was drained drain-lead, or emptied 2h10m, before the window.
+func TestWindowLeavesTheLeads(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		ann  map[string]string
+		want []harness.WindowRange
+	}{
+		{"drain-lead 2h", map[string]string{policy.AnnotationDrainLead: "2h"},
+			[]harness.WindowRange{{StartWeekDay: "saturday", StartHour: 4, EndWeekDay: "saturday", EndHour: 10}}},
+		{"system reboots kept in place (emptied 2h10m ahead)", map[string]string{policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace)},
+			[]harness.WindowRange{{StartWeekDay: "saturday", StartHour: 5, EndWeekDay: "saturday", EndHour: 9}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, api := harness.NewEC2EventWindows(t)
+			ann := asks("0 2 * * 6", "6h")
+			maps.Copy(ann, tt.ann)
+			f := newFixture(t, api, "prod", pool("kafka", ann))
+			f.m.WithInPlaceLead(inplace.Options{}.PrepareLead())
+			f.pass(t)
+			got := byPool(srv, "prod")["kafka"]
+			if len(got) != 1 || !slices.Equal(got[0].Ranges, tt.want) {
+				t.Errorf("windows %+v, want one with %v", got, tt.want)
+			}
+		})
+	}
+}
+
 // TestModify: a changed schedule modifies the same window (its ID kept), and says from what
 // to what.
 func TestModify(t *testing.T) {
@@ -165,14 +201,14 @@ func TestModify(t *testing.T) {
 	n := len(srv.Calls())
 	f.pass(t)
 	after := byPool(srv, "prod")["kafka"]
-	want := []harness.WindowRange{{StartWeekDay: "tuesday", StartHour: 1, EndWeekDay: "tuesday", EndHour: 4}, {StartWeekDay: "thursday", StartHour: 1, EndWeekDay: "thursday", EndHour: 4}}
+	want := []harness.WindowRange{{StartWeekDay: "tuesday", StartHour: 2, EndWeekDay: "tuesday", EndHour: 5}, {StartWeekDay: "thursday", StartHour: 2, EndWeekDay: "thursday", EndHour: 5}}
 	if len(after) != 1 || after[0].ID != before[0].ID || !slices.Equal(after[0].Ranges, want) {
 		t.Fatalf("after the change: %+v, want window %s with %v", after, before[0].ID, want)
 	}
 	if c := since(srv, n); !slices.Equal(c, []string{"ModifyInstanceEventWindow"}) {
 		t.Errorf("calls %v, want one modify", c)
 	}
-	if ev := f.events(); len(ev) != 1 || !strings.Contains(ev[0], "changed from Sat 02:00-Sat 06:00 UTC to Tue 01:00-Tue 04:00 UTC, Thu 01:00-Thu 04:00 UTC") {
+	if ev := f.events(); len(ev) != 1 || !strings.Contains(ev[0], "changed from Sat 03:00-Sat 07:00 UTC to Tue 02:00-Tue 05:00 UTC, Thu 02:00-Thu 05:00 UTC") {
 		t.Errorf("events %q", ev)
 	}
 	if f.count(ResultModified) != 1 {

@@ -95,6 +95,14 @@ func (o Options) EvictBy(st State) time.Time {
 	return st.Start.Add(-o.withDefaults().EvictMargin)
 }
 
+// PrepareLead is how long before AWS's start a run of an event AWS reboots itself empties the
+// Node (Prepare plus EvictMargin): the longest lead of a reboot in place, which the pool's EC2
+// event window leaves (policy.Policy.EC2Leads).
+func (o Options) PrepareLead() time.Duration {
+	o = o.withDefaults()
+	return o.Prepare + o.EvictMargin
+}
+
 // PrepareAt is when the run cordons and empties the Node: at once for an instance-reboot and
 // a system-reboot with reboot migration (the router reboots it itself, in the window that
 // began the run), Start - Prepare - EvictMargin for the events AWS reboots at its start.

@@ -64,17 +64,36 @@ var ec2Reference = time.Date(2026, time.January, 4, 0, 0, 0, 0, time.UTC)
 // EC2's other form, a cron expression of hours and weekdays, is not used: it says no more
 // than the ranges do, and its hour ranges count their end differently from cron's (EC2's own
 // example counts 0-2 as two hours, where cron's 0-2 runs to 02:59).
-func (w *Window) EC2Ranges() ([]WeeklyRange, error) {
+//
+// leads are how long before AWS's start the router acts on an event of the pool (drain-lead
+// for a drain; for a reboot in place, how long before the start it empties the node). AWS
+// schedules an event's start inside the EC2 window, so the EC2 window is the pool's shifted
+// later: a start S in it puts S minus every lead inside the pool's window (from the opening
+// plus the longest lead to the close plus the shortest), narrowed to whole hours. With no
+// lead it is the pool's window itself.
+func (w *Window) EC2Ranges(leads ...time.Duration) ([]WeeklyRange, error) {
 	if w == nil || w.sched == nil {
 		return nil, fmt.Errorf("no maintenance window")
 	}
 	if w.Duration <= 0 || w.Duration%time.Hour != 0 {
 		return nil, fmt.Errorf("the window lasts %s: EC2's time ranges are whole hours", short(w.Duration))
 	}
+	var from, to time.Duration // the shift of each opening's start and end
+	for i, l := range leads {
+		if i == 0 || l > from {
+			from = l
+		}
+		if i == 0 || l < to {
+			to = l
+		}
+	}
+	if from < 0 || to < 0 {
+		return nil, fmt.Errorf("a negative lead %s", short(min(from, to)))
+	}
 	var first [hoursPerWeek]bool
 	for week := range weeksProbed {
 		begin := ec2Reference.AddDate(0, 0, 7*week)
-		open, err := w.weekHours(begin)
+		open, err := w.weekHours(begin, from, to)
 		if err != nil {
 			return nil, err
 		}
@@ -118,23 +137,33 @@ func (w *Window) EC2Ranges() ([]WeeklyRange, error) {
 	return ranges, nil
 }
 
-// weekHours marks the hours of the week from begin (a Sunday, 00:00 UTC) that the window is
-// open in, counting the openings of the week before that last into it.
-func (w *Window) weekHours(begin time.Time) ([hoursPerWeek]bool, error) {
+// weekHours marks the whole hours of the week from begin (a Sunday, 00:00 UTC) that lie in an
+// opening of the window shifted later by from at its start and by to at its end, counting the
+// openings of the week before that last into it.
+func (w *Window) weekHours(begin time.Time, from, to time.Duration) ([hoursPerWeek]bool, error) {
 	var open [hoursPerWeek]bool
 	end := begin.Add(hoursPerWeek * time.Hour)
-	for s := w.sched.Next(begin.Add(-w.Duration)); !s.IsZero() && s.Before(end); s = w.sched.Next(s) {
+	for s := w.sched.Next(begin.Add(-w.Duration - to)); !s.IsZero() && s.Add(from).Before(end); s = w.sched.Next(s) {
 		u := s.UTC()
 		if u.Minute() != 0 || u.Second() != 0 {
 			return open, fmt.Errorf("the window opens at %s UTC: EC2's time ranges start on the hour", u.Format("15:04"))
 		}
-		from := max(0, int(u.Sub(begin)/time.Hour))
-		to := min(hoursPerWeek, int(u.Add(w.Duration).Sub(begin)/time.Hour))
-		for h := from; h < to; h++ {
+		first := max(0, ceilHours(u.Add(from).Sub(begin)))
+		last := min(hoursPerWeek, int(u.Add(w.Duration+to).Sub(begin)/time.Hour)) // floor: the shift keeps within
+		for h := first; h < last; h++ {
 			open[h] = true
 		}
 	}
 	return open, nil
+}
+
+// ceilHours is d in whole hours, rounded up (d may be negative: an opening of the week before).
+func ceilHours(d time.Duration) int {
+	h := int(d / time.Hour)
+	if d > 0 && d%time.Hour != 0 {
+		h++
+	}
+	return h
 }
 
 // daylightSaving reports the schedule's zone when its offset from UTC changes within the

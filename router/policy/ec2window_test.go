@@ -89,3 +89,60 @@ func TestEC2Ranges(t *testing.T) {
 		t.Error("no window converted")
 	}
 }
+
+// TestEC2RangesLeaveTheLeads: the EC2 window is the pool's shifted by the leads of what the
+// router does before AWS's start, so that AWS, scheduling a start inside it, never has the
+// router act before the pool's window opens (issue 36, defect 6: the EC2 window was the pool's
+// own, and a retirement AWS scheduled at its opening was drained drain-lead before it; a
+// reboot in place emptied the node 2h10m before it).
+func TestEC2RangesLeaveTheLeads(t *testing.T) {
+	rng := func(sd time.Weekday, sh int, ed time.Weekday, eh int) WeeklyRange {
+		return WeeklyRange{StartDay: sd, StartHour: sh, EndDay: ed, EndHour: eh}
+	}
+	tests := []struct {
+		name, schedule, duration string
+		leads                    []time.Duration
+		want                     []WeeklyRange
+		refused                  string
+	}{
+		{"drain-lead 1h", "0 2 * * 6", "4h", []time.Duration{time.Hour}, []WeeklyRange{rng(time.Saturday, 3, time.Saturday, 7)}, ""},
+		{"drain-lead 90m: narrowed to whole hours", "0 2 * * 6", "6h", []time.Duration{90 * time.Minute}, []WeeklyRange{rng(time.Saturday, 4, time.Saturday, 9)}, ""},
+		{"a drain and a reboot in place emptied 2h10m ahead", "0 2 * * 6", "6h", []time.Duration{time.Hour, 130 * time.Minute}, []WeeklyRange{rng(time.Saturday, 5, time.Saturday, 9)}, ""},
+		{"shifted across midnight", "0 22 * * 1", "6h", []time.Duration{3 * time.Hour}, []WeeklyRange{rng(time.Tuesday, 1, time.Tuesday, 7)}, ""},
+		{"shifted past the week's end", "0 20 * * 6", "4h", []time.Duration{2 * time.Hour}, []WeeklyRange{rng(time.Saturday, 22, time.Saturday, 23), rng(time.Sunday, 0, time.Sunday, 2)}, "once cut at Saturday 23:00"},
+		{"too little left once the leads differ", "0 2 * * 6", "4h", []time.Duration{time.Hour, 130 * time.Minute}, nil, "open 2 h a week"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, err := NewWindow(tt.schedule, tt.duration)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := w.EC2Ranges(tt.leads...)
+			if tt.refused != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.refused) {
+					t.Fatalf("EC2Ranges = %v, %v; want refused with %q", got, err, tt.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("EC2Ranges = %s\nwant        %s", FormatRanges(got), FormatRanges(tt.want))
+			}
+			// Every start AWS may choose in the EC2 window puts every lead's action inside the
+			// pool's window.
+			for _, r := range got {
+				for m := 0; m < r.Hours()*60; m += 10 {
+					start := ec2Reference.AddDate(0, 0, 14).Add(time.Duration(int(r.StartDay)*24+r.StartHour)*time.Hour + time.Duration(m)*time.Minute)
+					for _, l := range tt.leads {
+						if !w.Open(start.Add(-l)) {
+							t.Errorf("a start at %s in range %s acts at %s (lead %s), outside the pool's window", start, r, start.Add(-l), l)
+						}
+					}
+				}
+			}
+		})
+	}
+}

@@ -590,6 +590,19 @@ func (p Policy) ActionFor(ev event.Event) (Action, string) {
 	return a, key
 }
 
+// EC2Leads are how long before AWS's start the router acts on the pool's scheduled events, for
+// its EC2 event window (Window.EC2Ranges): drain-lead, and inPlace (how long before the start
+// a reboot in place empties the node) when the pool reboots a type in place.
+func (p Policy) EC2Leads(inPlace time.Duration) []time.Duration {
+	leads := []time.Duration{p.DrainLead}
+	for _, a := range p.Scheduled {
+		if a == ActionRebootInPlace {
+			return append(leads, inPlace)
+		}
+	}
+	return leads
+}
+
 // Invalid reports whether the action annotation key has a value FromAnnotations refused.
 func (p Policy) Invalid(key string) bool { return p.invalidActions[key] }
 

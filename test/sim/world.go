@@ -673,7 +673,7 @@ func (w *world) newReplica(name string) *replica {
 	r.ledger = shadow.NewLedger(w.direct, "health-router", shadow.DefaultLedgerName, w.clock, w.log)
 	r.watcher = shadow.NewWatcher(w.direct, r.ledger, r.metrics.ShadowKarpenter)
 	r.pipeline.WithShadow(false, r.ledger)
-	r.windows = eventwindow.New(w.router, w.windowsAPI, w.recorder, w.clock, w.log, reg, simCluster)
+	r.windows = eventwindow.New(w.router, w.windowsAPI, w.recorder, w.clock, w.log, reg, simCluster).WithInPlaceLead(inplace.Options{}.PrepareLead())
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.direct, w.router, w.log, nil)
 	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl).WithHeldImpaired(r.drainer)
