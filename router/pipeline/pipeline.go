@@ -612,8 +612,16 @@ func (p *Pipeline) shadow(ctx context.Context, ev event.Event, o engine.Outcome,
 	p.engine.Unreserve(d.NodePool, d.NodeClaim) // nothing is signalled: no pacing slot is held
 	ilog := log.With("node", d.Node, "nodepool", d.NodePool, "action", d.Action)
 	if d.Cancel {
+		// A close ends what the router holds, in shadow too (a deferral written before the
+		// pool went to shadow would come due once it is active again): the held runs and
+		// drains, and the deferrals. A NodeClaim with no active record gets no write.
 		if err := p.cancelHeld(ctx, ev, o.Resolved, ilog); err != nil {
 			return "", false, err
+		}
+		if nc := o.Resolved.NodeClaim; nc != nil && slices.ContainsFunc(record.Records(nc), record.Record.Active) {
+			if _, err := p.signal.Close(ctx, ev, d, o.Resolved); err != nil {
+				return "", false, err
+			}
 		}
 	}
 	if redecide != "" && o.Resolved.NodeClaim != nil {

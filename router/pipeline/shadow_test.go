@@ -16,6 +16,7 @@ import (
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/engine"
+	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
@@ -239,5 +240,53 @@ func TestShadowLedger(t *testing.T) {
 	}
 	if len(entries) != 2 || entries[0].Would != policy.ActionDrain || !entries[0].Start.Equal(start) || entries[0].NodePool != "web" {
 		t.Fatalf("ledger %+v", entries)
+	}
+}
+
+// setPoolAnnotations replaces a pool's annotations.
+func setPoolAnnotations(t *testing.T, r *rig, pool string, ann map[string]string) {
+	t.Helper()
+	np := &karpv1.NodePool{}
+	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: pool}, np); err != nil {
+		t.Fatal(err)
+	}
+	np.Annotations = ann
+	if err := r.kube.Update(context.Background(), np); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCloseInShadowEndsTheDeferral: a deferral of a pool that goes to shadow, then AWS closes
+// its maintenance, then the pool goes back to active: the close ended the deferral, which
+// never comes due (issue 36, defect 1; on dd387c1 shadow cancelled only the held runs and
+// drains, and the node was drained for a cancelled maintenance). Ending what the router holds
+// is always carried out, in shadow too: only new work is withheld.
+func TestCloseInShadowEndsTheDeferral(t *testing.T) {
+	deferring := map[string]string{policy.AnnotationAction: "defer"}
+	r := newRig(t, map[string]map[string]string{"web": deferring}, map[string]int{"web": 1})
+	start := now.Add(3 * 24 * time.Hour)
+	if _, err := r.p.Process(context.Background(), retirement("ret-1", start, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	setPoolAnnotations(t, r, "web", map[string]string{policy.AnnotationAction: "defer", policy.AnnotationMode: policy.ModeShadow})
+	closed := retirement("ret-1-closed", start, instanceID(0))
+	closed.Health.Status = event.HealthClosed
+	if _, err := r.p.Process(context.Background(), closed); err != nil {
+		t.Fatal(err)
+	}
+	setPoolAnnotations(t, r, "web", deferring)
+	nc := r.claims(t)[0]
+	for _, rec := range record.Records(&nc) {
+		if rec.Active() {
+			t.Errorf("the deferral of the closed maintenance is still active: %s %s until %s", rec.EventID, rec.State, rec.Until)
+		}
+	}
+	// And the pool back to active decides the close's maintenance no more.
+	if _, err := r.p.Process(context.Background(), retirement("ret-1", start, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	nc = r.claims(t)[0]
+	if !nc.DeletionTimestamp.IsZero() {
+		t.Error("drained for a closed maintenance")
 	}
 }

@@ -499,25 +499,36 @@ func holdImage(d policy.Decision) string {
 // cancels its own; a running instance cancels deferred state changes. A deferral of this
 // same event that is now ignored (its pool's policy changed) is removed.
 func (s *Signaller) Ignore(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) error {
-	if res.NodeClaim != nil {
-		var cancelled []string
-		err := s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
-			var changed bool
-			cancelled, changed = set.Cancel(ev, d.Cancel)
-			return changed
-		})
-		if err != nil {
-			return fmt.Errorf("updating deferrals on nodeclaim %s: %w", res.NodeClaim.Name, err)
-		}
-		if len(cancelled) > 0 {
-			s.event(res, corev1.EventTypeNormal, ReasonDeferralCancelled, "%s (%s) cancels deferred %s: %s", ev.Kind, ev.ID, strings.Join(cancelled, ", "), d.Reason)
-			return nil
-		}
+	cancelled, err := s.Close(ctx, ev, d, res)
+	if err != nil || len(cancelled) > 0 {
+		return err
 	}
 	if !quiet {
 		s.event(res, eventType(d), ReasonIgnored, "%s (%s): %s", ev.Kind, ev.ID, summary(d))
 	}
 	return nil
+}
+
+// Close applies ev to the NodeClaim's records: the deferrals it cancels end (a running
+// instance, a closed maintenance: d.Cancel), with an Event naming them. It is what Ignore
+// records, and what a pool in shadow still carries out: ending what the router holds is never
+// withheld, since a deferral left active would come due once the pool is active again.
+func (s *Signaller) Close(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved) (cancelled []string, err error) {
+	if res.NodeClaim == nil {
+		return nil, nil
+	}
+	err = s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
+		var changed bool
+		cancelled, changed = set.Cancel(ev, d.Cancel)
+		return changed
+	})
+	if err != nil {
+		return nil, fmt.Errorf("updating deferrals on nodeclaim %s: %w", res.NodeClaim.Name, err)
+	}
+	if len(cancelled) > 0 {
+		s.event(res, corev1.EventTypeNormal, ReasonDeferralCancelled, "%s (%s) cancels deferred %s: %s", ev.Kind, ev.ID, strings.Join(cancelled, ", "), d.Reason)
+	}
+	return cancelled, nil
 }
 
 // InPlace carries out a reboot-in-place decision: begin starts the run (router/inplace's
