@@ -268,24 +268,29 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	if o.Shadow {
 		log.Info("shadow mode: every outcome is decided and recorded, none carried out (--shadow)")
 	}
-	var cs kubernetes.Interface // evictions (kubectl's drain helper): cordon-drain, reboot in place
-	if o.UnmanagedNodes == policy.UnmanagedCordonDrain || o.RebootInPlace {
-		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {
-			return fmt.Errorf("creating the clientset of the evictions: %w", err)
-		}
+	// Evictions (kubectl's drain helper): cordon-drain, and the reboot in place, whose runner
+	// runs whether the flag is on or not (below).
+	cs, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("creating the clientset of the evictions: %w", err)
+	}
+	// The reboot in place's runner always runs: with --reboot-in-place=false it begins no run,
+	// but carries a run a router with the flag on left (a restart with the flag turned off) to
+	// its end, so that no Node stays cordoned and do-not-disrupt, and no pacing slot held, for
+	// good. A run that falls back replaces the node: Karpenter drains it (its pods left are
+	// evicted with their budgets) and launches another.
+	fallback := func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error {
+		return sig.Replace(ctx, nc)
+	}
+	runner := inplace.New(mgr.GetClient(), mgr.GetAPIReader(), inplace.NewDrainEvictor(cs, log.With("component", "inplace")), ec2Client, clk,
+		mgr.GetEventRecorder("health-router"), log.With("component", "inplace"), reg, fallback, inplace.Options{})
+	if err := runner.SetupWithManager(mgr); err != nil { // leader only
+		return err
 	}
 	if o.RebootInPlace {
-		// A run that falls back replaces the node: Karpenter drains it (its pods left are
-		// evicted with their budgets) and launches another.
-		fallback := func(ctx context.Context, nc *karpv1.NodeClaim, _ inplace.State, _ string) error {
-			return sig.Replace(ctx, nc)
-		}
-		runner := inplace.New(mgr.GetClient(), mgr.GetAPIReader(), inplace.NewDrainEvictor(cs, log.With("component", "inplace")), ec2Client, clk,
-			mgr.GetEventRecorder("health-router"), log.With("component", "inplace"), reg, fallback, inplace.Options{})
-		if err := runner.SetupWithManager(mgr); err != nil { // leader only
-			return err
-		}
 		pipe.WithInPlace(runner)
+	} else {
+		pipe.WithInPlaceHeld(runner)
 	}
 	if o.EventWindows && o.Shadow {
 		// A window changes when AWS acts: in shadow nothing is carried out, windows included.

@@ -371,3 +371,34 @@ func TestUrgentDrainBreakerConcurrent(t *testing.T) {
 		t.Errorf("%d drained by 10 concurrent warnings, want 2", drained)
 	}
 }
+
+// TestRunsOfARebootInPlaceTurnedOff: a router restarted with --reboot-in-place=false beside a
+// run a router with it on began (issue 36, defect 2): the run is still the runner's to end, and
+// a close still reaches it (the node back in service, not cordoned for good); a new
+// reboot-type event replaces the node instead of beginning a run.
+func TestRunsOfARebootInPlaceTurnedOff(t *testing.T) {
+	r, runner, clk := inPlaceRig(t)
+	start := now.Add(30 * time.Minute)
+	if res, err := r.p.Process(context.Background(), scheduled("up", rebootARN, rebootCode, start, event.HealthUpcoming, instanceID(0))); err != nil || res.Actions[policy.ActionRebootInPlace] != 1 {
+		t.Fatalf("upcoming: %+v %v", res, err)
+	}
+	if st := r.run(t, runner, 3); st.Step != inplace.StepAwait {
+		t.Fatalf("the run: %+v", st)
+	}
+	// The restart, with the flag off: the same runner (its state is on the NodeClaim), held only.
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sig := signal.New(r.kube, r.kube, signal.ModeDeleteNodeClaim, nil, "", r.recorder, clk)
+	r.p = New(engine.New(cluster.New(r.kube), nil), sig, r.m, nil, clk, log, 1).WithInPlaceHeld(runner).WithFreshReads(r.kube)
+	if _, err := r.p.Process(context.Background(), scheduled("closed", rebootARN, rebootCode, start, event.HealthClosed, instanceID(0))); err != nil {
+		t.Fatal(err)
+	}
+	r.givenBack(t, runner, "after the close, with reboot-in-place off")
+	// A new maintenance: no run begins; the node is replaced, and the decision says why.
+	var d policy.Decision
+	if _, _, err := r.p.instance(context.Background(), scheduled("again", rebootARN+"-2", rebootCode, start.Add(time.Minute), event.HealthUpcoming, instanceID(0)), instanceID(0), newSummary(false), "", &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Action != policy.ActionDrain || !strings.Contains(strings.Join(d.Warnings, "|"), "reboot-in-place is off") {
+		t.Errorf("a new reboot-type event with reboot-in-place off: %s %q", d.Action, d.Warnings)
+	}
+}

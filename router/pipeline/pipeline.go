@@ -126,6 +126,15 @@ func (p *Pipeline) WithInPlace(r InPlacer) *Pipeline {
 	return p
 }
 
+// WithInPlaceHeld gives the pipeline the runs in progress of a reboot in place turned off
+// (--reboot-in-place=false after a router that had it on): a close still reaches them, and
+// their runner carries them to their end, but no new run begins (a reboot-in-place decision
+// replaces the node, as without a runner). A feature turned off still owns what it left.
+func (p *Pipeline) WithInPlaceHeld(r InPlacer) *Pipeline {
+	p.holders = append(p.holders, inPlaceHolder{r})
+	return p
+}
+
 // WithFreshReads has the pipeline read a NodeClaim fresh (r: an API reader, not the cache)
 // before a destructive action that rests on its records: a drain, a reboot in place. The
 // informer cache lags the router's own writes: a close, a `running` or another worker's
