@@ -368,7 +368,8 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		// Karpenter's own poller is off (its role is denied ec2:DescribeInstanceStatus): the
 		// router polls instead, and its findings take the same pipeline as the queue's events.
 		p := poller.New(ec2Client, poller.NewClusterInstances(mgr.GetCache()), pipe, clk, log.With("component", "poller"), reg,
-			poller.Options{Interval: o.InstanceStatusInterval, Account: account, Region: awsCfg.Region}).WithHeldImpaired(deferrals)
+			poller.Options{Interval: o.InstanceStatusInterval, Account: account, Region: awsCfg.Region}).WithHeldImpaired(deferrals).
+			WithImpairedReport(eng.ReportImpaired) // the repair cut-off counts every impaired instance
 		if drainer != nil {
 			p.WithHeldImpaired(drainer) // an unmanaged Node cordoned for its impairment
 		}

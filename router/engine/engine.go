@@ -84,6 +84,11 @@ func New(model *cluster.Model, checker *checks.Checker, opts ...Option) *Engine 
 	return e
 }
 
+// ReportImpaired tells the engine which instances EC2 reports impaired now (the poller's last
+// answer, every impaired instance whether decided or not): the repair cut-off counts them all.
+// The set replaces the last one; an empty set clears it.
+func (e *Engine) ReportImpaired(ids []string) { e.pacer.reportImpaired(ids) }
+
 // urgentCheckTimeout bounds the pre-signal checks of an urgent drain: it goes ahead whatever
 // they say, so they may only add a warning, never hold a two-minute notice for the SDK's
 // retries against a throttling EC2.

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -449,5 +450,46 @@ func TestPacingKeepsASignalledDrain(t *testing.T) {
 	eng.Unreserve("kafka", "kafka-0")
 	if d := decide(1, "health-1"); d.Action != policy.ActionDefer || d.Hold != policy.HoldPacing {
 		t.Errorf("node 1 beside node 0's drain: %s (%s), want held by pacing", d.Action, d.Reason)
+	}
+}
+
+// TestRepairCutoffCountsWhatEC2Reports: the repair cut-off counts every instance of the pool
+// EC2 reports impaired now, decided or not (issue 36, defect 13: an AZ-wide impairment arriving
+// over several polls had each instance decided with "held 0 + replacing 0 + this 1", and all
+// three impaired nodes of a pool of five were replaced in 70 s while 60% of it was impaired).
+func TestRepairCutoffCountsWhatEC2Reports(t *testing.T) {
+	impaired := func(i int) event.Event {
+		id := instance("kafka", i)
+		return event.Event{ID: "healthrouter.io/instance-status/" + id + "/impaired/2026-11-21T11:50:00Z", Kind: event.KindInstanceStatus, Time: now, Instances: []string{id},
+			Status: &event.InstanceStatus{SystemStatus: "impaired", ImpairedSince: now.Add(-10 * time.Minute)}}
+	}
+	for _, tc := range []struct {
+		name     string
+		reported []int
+		want     policy.Action
+	}{
+		{"EC2 reports this one only: 1 of 5, within 20%", []int{1}, policy.ActionDrain},
+		{"EC2 reports two, the other undecided: 2 of 5, over 20%", []int{1, 2}, policy.ActionDefer},
+		{"nothing reported yet (no poll answered): the router's own count", nil, policy.ActionDrain},
+		{"an instance of another pool does not count", []int{1, 9}, policy.ActionDrain},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := New(testCluster(t, map[string]poolSpec{"kafka": {nodes: 5}, "other": {nodes: 1}}), nil)
+			var ids []string
+			for _, i := range tc.reported {
+				ids = append(ids, instance("kafka", i))
+			}
+			if slices.Contains(tc.reported, 9) {
+				ids = append(ids[:1], instance("other", 0))
+			}
+			eng.ReportImpaired(ids)
+			outs, err := eng.Decide(context.Background(), impaired(1), now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := outs[0]; o.Action != tc.want || (o.Action == policy.ActionDefer && o.Hold != policy.HoldRepairCutoff) {
+				t.Errorf("%s held %q, want %s: %s", o.Action, o.Hold, tc.want, o.Reason)
+			}
+		})
 	}
 }

@@ -33,6 +33,9 @@ type pacer struct {
 	pods  client.Reader // the pods of a node, for drain-settle "ready"; nil: not read
 	mu    sync.Mutex
 	pools map[string]*poolPace
+	// reported are the instances EC2's last instance-status answer showed impaired
+	// (ReportImpaired), decided or not: the repair cut-off counts them. Guarded by mu.
+	reported map[string]bool
 }
 
 type poolPace struct {
@@ -40,6 +43,9 @@ type poolPace struct {
 	read     time.Time       // when members was read; zero: read again
 	members  map[string]bool // NodeClaim name -> draining, as the cluster showed it
 	impaired map[string]bool // NodeClaims held or drained as impaired, as the cluster showed it
+	// instances are the pool's NodeClaims' instances (NodeClaim name -> instance ID), to count
+	// the ones EC2 reports impaired.
+	instances map[string]string
 	// reserved are the drains decided here that members may not show yet, with when: a
 	// reservation the cluster never shows (a forward Karpenter dropped, whose stamp failed)
 	// is given back after reservationBound.
@@ -100,14 +106,16 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 	}
 	members := make(map[string]bool, len(claims))
 	impaired := map[string]bool{}
+	instances := make(map[string]string, len(claims))
 	for _, nc := range claims {
+		instances[nc.Name] = cluster.InstanceID(nc.Status.ProviderID)
 		// A node kept through a reboot (a run in progress) is out of service as a drained one is.
 		members[nc.Name] = cluster.Draining(nc) || inplace.Active(nc)
 		if Impaired(nc) {
 			impaired[nc.Name] = true
 		}
 	}
-	pp.members, pp.impaired, pp.read = members, impaired, now
+	pp.members, pp.impaired, pp.instances, pp.read = members, impaired, instances, now
 	for key, at := range pp.reserved {
 		if draining, present := members[key]; draining || !present || now.Sub(at) > reservationBound {
 			delete(pp.reserved, key)
@@ -167,21 +175,41 @@ func (pp *poolPace) inFlight(key string) int {
 	return n
 }
 
-// impairedOthers counts the pool's nodes held or replaced as impaired, leaving out key:
-// as the cluster shows them, and the repairs reserved here. The caller holds pp.mu.
-func (pp *poolPace) impairedOthers(key string) int {
+// impairedOthers counts the pool's nodes impaired, leaving out key: held or replaced as
+// impaired as the cluster shows them, the repairs reserved here, and every other node whose
+// instance EC2 reports impaired now (reported), decided or not: an impairment that reaches a
+// pool over several polls is counted whole, as Karpenter's node repair counts every unhealthy
+// node. The caller holds pp.mu.
+func (pp *poolPace) impairedOthers(key string, reported map[string]bool) int {
 	n := 0
-	for name := range pp.impaired {
-		if name != key && !pp.repairs[name] {
+	for name := range pp.members {
+		if name != key && (pp.impaired[name] || pp.repairs[name] || reported[pp.instances[name]]) {
 			n++
 		}
 	}
 	for name := range pp.repairs {
-		if name != key {
-			n++
+		if _, member := pp.members[name]; !member && name != key {
+			n++ // reserved here, not shown by the cluster yet
 		}
 	}
 	return n
+}
+
+// reportImpaired sets the instances EC2 reports impaired now.
+func (p *pacer) reportImpaired(ids []string) {
+	r := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		r[id] = true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reported = r
+}
+
+func (p *pacer) reportedImpaired() map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reported
 }
 
 // Impaired reports whether a NodeClaim is held or drained by the router as an impaired
@@ -246,7 +274,7 @@ func (p *pacer) decide(ctx context.Context, pool, key string, kind drainKind, no
 	if _, member := pp.members[key]; !member {
 		nodes++ // a NodeClaim the cache does not show yet still counts towards the pool's size
 	}
-	if !decide(poolView{Nodes: nodes, InFlight: pp.inFlight(key), Impaired: pp.impairedOthers(key), Urgent: pp.urgentOthers(key, now)}) || key == "" {
+	if !decide(poolView{Nodes: nodes, InFlight: pp.inFlight(key), Impaired: pp.impairedOthers(key, p.reportedImpaired()), Urgent: pp.urgentOthers(key, now)}) || key == "" {
 		return false, nil
 	}
 	pp.reserved[key] = now

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"sync"
@@ -131,6 +132,19 @@ type Poller struct {
 	handed   map[string]map[string]bool
 	impaired map[string]*impairment
 	held     []heldLister // none: no repairs are held
+	// report is told, at every poll, every instance EC2 shows impaired now (WithImpairedReport);
+	// reported is the last set told, kept for the instances whose batch failed.
+	report   func([]string)
+	reported map[string]bool
+}
+
+// WithImpairedReport has the poller tell report, at every poll and before it hands its
+// findings over, every instance EC2 shows impaired now, decided or not, however briefly
+// (engine.Engine.ReportImpaired: the repair cut-off counts them all). An instance whose batch
+// got no answer keeps what the last poll said of it.
+func (p *Poller) WithImpairedReport(report func([]string)) *Poller {
+	p.report = report
+	return p
 }
 
 // WithHeldImpaired adds a source of the instances whose repair the router holds (a repair
@@ -214,6 +228,16 @@ func (p *Poller) Poll(ctx context.Context) error {
 		for _, id := range hs {
 			held[id] = true
 		}
+	}
+	if p.report != nil {
+		now := map[string]bool{}
+		for _, id := range ids {
+			if failed[id] && p.reported[id] || !failed[id] && impairedStatus(statuses[id]) {
+				now[id] = true
+			}
+		}
+		p.reported = now
+		p.report(slices.Sorted(maps.Keys(now)))
 	}
 	var todo []event.StatusFinding
 	for _, id := range ids {

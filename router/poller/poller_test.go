@@ -452,3 +452,37 @@ func TestPollCallsCounted(t *testing.T) {
 	}
 	t.Logf("1000 instances, 10 calls of %s: one at a time %s, %d at a time %s (%.1fx)", srv.Latency, one, DefaultParallelCalls, four, float64(one)/float64(four))
 }
+
+// TestPollReportsEveryImpaired: every poll tells the engine of every instance EC2 shows
+// impaired now, before any finding is handed over and whether or not it has been impaired two
+// minutes (issue 36, defect 13: the repair cut-off counted only what it had decided). An
+// instance recovered is left out at the next poll.
+func TestPollReportsEveryImpaired(t *testing.T) {
+	f := newFixture(t, Options{})
+	a, b, c := id(1), id(2), id(3)
+	f.ec2.Add(a, &harness.Instance{InstanceStatus: "impaired"})
+	f.ec2.Add(b, &harness.Instance{SystemStatus: "impaired", ImpairedSince: t0.Add(-5 * time.Minute)})
+	f.ec2.Add(c, &harness.Instance{})
+	f.list.set(a, b, c)
+	var got [][]string
+	f.p.WithImpairedReport(func(ids []string) {
+		if n := len(f.rec.take()); n != 0 {
+			t.Errorf("told after %d findings were handed over, want before", n)
+		}
+		got = append(got, ids)
+	})
+	if err := f.poll(t); err != nil {
+		t.Fatal(err)
+	}
+	if evs := f.rec.take(); len(evs) != 1 || evs[0].Instances[0] != b {
+		t.Fatalf("first poll handed %v, want b's finding", evs)
+	}
+	f.ec2.Set(a, func(in *harness.Instance) { in.InstanceStatus = "ok" })
+	f.clock.Step(time.Minute)
+	if err := f.poll(t); err != nil {
+		t.Fatal(err)
+	}
+	if want := [][]string{{a, b}, {b}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("told %v, want %v", got, want)
+	}
+}

@@ -676,7 +676,7 @@ func (w *world) newReplica(name string) *replica {
 	r.windows = eventwindow.New(w.router, w.windowsAPI, w.recorder, w.clock, w.log, reg, simCluster).WithInPlaceLead(inplace.Options{}.PrepareLead())
 	r.ctrl = deferral.New(w.router, r.pipeline, eng, sig, r.metrics, w.clock, w.log, 20*time.Second)
 	r.marks = upcoming.New(w.router, w.direct, w.router, w.log, nil)
-	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl).WithHeldImpaired(r.drainer)
+	r.poller = poller.New(w.ec2, poller.NewClusterInstances(w.router), r.pipeline, w.clock, w.log, reg, poller.Options{Account: "111122223333", Region: "eu-west-1"}).WithHeldImpaired(r.ctrl).WithHeldImpaired(r.drainer).WithImpairedReport(eng.ReportImpaired)
 	r.intake = intake.New(intake.Config{QueueURL: queueURL, DeadLetterQueueURL: dlqURL, Account: "111122223333", Region: "eu-west-1",
 		Workers: 1, Visibility: 30 * time.Second, HandleTimeout: time.Minute, MaxReceives: maxReceives}, w.queues, r.pipeline, r.metrics, nil, w.clock, w.log)
 	return r
