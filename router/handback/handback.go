@@ -100,6 +100,9 @@ type Forwarder interface {
 const (
 	WhatDeferred  = "deferred"      // an active record: an event waiting for its time or a hold
 	WhatInPlace   = "in-place"      // a reboot in place in progress
+	// WhatDrainSignalled: a drain the router signalled (its stamp on the NodeClaim) that
+	// Karpenter has not started; the router's fallback would delete the NodeClaim.
+	WhatDrainSignalled = "drain-signalled"
 	WhatRecords   = "records"       // ended records and finished runs, kept to recognise duplicates
 	WhatMarks     = "node-marks"    // the node marks of router/upcoming
 	WhatNodeDrain = "node-drain"    // a drain of a node Karpenter does not manage
@@ -267,10 +270,20 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1
 	_, hasRecords := nc.Annotations[record.Annotation]
 	_, hasRun := nc.Annotations[inplace.Annotation]
 	_, hasShadow := nc.Annotations[shadow.Annotation]
-	if !hasRecords && !hasRun && !hasShadow {
+	stamp, hasStamp := nc.Annotations[cluster.AnnotationDrainSignalled]
+	if !hasRecords && !hasRun && !hasShadow && !hasStamp {
 		return nil
 	}
 	var items []Item
+	if hasStamp && nc.DeletionTimestamp == nil {
+		// A drain the router signalled and Karpenter has not started: owed, not lost. Drained,
+		// the NodeClaim is deleted (the router's own fallback); dropped, the stamp goes.
+		it := h.drainStamp(ctx, base, nc, stamp)
+		items = append(items, it)
+		if it.Problem || h.opts.Pending == PendingDrain || (!hasRecords && !hasRun && !hasShadow) {
+			return items
+		}
+	}
 	if hasShadow {
 		it := base
 		it.What, it.Done = WhatShadow, "removed"
@@ -379,6 +392,32 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1
 		items = append(items, problem(base, WhatRecords, err))
 	}
 	return items
+}
+
+// drainStamp ends a drain the router signalled that Karpenter has not started.
+func (h *Handback) drainStamp(ctx context.Context, base Item, nc *karpv1.NodeClaim, stamp string) Item {
+	it := base
+	it.What = WhatDrainSignalled
+	if id, at, via, ok := record.ParseDrainStamp(stamp); ok {
+		it.Kind, it.Event, it.Until = "drain ("+via+")", id, at
+	}
+	switch {
+	case h.opts.Pending == PendingDrop && h.opts.DryRun:
+		it.Done = "would be dropped"
+	case h.opts.Pending == PendingDrop:
+		it.Done = "dropped"
+		if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) { delete(c.Annotations, cluster.AnnotationDrainSignalled) }); err != nil && !apierrors.IsNotFound(err) {
+			return problem(base, WhatDrainSignalled, err)
+		}
+	case h.opts.DryRun:
+		it.Done = "would drain"
+	default:
+		if err := h.delete(ctx, nc); err != nil {
+			return problem(base, WhatDrainSignalled, err)
+		}
+		it.Done = "drained (nodeclaim deleted: Karpenter had not started the drain the router signalled)"
+	}
+	return it
 }
 
 // drain drains a NodeClaim with pending events as the router would, through the signaller's

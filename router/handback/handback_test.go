@@ -700,3 +700,37 @@ func TestHandbackBindsRecordsToTheirInstance(t *testing.T) {
 		})
 	}
 }
+
+// TestHandbackDrainStamp: a NodeClaim carrying only the router's drain stamp (a drain it
+// signalled that Karpenter has not started) is reported and ended (issue 36, defect 4: on
+// dd387c1 it was neither reported nor cleaned: the owed drain was lost, and a router installed
+// again deleted the NodeClaim by its fallback, possibly weeks late). Drained: the NodeClaim is
+// deleted, as the router's fallback would; dropped: the stamp goes, the node stays.
+func TestHandbackDrainStamp(t *testing.T) {
+	for _, tc := range []struct {
+		pending Pending
+		deleted bool
+		done    string
+	}{
+		{PendingDrain, true, "drained (nodeclaim deleted"},
+		{PendingDrop, false, "dropped"},
+	} {
+		t.Run(string(tc.pending), func(t *testing.T) {
+			stamp := map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("ev-9", now.Add(-time.Hour), string(signal.ModeForward))}
+			c := newClient(t, claim(t, "a", nil, nil, stamp))
+			h := New(c, &forwarder{}, clock.RealClock{}, Options{Pending: tc.pending, ConfirmTimeout: time.Second})
+			rep, err := h.Run(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantItem(t, rep, "nodeclaim/a", WhatDrainSignalled, tc.done)
+			nc, ok := getClaim(t, c, "a")
+			if ok == tc.deleted {
+				t.Errorf("nodeclaim there: %t, want deleted: %t", ok, tc.deleted)
+			}
+			if ok && nc.Annotations[cluster.AnnotationDrainSignalled] != "" {
+				t.Error("the drain stamp is left")
+			}
+		})
+	}
+}
