@@ -56,6 +56,12 @@ import (
 	"github.com/health-router/health-router/test/harness"
 )
 
+// burstDrainPool prefixes the burst's pools that drain its Spot warnings: Spot pools.
+const burstDrainPool = "burst-drain-"
+
+// burstAccount is the account of the burst's events, and the router's.
+const burstAccount = "111122223333"
+
 // burstTarget is the most a warning may take, at p99, from its send to its outcome recorded.
 const burstTarget = time.Second
 
@@ -68,6 +74,9 @@ type burstFlags struct {
 	sendBatch   int
 	cpuProfile  string
 	sqs         string // "in-test,moto": which SQS serves the intake, one burst each
+	// noTarget leaves the latency target unjudged (the figures are still tabled): make test's
+	// small burst (TestBurstSmall) checks that nothing is dropped, never a speed on a busy machine.
+	noTarget bool
 }
 
 // The SQS a burst runs on: the in-test server (test/harness.SQS, SQS's JSON protocol, O(log n)
@@ -142,7 +151,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 	if len(routerFlags) > 0 {
 		tag += " " + strings.Join(routerFlags, " ")
 	}
-	drainPool, ignorePool := fmt.Sprintf("burst-drain-%d", k), fmt.Sprintf("burst-ignore-%d", k)
+	drainPool, ignorePool := fmt.Sprintf("%s%d", burstDrainPool, k), fmt.Sprintf("burst-ignore-%d", k)
 	drainUID, err := createPool(ctx, kube, drainPool, nil)
 	if err != nil {
 		return err
@@ -195,6 +204,9 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 	probe := freePort()
 	o.LeaderElect, o.MetricsBindAddress, o.HealthProbeBindAddress = false, "0", fmt.Sprintf("127.0.0.1:%d", probe)
 	o.AWSEndpointURL, o.Region, o.InstanceStatusPoller = awsCalls.srv.URL, harness.Region, false
+	// The account the burst's events name (burstBody): the origin check defaults to the
+	// caller's account, moto's, and dead-lettered every message of the burst as foreign.
+	o.Account = burstAccount
 
 	reqs := newTimedRequests()
 	cfg := rest.CopyConfig(restCfg)
@@ -316,7 +328,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 		}
 		b.add(fmt.Sprintf("%s warning: send until outcome recorded (%s), p50 / p99 / max", tag, what),
 			fmt.Sprintf("%s / **%s** / %s", ms(p50), ms(p99), ms(worst)), target)
-		if p99 > burstTarget && server == sqsInTest {
+		if p99 > burstTarget && server == sqsInTest && !bf.noTarget {
 			b.fail("%s: p99 %s from send to outcome recorded (target %s)", tag, ms(p99), ms(burstTarget))
 		}
 	}
@@ -363,7 +375,7 @@ func (b *bench) burstRun(ctx context.Context, bf burstFlags, k int, server strin
 }
 
 func burstBody(detailType, id, instance string, now time.Time) string {
-	return fmt.Sprintf(`{"version":"0","id":%q,"detail-type":%q,"source":"aws.ec2","account":"111122223333","time":%q,"region":"eu-west-1","resources":["arn:aws:ec2:eu-west-1:111122223333:instance/%s"],"detail":{"instance-id":%q,"instance-action":"terminate"}}`,
+	return fmt.Sprintf(`{"version":"0","id":%q,"detail-type":%q,"source":"aws.ec2","account":"`+burstAccount+`","time":%q,"region":"eu-west-1","resources":["arn:aws:ec2:eu-west-1:`+burstAccount+`:instance/%s"],"detail":{"instance-id":%q,"instance-action":"terminate"}}`,
 		id, detailType, now.UTC().Format(time.RFC3339), instance, instance)
 }
 

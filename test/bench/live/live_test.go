@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/test/bench/realistic"
 )
 
@@ -111,5 +112,29 @@ func TestBurstFigures(t *testing.T) {
 	r.at["create events"] = []time.Time{t0, t0.Add(time.Second), t0.Add(2 * time.Second)}
 	if n, res := r.peak(time.Second); n != 15 || res != "nodeclaims" {
 		t.Errorf("peak: %d of %s, want 15 of nodeclaims", n, res)
+	}
+}
+
+// TestBurstSmall runs the burst bench small in make test, so that it cannot break unnoticed
+// (issue 36: on dd387c1 it dead-lettered all its messages as foreign, and half its Spot
+// warnings were for on-demand nodes): 20 Spot warnings and 20 rebalance recommendations over
+// a second, in both signalling modes, through the router in process on envtest and the
+// in-test SQS. It fails on anything dropped (a warning not recorded, a recommendation not
+// ignored, a message left or dead-lettered, a forward missing); the latency target is make
+// bench's, not judged here.
+func TestBurstSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts moto_server and envtest")
+	}
+	b := &bench{title: "burst bench", f: flags{timeout: 5 * time.Minute, qps: options.DefaultKubeClientQPS, burst: options.DefaultKubeClientBurst}}
+	bf := burstFlags{warnings: 20, over: time.Second, modes: "delete-nodeclaim,forward", senders: 2, sendBatch: 10, sqs: sqsInTest, noTarget: true}
+	if err := b.runBurst(bf); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range b.failures {
+		t.Error(f)
+	}
+	if len(b.rows) == 0 {
+		t.Error("the burst tabled nothing")
 	}
 }
