@@ -60,6 +60,10 @@ var migrations, sqsFailures atomic.Int64
 // another key, sent no earlier (the model's stateTied).
 var tiedCloses atomic.Int64
 
+// resolvedUpdates counts the closes sent as an open AWS Health update whose entity for the
+// instance is RESOLVED.
+var resolvedUpdates atomic.Int64
+
 // windowsKept: kafka's EC2 event window was seen over the run.
 var windowsKept atomic.Bool
 
@@ -235,19 +239,28 @@ var healthCodes = map[event.ScheduledType]string{
 	"":                                "AWS_EC2_SOMETHING_NEW_SCHEDULED", // a code the router does not map
 }
 
-// Health sends an AWS Health scheduled change (upcoming, or closed) for one instance.
+// Health sends an AWS Health scheduled change (upcoming, or closed) for one instance. A close
+// comes as a closed report, or as an open update that marks the instance's entity RESOLVED
+// (the event goes on for others): either ends the maintenance for the instance.
 func (m *machine) Health(t *rapid.T) {
 	inst := m.pick(t, "instance")
 	typ := rapid.SampledFrom([]event.ScheduledType{event.ScheduledSystemReboot, event.ScheduledInstanceRetirement, ""}).Draw(t, "type")
 	start := m.now().Add(rapid.SampledFrom([]time.Duration{90 * time.Minute, 5 * time.Hour, 30 * time.Hour, 3 * 24 * time.Hour, 9 * 24 * time.Hour}).Draw(t, "start")).Truncate(time.Minute)
 	closed := rapid.Bool().Draw(t, "closed")
-	m.health(t, inst, typ, start, closed)
+	resolved := closed && rapid.Bool().Draw(t, "resolved in an open update")
+	m.health(t, inst, typ, start, closed, resolved)
 }
 
-// health sends AWS Health's report of a maintenance of inst (EC2 holds it too).
-func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start time.Time, closed bool) {
+// health sends AWS Health's report of a maintenance of inst (EC2 holds it too); resolved sends
+// a close as an open update whose entity for inst is RESOLVED.
+func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start time.Time, closed, resolved bool) {
 	status := event.HealthUpcoming
-	if closed {
+	entity := map[string]string{"entityValue": inst}
+	switch {
+	case resolved:
+		status, entity["status"] = event.HealthOpen, event.EntityResolved
+		resolvedUpdates.Add(1)
+	case closed:
 		status = event.HealthClosed
 	}
 	arn := m.healthARN(inst, typ, closed)
@@ -260,7 +273,7 @@ func (m *machine) health(t *rapid.T, inst string, typ event.ScheduledType, start
 	}
 	detail := map[string]any{"eventArn": arn, "service": "EC2",
 		"eventTypeCode": healthCodes[typ], "eventTypeCategory": "scheduledChange", "statusCode": status,
-		"startTime": start.Format(time.RFC1123), "endTime": start.Add(awsWindow).Format(time.RFC1123), "affectedEntities": []map[string]string{{"entityValue": inst}}}
+		"startTime": start.Format(time.RFC1123), "endTime": start.Add(awsWindow).Format(time.RFC1123), "affectedEntities": []map[string]string{entity}}
 	body := envelope(m.id(), "aws.health", "AWS Health Event", inst, m.now(), detail)
 	m.send(body, effect)
 	m.horizon = maxTime(m.horizon, start)
@@ -1106,7 +1119,7 @@ func TestSimulation(t *testing.T) {
 			"failovers with the old leader still acting": overlaps.Load(),
 			"drains of the unmanaged node":               unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load(),
 			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load(),
-			"batches SQS failed after handing them out": sqsFailures.Load()} {
+			"batches SQS failed after handing them out": sqsFailures.Load(), "closes sent as an open update resolving the instance": resolvedUpdates.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}
@@ -1182,7 +1195,7 @@ func TestKeptReboots(t *testing.T) {
 				m.w.ec2.mu.Unlock()
 				before := tt.counter.Load()
 				// Saturday 21 November, 10:00: the window opens at 02:00, the event moves to 03:00.
-				m.health(rt, inst, event.ScheduledSystemReboot, time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), false)
+				m.health(rt, inst, event.ScheduledSystemReboot, time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), false, false)
 				m.advance(rt, 20*time.Hour)
 				m.Check(rt)
 				if tt.counter.Load() == before {
