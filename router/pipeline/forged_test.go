@@ -149,3 +149,55 @@ func TestResolvedEntityEndsItsDeferral(t *testing.T) {
 		})
 	}
 }
+
+// TestForgedCapacityBlockExpiry: a Capacity Block Expiration Warning for an ordinary capacity
+// reservation (or one ending a month away) is not trusted as urgent (issue 38, 2): decided as
+// an ordinary drain, paced by the pool's max-concurrent-drains, with a warning. On dd387c1
+// every node of the reservation was drained at once, past pacing.
+func TestForgedCapacityBlockExpiry(t *testing.T) {
+	const reservation = "cr-0123456789abcdef0"
+	body := func(end time.Time) event.Event {
+		b := fmt.Sprintf(`{"version":"0","id":"cb-1","detail-type":"Capacity Block Expiration Warning","source":"aws.ec2","account":"123456789012","time":%q,"region":"eu-west-1","resources":[],"detail":{"capacity-reservation-id":%q,"end-date":%q}}`,
+			now.Format(time.RFC3339), reservation, end.UTC().Format(time.RFC3339))
+		ev, err := event.Parse([]byte(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	for _, tc := range []struct {
+		name    string
+		typ     string
+		end     time.Time
+		drained int
+	}{
+		{"a Capacity Block's nodes, ending in 40 minutes: urgent, all at once", "capacity-block", now.Add(40 * time.Minute), 3},
+		{"an ordinary reservation's nodes: paced, one at a time", "default", now.Add(40 * time.Minute), 1},
+		{"a block ending a month away: paced", "capacity-block", now.Add(30 * 24 * time.Hour), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationMaxConcurrentDrains: "1"}}, map[string]int{"kafka": 3})
+			for _, nc := range r.claims(t) {
+				nc.Labels[karpv1.CapacityTypeLabelKey] = karpv1.CapacityTypeReserved
+				nc.Labels["karpenter.k8s.aws/capacity-reservation-id"] = reservation
+				nc.Labels["karpenter.k8s.aws/capacity-reservation-type"] = tc.typ
+				if err := r.kube.Update(context.Background(), &nc); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := r.p.Process(context.Background(), body(tc.end))
+			if err != nil {
+				t.Fatal(err)
+			}
+			deleting := 0
+			for _, nc := range r.claims(t) {
+				if !nc.DeletionTimestamp.IsZero() {
+					deleting++
+				}
+			}
+			if deleting != tc.drained || res.Actions[policy.ActionDrain] != tc.drained {
+				t.Errorf("%d nodeclaims deleting, %+v; want %d drained", deleting, res.Actions, tc.drained)
+			}
+		})
+	}
+}
