@@ -86,7 +86,14 @@ func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) 
 		return fmt.Errorf("connecting to the cluster: %w", err)
 	}
 	if o.Shadow {
-		entries, err := shadow.ReadLedger(ctx, kube, o.Namespace, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName))
+		name := cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName)
+		entries, err := shadow.ReadLedger(ctx, kube, o.Namespace, name)
+		if errors.Is(err, shadow.ErrNoLedger) {
+			// Not "no pool is in shadow": nothing was read. Wrong namespace or ledger name, or a
+			// router that has recorded nothing yet; either way the reader cannot tell, and says so.
+			return fmt.Errorf("no shadow ledger %s/%s: the router keeps it in its own namespace (-n) under --shadow-ledger (the chart: its release's namespace, %q), "+
+				"and writes it at its first would-be outcome; check -n and --shadow-ledger, or wait for an event", o.Namespace, name, shadow.DefaultLedgerName)
+		}
 		if err != nil {
 			return err
 		}

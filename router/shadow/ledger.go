@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -250,12 +251,17 @@ func decodeLedger(v string) ([]Entry, error) {
 	return lv.Entries, nil
 }
 
-// ReadLedger reads the ledger's entries; none when the ConfigMap does not exist.
+// ErrNoLedger marks a ledger ConfigMap that does not exist: no router keeps one there (another
+// namespace or --shadow-ledger), or the router has recorded no would-be outcome yet.
+var ErrNoLedger = errors.New("no shadow ledger")
+
+// ReadLedger reads the ledger's entries. A ConfigMap that does not exist is an error wrapping
+// ErrNoLedger: a reader that takes it as "no outcomes" says so itself.
 func ReadLedger(ctx context.Context, r client.Reader, namespace, name string) ([]Entry, error) {
 	cm := &corev1.ConfigMap{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cm); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, nil
+			return nil, fmt.Errorf("%w: ConfigMap %s/%s not found", ErrNoLedger, namespace, name)
 		}
 		return nil, fmt.Errorf("reading the shadow ledger %s/%s: %w", namespace, name, err)
 	}

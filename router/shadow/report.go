@@ -3,6 +3,7 @@ package shadow
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -235,6 +236,9 @@ func Handler(reader client.Reader, namespace, name string) http.Handler {
 			return
 		}
 		entries, err := ReadLedger(r.Context(), reader, namespace, name)
+		if errors.Is(err, ErrNoLedger) {
+			err = nil // the router serving this has recorded nothing yet
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return

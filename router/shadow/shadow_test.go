@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"io"
 	"log/slog"
 	"strings"
@@ -225,5 +228,24 @@ func TestReport(t *testing.T) {
 	var back Report
 	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || len(back.Pools) != 1 || back.Pools[0].NodePool != "web" {
 		t.Errorf("json %s (%v)", buf.String(), err)
+	}
+}
+
+// TestNoLedger: a ledger that does not exist is not "no pool is in shadow" (issue 38, 13: in
+// the wrong namespace `status --shadow` said so and exited 0): ReadLedger says ErrNoLedger, and
+// only the router's own /shadow, which knows it runs, serves it as nothing recorded yet.
+func TestNoLedger(t *testing.T) {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := fake.NewClientBuilder().WithScheme(scheme).Build()
+	if _, err := ReadLedger(context.Background(), kube, "elsewhere", DefaultLedgerName); !errors.Is(err, ErrNoLedger) || !strings.Contains(err.Error(), "elsewhere/"+DefaultLedgerName) {
+		t.Errorf("ReadLedger of a missing ConfigMap: %v, want ErrNoLedger naming it", err)
+	}
+	rec := httptest.NewRecorder()
+	Handler(kube, "health-router", DefaultLedgerName).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "no would-be outcomes recorded") {
+		t.Errorf("/shadow with no ledger yet: %d %q", rec.Code, rec.Body.String())
 	}
 }

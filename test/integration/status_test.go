@@ -218,6 +218,12 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kubectl health-router status: %v\n%s%s", err, out, errOut)
 	}
+	// The shadow report in a namespace with no ledger (issue 38, 13): not "no pool is in
+	// shadow" and exit 0, but the ledger not found, and a non-zero exit.
+	shadowOut, shadowErr, err := kubectl("health-router", "status", "--shadow", "-n", "not-the-routers")
+	if err == nil || !strings.Contains(shadowErr, "no shadow ledger not-the-routers/") || strings.Contains(shadowOut, "no pool is in shadow") {
+		t.Errorf("status --shadow in the wrong namespace: %v\nstdout %q\nstderr %q", err, shadowOut, shadowErr)
+	}
 	for _, w := range []string{
 		"NodePool kafka (4 NodeClaims)",
 		`policy:    defer (scheduled-change.system-reboot=drain); window "0 2 * * 6" for 4h0m0s; drain-lead 1h0m0s; restart-grace 15m0s; max-concurrent-drains 1`,
