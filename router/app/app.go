@@ -147,7 +147,8 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		// The shadow report names nodes and events: only behind the authorization of
 		// --metrics-secure (the metrics-reader ClusterRole grants GET on it), else on the
 		// calendar's own listener.
-		metricsOpts.ExtraHandlers = map[string]http.Handler{shadow.Path: shadow.Handler(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName))}
+		metricsOpts.ExtraHandlers = map[string]http.Handler{shadow.Path: shadow.Handler(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName),
+			shadow.HandlerOptions{Log: log.With("component", "shadow"), Clock: clk})}
 		// HTTPS (a self-signed certificate unless one is given), and a caller the API server
 		// authenticates (TokenReview) and authorizes for GET /metrics (SubjectAccessReview):
 		// Karpenter's and kubebuilder's scaffold.
@@ -179,7 +180,12 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		clog := log.With("component", "calendar")
 		mux := http.NewServeMux()
 		mux.Handle("/", calendar.Handler(mgr.GetClient(), clk, calendar.HandlerOptions{Log: clog}))
-		mux.Handle("GET "+shadow.Path, shadow.Handler(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName)))
+		if !o.MetricsSecure {
+			// Under --metrics-secure the report is served behind /metrics' authorization only:
+			// the calendar's listener has none.
+			mux.Handle("GET "+shadow.Path, shadow.Handler(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName),
+				shadow.HandlerOptions{Log: clog, Clock: clk}))
+		}
 		h := mux
 		if err := mgr.Add(calendar.NewServer(o.CalendarBindAddress, h, clog)); err != nil {
 			return err

@@ -2,13 +2,18 @@ package shadow
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/singleflight"
 	"io"
+	"k8s.io/utils/clock"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -227,20 +232,90 @@ func sortedKeys[V any](m map[string]V) []string {
 // calendar's listener).
 const Path = "/shadow"
 
-// Handler serves the report (text; ?o=json for JSON; ?nodepool=NAME for one pool), read from
-// the ledger on each request.
-func Handler(reader client.Reader, namespace, name string) http.Handler {
+// What /shadow answers on a failure: fixed texts, the detail in the router's log only (an API
+// error names the namespace, the ConfigMap and the router's identity).
+const (
+	TextUnavailable = "the shadow report is unavailable; the router's log says why"
+	TextBusy        = "too many shadow report requests at once; retry later"
+)
+
+// Bounds of /shadow, as the calendar's.
+const (
+	// DefaultMaxInFlight is how many requests are answered at once; the others get 503.
+	DefaultMaxInFlight = 4
+	// ledgerTTL is how long a read of the ledger answers requests: one read of the ConfigMap
+	// per TTL whatever the request rate (the ledger flushes every few seconds anyway).
+	ledgerTTL = 5 * time.Second
+)
+
+// HandlerOptions bounds /shadow.
+type HandlerOptions struct {
+	MaxInFlight int
+	// Log receives the detail of every failure (the answer carries none); nil: discarded.
+	Log *slog.Logger
+	// Clock times the ledger's reads (nil: the real clock).
+	Clock clock.PassiveClock
+}
+
+// Handler serves the report (text; ?o=json for JSON; ?nodepool=NAME for one pool), from the
+// ledger read at most once per ledgerTTL (concurrent requests share the read), at most
+// MaxInFlight requests at once, with fixed error texts.
+func Handler(reader client.Reader, namespace, name string, opts HandlerOptions) http.Handler {
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = DefaultMaxInFlight
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	inFlight := make(chan struct{}, opts.MaxInFlight)
+	var (
+		mu      sync.Mutex
+		read    time.Time
+		entries []Entry
+		group   singleflight.Group
+	)
+	ledger := func(ctx context.Context) ([]Entry, error) {
+		mu.Lock()
+		if !read.IsZero() && opts.Clock.Since(read) < ledgerTTL {
+			defer mu.Unlock()
+			return entries, nil
+		}
+		mu.Unlock()
+		v, err, _ := group.Do("ledger", func() (any, error) {
+			es, err := ReadLedger(ctx, reader, namespace, name)
+			if errors.Is(err, ErrNoLedger) {
+				err = nil // the router serving this has recorded nothing yet
+			}
+			if err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			entries, read = es, opts.Clock.Now()
+			mu.Unlock()
+			return es, nil
+		})
+		es, _ := v.([]Entry)
+		return es, err
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
 			http.Error(w, "GET only", http.StatusMethodNotAllowed)
 			return
 		}
-		entries, err := ReadLedger(r.Context(), reader, namespace, name)
-		if errors.Is(err, ErrNoLedger) {
-			err = nil // the router serving this has recorded nothing yet
+		select {
+		case inFlight <- struct{}{}:
+			defer func() { <-inFlight }()
+		default:
+			http.Error(w, TextBusy, http.StatusServiceUnavailable)
+			return
 		}
+		entries, err := ledger(r.Context())
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			opts.Log.Error("reading the shadow ledger", "namespace", namespace, "name", name, "err", err)
+			http.Error(w, TextUnavailable, http.StatusServiceUnavailable)
 			return
 		}
 		rep := BuildReport(entries, r.URL.Query().Get("nodepool"))

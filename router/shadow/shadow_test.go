@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,8 +245,86 @@ func TestNoLedger(t *testing.T) {
 		t.Errorf("ReadLedger of a missing ConfigMap: %v, want ErrNoLedger naming it", err)
 	}
 	rec := httptest.NewRecorder()
-	Handler(kube, "health-router", DefaultLedgerName).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
+	Handler(kube, "health-router", DefaultLedgerName, HandlerOptions{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "no would-be outcomes recorded") {
 		t.Errorf("/shadow with no ledger yet: %d %q", rec.Code, rec.Body.String())
 	}
+}
+
+// countingReader counts the ledger's reads and can fail them or hold them.
+type countingReader struct {
+	client.Reader
+	gets atomic.Int64
+	err  error
+	hold chan struct{}
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.gets.Add(1)
+	if c.hold != nil {
+		<-c.hold
+	}
+	if c.err != nil {
+		return c.err
+	}
+	return c.Reader.Get(ctx, key, obj, opts...)
+}
+
+// TestHandlerBounds: /shadow has the calendar's protections (issue 38, 6): an API error is
+// answered with a fixed text (the detail goes to the log), requests past MaxInFlight get 503,
+// and the ledger is read at most once per ledgerTTL whatever the request rate.
+func TestHandlerBounds(t *testing.T) {
+	get := func(h http.Handler) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
+		return rec
+	}
+	t.Run("an API error is not returned verbatim", func(t *testing.T) {
+		var logged bytes.Buffer
+		r := &countingReader{Reader: newClient(t), err: errors.New(`configmaps "health-router-shadow" is forbidden: User "system:serviceaccount:health-router:health-router"`)}
+		rec := get(Handler(r, "health-router", DefaultLedgerName, HandlerOptions{Log: slog.New(slog.NewTextHandler(&logged, nil))}))
+		if rec.Code != http.StatusServiceUnavailable || strings.TrimSpace(rec.Body.String()) != TextUnavailable {
+			t.Errorf("answer %d %q, want 503 %q", rec.Code, rec.Body.String(), TextUnavailable)
+		}
+		if !strings.Contains(logged.String(), "forbidden") {
+			t.Errorf("the detail is not in the log: %q", logged.String())
+		}
+	})
+	t.Run("past MaxInFlight: 503", func(t *testing.T) {
+		r := &countingReader{Reader: newClient(t), hold: make(chan struct{})}
+		h := Handler(r, "health-router", DefaultLedgerName, HandlerOptions{MaxInFlight: 1})
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- get(h) }()
+		for r.gets.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if rec := get(h); rec.Code != http.StatusServiceUnavailable || strings.TrimSpace(rec.Body.String()) != TextBusy {
+			t.Errorf("a second request while one is answered: %d %q", rec.Code, rec.Body.String())
+		}
+		close(r.hold)
+		if rec := <-done; rec.Code != http.StatusOK {
+			t.Errorf("the first request: %d %q", rec.Code, rec.Body.String())
+		}
+	})
+	t.Run("one read per TTL", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(now)
+		kube := newClient(t)
+		l := NewLedger(kube, "health-router", DefaultLedgerName, clk, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l.Add(entry("kafka-1", "ev-1", now))
+		if err := l.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		r := &countingReader{Reader: kube}
+		h := Handler(r, "health-router", DefaultLedgerName, HandlerOptions{Clock: clk})
+		for range 20 {
+			if rec := get(h); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "kafka-1") {
+				t.Fatalf("%d %q", rec.Code, rec.Body.String())
+			}
+		}
+		clk.Step(ledgerTTL)
+		get(h)
+		if n := r.gets.Load(); n != 2 {
+			t.Errorf("%d reads of the ledger for 21 requests over one TTL and a step past it, want 2", n)
+		}
+	})
 }
