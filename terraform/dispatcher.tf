@@ -12,6 +12,9 @@ locals {
   )
 
   dispatcher_kms_key_arns = compact(concat(var.dispatcher.kms_key_arns, [var.kms_key_arn]))
+  # kms:ViaService of the queues the dispatcher sends to: SQS in each of their regions.
+  dispatcher_kms_via = distinct(concat(["sqs.${local.region}.${data.aws_partition.current.dns_suffix}"],
+  [for q in values(local.dispatcher_queues) : "sqs.${split(":", q.arn)[3]}.${data.aws_partition.current.dns_suffix}"]))
 }
 
 resource "aws_sqs_queue" "dispatcher_failures" {
@@ -90,17 +93,20 @@ resource "aws_iam_role_policy" "dispatcher" {
           Resource = concat([for q in values(local.dispatcher_queues) : q.arn], [aws_sqs_queue.dispatcher_failures[0].arn])
         },
         {
-          Sid      = "FindOwners"
-          Effect   = "Allow"
-          Action   = "ec2:DescribeInstances"
-          Resource = "*"
+          # No resource-level scoping for DescribeInstances: held to the module's region, where
+          # the events the dispatcher routes are about (another region's are dropped before).
+          Sid       = "FindOwners"
+          Effect    = "Allow"
+          Action    = "ec2:DescribeInstances"
+          Resource  = "*"
+          Condition = local.in_region
         },
         {
           Sid       = "Metrics"
           Effect    = "Allow"
           Action    = "cloudwatch:PutMetricData"
           Resource  = "*"
-          Condition = { StringEquals = { "cloudwatch:namespace" = "HealthRouter" } }
+          Condition = { StringEquals = { "cloudwatch:namespace" = "HealthRouter", "aws:RequestedRegion" = local.region } }
         },
         {
           Sid      = "Logs"
@@ -110,10 +116,12 @@ resource "aws_iam_role_policy" "dispatcher" {
         },
       ],
       length(local.dispatcher_kms_key_arns) == 0 ? [] : [{
-        Sid      = "QueueKeys"
-        Effect   = "Allow"
-        Action   = ["kms:GenerateDataKey", "kms:Decrypt"]
-        Resource = local.dispatcher_kms_key_arns
+        # The keys only through SQS, in the regions of the queues it sends to.
+        Sid       = "QueueKeys"
+        Effect    = "Allow"
+        Action    = ["kms:GenerateDataKey", "kms:Decrypt"]
+        Resource  = local.dispatcher_kms_key_arns
+        Condition = { StringEquals = { "kms:ViaService" = local.dispatcher_kms_via } }
       }],
     )
   })

@@ -370,7 +370,9 @@ run "dispatcher" {
       zip_path = "tests/fixtures/dispatcher.zip"
       cluster_queues = {
         "batch-eu" = { url = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-batch-eu", arn = "arn:aws:sqs:eu-west-1:111122223333:hr-batch-eu" }
+        "batch-us" = { url = "https://sqs.us-east-1.amazonaws.com/111122223333/hr-batch-us", arn = "arn:aws:sqs:us-east-1:111122223333:hr-batch-us" }
       }
+      kms_key_arns = ["arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ac"]
     }
   }
 
@@ -383,7 +385,7 @@ run "dispatcher" {
     error_message = "the dispatcher is a provided.al2023 arm64 bootstrap function"
   }
   assert {
-    condition     = jsondecode(aws_lambda_function.dispatcher[0].environment[0].variables.HEALTH_ROUTER_CLUSTER_QUEUES) == { "prod-eu" = aws_sqs_queue.intake.url, "batch-eu" = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-batch-eu" }
+    condition     = jsondecode(aws_lambda_function.dispatcher[0].environment[0].variables.HEALTH_ROUTER_CLUSTER_QUEUES) == { "prod-eu" = aws_sqs_queue.intake.url, "batch-eu" = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-batch-eu", "batch-us" = "https://sqs.us-east-1.amazonaws.com/111122223333/hr-batch-us" }
     error_message = "the Lambda must know every cluster's queue, its own included"
   }
   assert {
@@ -402,6 +404,19 @@ run "dispatcher" {
   assert {
     condition     = contains(one([for s in jsondecode(aws_iam_role_policy.dispatcher[0].policy).Statement : s if s.Sid == "ClusterQueues"]).Resource, "arn:aws:sqs:eu-west-1:111122223333:hr-batch-eu")
     error_message = "the Lambda must be allowed to send to the other clusters' queues"
+  }
+  # Issue 38, 7: the dispatcher's reads and metrics held to the region; its keys used through SQS only.
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.dispatcher[0].policy).Statement : s if s.Sid == "FindOwners"]).Condition.StringEquals["aws:RequestedRegion"] == "eu-west-1"
+    error_message = "the dispatcher's ec2:DescribeInstances must be held to the module's region"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.dispatcher[0].policy).Statement : s if s.Sid == "Metrics"]).Condition.StringEquals == { "cloudwatch:namespace" = "HealthRouter", "aws:RequestedRegion" = "eu-west-1" }
+    error_message = "the dispatcher's cloudwatch:PutMetricData must be held to its namespace and the module's region"
+  }
+  assert {
+    condition     = toset(one([for s in jsondecode(aws_iam_role_policy.dispatcher[0].policy).Statement : s if s.Sid == "QueueKeys"]).Condition.StringEquals["kms:ViaService"]) == toset(["sqs.eu-west-1.amazonaws.com", "sqs.us-east-1.amazonaws.com"])
+    error_message = "the dispatcher may use its queues' KMS keys only through SQS in their regions (kms:ViaService)"
   }
   assert {
     condition     = length(jsondecode(aws_cloudwatch_dashboard.this[0].dashboard_body).widgets) == 14
