@@ -100,15 +100,15 @@ type Forwarder interface {
 const (
 	WhatDeferred  = "deferred"      // an active record: an event waiting for its time or a hold
 	WhatInPlace   = "in-place"      // a reboot in place in progress
-	// WhatDrainSignalled: a drain the router signalled (its stamp on the NodeClaim) that
-	// Karpenter has not started; the router's fallback would delete the NodeClaim.
-	WhatDrainSignalled = "drain-signalled"
 	WhatRecords   = "records"       // ended records and finished runs, kept to recognise duplicates
 	WhatMarks     = "node-marks"    // the node marks of router/upcoming
 	WhatNodeDrain = "node-drain"    // a drain of a node Karpenter does not manage
 	WhatNodeRun   = "in-place-node" // the Node's part of a reboot in place whose NodeClaim is gone
 	WhatShadow    = "shadow"        // would-be outcomes of a pool in shadow (router/shadow)
 	WhatLedger    = "shadow-ledger" // the ConfigMap of would-be outcomes beside Karpenter's drains
+	// WhatDrainSignalled: a drain the router signalled (its stamp on the NodeClaim) that
+	// Karpenter has not started; the router's fallback would delete the NodeClaim.
+	WhatDrainSignalled = "drain-signalled"
 )
 
 // Item is one piece of the router's state and what the handback did with it.

@@ -21,6 +21,7 @@ const (
 	Implausible          = "health_router_decision_implausible_total"          // labels: kind; urgent events that do not fit their node (a Spot warning for an on-demand node), decided as ordinary drains
 	Reschedules          = "health_router_reschedules_total"                   // label: result; scheduled events moved into a pool's window
 	StateConfirmations   = "health_router_decision_state_confirmations_total"  // label: result (confirmed, contradicted, unavailable); urgent state changes checked against EC2
+	CloseConfirmations   = "health_router_decision_close_confirmations_total"  // label: result (confirmed, contradicted, unavailable); AWS Health closes checked against EC2
 	RecordsUnreadable    = "health_router_records_unreadable_total"            // NodeClaim records this router cannot read (kept as they are)
 	WakesDropped         = "health_router_deferral_wakes_dropped_total"        // releases not queued (the wake queue was full); the recheck covers them
 	EventsHeld           = "health_router_instance_events_held_total"          // label: reason; instances whose decision Events were summed up per pool

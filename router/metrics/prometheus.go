@@ -32,6 +32,8 @@ type Router struct {
 	Implausible *prometheus.CounterVec
 	// StateConfirmations counts urgent state changes checked against EC2, by result.
 	StateConfirmations *prometheus.CounterVec
+	// CloseConfirmations counts closed AWS Health reports checked against EC2, by result.
+	CloseConfirmations *prometheus.CounterVec
 	RecordsUnreadable  prometheus.Counter
 	WakesDropped       prometheus.Counter
 	// EventsHeld counts the instances whose decision Events went over
@@ -86,6 +88,9 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		Implausible: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: Implausible, Help: "Urgent events that do not fit the node they name (a Spot interruption warning for a node that is not Spot, a capacity-reservation interruption for one that is not reserved), by kind: decided as ordinary drains, paced and gated, and never forwarded to Karpenter.",
 		}, []string{LabelKind}),
+		CloseConfirmations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: CloseConfirmations, Help: "Closed AWS Health reports of a maintenance EC2 schedules, checked against EC2's DescribeInstanceStatus before they end what holds it (deferrals, runs, drains), by result: confirmed (EC2 shows the event closed, at another start, or not at all), contradicted (EC2 still schedules it: kept, with a warning) or unavailable (EC2 did not answer: the message is tried again, the deferral kept meanwhile).",
+		}, []string{LabelResult}),
 		StateConfirmations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: StateConfirmations, Help: "Urgent instance state changes (shutting-down, terminated) checked against EC2's DescribeInstanceStatus before they are trusted, by result: confirmed (EC2 shows the instance not running, or no longer knows it), contradicted (EC2 shows it running or pending: decided as an ordinary drain, counted in health_router_decision_implausible_total too) or unavailable (EC2 did not answer: acted on as claimed, with a warning).",
 		}, []string{LabelResult}),
@@ -112,7 +117,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 		Name: BuildInfo, Help: "Always 1; the labels say which build of the router is running: its version and commit, the Go version and the Karpenter API (sigs.k8s.io/karpenter) version it is built with.",
 	}, []string{LabelVersion, LabelCommit, LabelGoVersion, LabelKarpenterVersion})
 	build.WithLabelValues(v.Version, v.Commit, v.GoVersion, v.KarpenterVersion).Set(1)
-	reg.MustRegister(build, m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.ShadowDecisions, m.ShadowKarpenter, m.StateConfirmations, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
+	reg.MustRegister(build, m.Received, m.DeadLettered, m.Latency, m.Decisions, m.SignalErrors, m.CheckResults, m.AlreadyRecorded, m.ForwardUnconfirmed, m.Redecisions, m.GateHolds, m.Unmanaged, m.Implausible, m.ShadowDecisions, m.ShadowKarpenter, m.StateConfirmations, m.CloseConfirmations, m.RecordsUnreadable, m.WakesDropped, m.EventsHeld, m.Reschedules,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: DeferredEvents, Help: "Deferrals held now: the active records on NodeClaims, as the leader's deferral controller holds them."}, deferred))
 	return m
 }

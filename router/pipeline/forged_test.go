@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,6 +29,7 @@ import (
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // karpenterQueue records what is sent to Karpenter's queue.
@@ -197,6 +200,68 @@ func TestForgedCapacityBlockExpiry(t *testing.T) {
 			}
 			if deleting != tc.drained || res.Actions[policy.ActionDrain] != tc.drained {
 				t.Errorf("%d nodeclaims deleting, %+v; want %d drained", deleting, res.Actions, tc.drained)
+			}
+		})
+	}
+}
+
+// TestForgedCloseConfirmedWithEC2: a closed AWS Health report ends a deferral only once EC2
+// agrees (issue 38, 3): EC2 still scheduling the maintenance at that start, not completed or
+// cancelled, contradicts the close, and the deferral is kept with a warning; EC2 showing it
+// cancelled, or no longer showing it, confirms it; EC2 not answering keeps the message to be
+// tried again. On dd387c1 any close, forged or not, cancelled the deferral.
+func TestForgedCloseConfirmedWithEC2(t *testing.T) {
+	start := now.Add(72 * time.Hour).Truncate(time.Second)
+	for _, tc := range []struct {
+		name    string
+		ec2     *harness.ScheduledEvent // nil: EC2 shows no event
+		fail    bool
+		kept    bool
+		err     bool
+		result  string
+		warning string
+	}{
+		{name: "EC2 still schedules it: contradicted, kept", ec2: &harness.ScheduledEvent{ID: "instance-event-1", Code: string(event.ScheduledInstanceRetirement), Description: "The instance is scheduled for retirement", NotBefore: start},
+			kept: true, result: CloseContradicted, warning: "EC2 still schedules"},
+		{name: "EC2 shows it cancelled: confirmed", ec2: &harness.ScheduledEvent{ID: "instance-event-1", Code: string(event.ScheduledInstanceRetirement), Description: "[Canceled] The instance is scheduled for retirement", NotBefore: start},
+			result: CloseConfirmed},
+		{name: "EC2 shows no event: confirmed", result: CloseConfirmed},
+		{name: "EC2 shows another start: confirmed", ec2: &harness.ScheduledEvent{ID: "instance-event-2", Code: string(event.ScheduledInstanceRetirement), Description: "The instance is scheduled for retirement", NotBefore: start.Add(24 * time.Hour)},
+			result: CloseConfirmed},
+		{name: "EC2 does not answer: retried, kept meanwhile", fail: true, kept: true, err: true, result: CloseUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
+			if _, err := r.p.Process(context.Background(), retirement("up", start, instanceID(0))); err != nil {
+				t.Fatal(err)
+			}
+			srv, client := harness.NewEC2InstanceStatus(t)
+			in := &harness.Instance{State: "running"}
+			if tc.ec2 != nil {
+				in.Events = []harness.ScheduledEvent{*tc.ec2}
+			}
+			srv.Add(instanceID(0), in)
+			if tc.fail {
+				srv.Fail = 1000
+			}
+			r.p.WithStateConfirmation(client)
+			closed := retirement("closed", start, instanceID(0))
+			closed.Health.Status = event.HealthClosed
+			var d policy.Decision
+			_, _, err := r.p.instance(context.Background(), closed, instanceID(0), newSummary(false), "", &d)
+			if (err != nil) != tc.err {
+				t.Fatalf("error %v, want one: %t", err, tc.err)
+			}
+			nc := r.claims(t)[0]
+			active := slices.ContainsFunc(record.Records(&nc), record.Record.Active)
+			if active != tc.kept {
+				t.Errorf("deferral active after the close: %t, want %t (%s)", active, tc.kept, d.Reason)
+			}
+			if got := testutil.ToFloat64(r.m.CloseConfirmations.WithLabelValues(tc.result)); got != 1 {
+				t.Errorf("close confirmations{result=%s} = %v", tc.result, got)
+			}
+			if tc.warning != "" && !strings.Contains(strings.Join(d.Warnings, "|"), tc.warning) {
+				t.Errorf("warnings %q lack %q", d.Warnings, tc.warning)
 			}
 		})
 	}

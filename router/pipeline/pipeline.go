@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/clock"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
+	"github.com/health-router/health-router/router/awscalls"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
@@ -188,6 +189,13 @@ func drainOf(ev event.Event, deadline time.Time) nodedrain.Drain {
 type InstanceStates interface {
 	DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error)
 }
+
+// Results of a close's confirmation, as the close-confirmations metric labels them.
+const (
+	CloseConfirmed    = "confirmed"
+	CloseContradicted = "contradicted"
+	CloseUnavailable  = "unavailable"
+)
 
 // Results of an urgent state change's confirmation, as the state-confirmations metric labels
 // them.
@@ -373,6 +381,11 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	if err != nil || skipped {
 		return "", skipped, err
 	}
+	if o.Decision.Cancel {
+		if o, err = p.confirmClose(ctx, ev, id, o, log); err != nil {
+			return "", false, err
+		}
+	}
 	if shadowed {
 		if unconfirmed != "" {
 			o.Decision.Warnings = append(o.Decision.Warnings, unconfirmed)
@@ -474,6 +487,67 @@ func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, 
 	}
 	p.metrics.StateConfirmations.WithLabelValues(StateConfirmed).Inc()
 	return ev, ""
+}
+
+// confirmClose checks a closed AWS Health report of a maintenance EC2 schedules against EC2
+// before it ends what holds the maintenance (deferrals, runs, drains): a queue message is a
+// claim, and a forged close would otherwise cancel a deferral and have AWS act on a node the
+// router no longer protects. EC2 still scheduling an event of that type for the instance at
+// that start, not completed or cancelled, contradicts the close: the decision keeps what it
+// holds (no Cancel) and says why. EC2 showing it closed, at another start or not at all
+// confirms it. EC2 not answering is an error: the message stays and is tried again, the
+// deferral kept meanwhile (the safe side: a drain in the window rather than AWS's act
+// unprotected). A close AWS Health alone knows (a code EC2 has no event type for), and the
+// router's own findings (EC2's own answer), are taken as they are.
+func (p *Pipeline) confirmClose(ctx context.Context, ev event.Event, id string, o engine.Outcome, log *slog.Logger) (engine.Outcome, error) {
+	if p.states == nil || ev.Source != "aws.health" || ev.Health == nil || ev.Health.Status != event.HealthClosed || ev.Health.Scheduled == "" || !o.Resolved.Found() {
+		return o, nil
+	}
+	v, err, _ := p.stateOf.Do("events/"+id, func() (any, error) {
+		return p.states.DescribeInstanceStatus(ctx, &ec2.DescribeInstanceStatusInput{InstanceIds: []string{id}, IncludeAllInstances: aws.Bool(true)})
+	})
+	var ae smithy.APIError
+	switch {
+	case err != nil && errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound":
+		// EC2 no longer knows the instance: no maintenance is scheduled for it.
+		p.metrics.CloseConfirmations.WithLabelValues(CloseConfirmed).Inc()
+		return o, nil
+	case err != nil && awscalls.Classify(err) == awscalls.Denied:
+		// A refusal does not heal by asking again: kept, and said (doctor checks the grant).
+		p.metrics.CloseConfirmations.WithLabelValues(CloseUnavailable).Inc()
+		why := fmt.Sprintf("AWS Health reports %s closed, but EC2 refused to confirm it (%v): what holds it is kept; grant ec2:DescribeInstanceStatus", ev.Health.EventARN, err)
+		o.Decision.Cancel, o.Decision.Reason = false, why
+		o.Decision.Warnings = append(o.Decision.Warnings, why)
+		return o, nil
+	case err != nil:
+		p.metrics.CloseConfirmations.WithLabelValues(CloseUnavailable).Inc()
+		return o, fmt.Errorf("confirming the close of %s with EC2 (kept until it answers): %w", ev.Health.EventARN, err)
+	}
+	out, _ := v.(*ec2.DescribeInstanceStatusOutput)
+	if out == nil {
+		out = &ec2.DescribeInstanceStatusOutput{}
+	}
+	for _, st := range out.InstanceStatuses {
+		if aws.ToString(st.InstanceId) != id {
+			continue
+		}
+		for _, e := range st.Events {
+			if string(e.Code) != string(ev.Health.Scheduled) || e.NotBefore == nil || !e.NotBefore.Truncate(time.Second).Equal(ev.Deadline.Truncate(time.Second)) ||
+				event.ClosedDescription(aws.ToString(e.Description)) {
+				continue
+			}
+			p.metrics.CloseConfirmations.WithLabelValues(CloseContradicted).Inc()
+			why := fmt.Sprintf("AWS Health reports %s closed, but EC2 still schedules %s for %s at %s (%s): what holds it is kept; a close EC2 contradicts is not trusted",
+				ev.Health.EventARN, ev.Health.Scheduled, id, ev.Deadline.UTC().Format(time.RFC3339), aws.ToString(e.InstanceEventId))
+			o.Decision.Cancel = false
+			o.Decision.Reason = why
+			o.Decision.Warnings = append(o.Decision.Warnings, why)
+			log.Warn("close contradicted by EC2: kept", "event_arn", ev.Health.EventARN, "ec2_event", aws.ToString(e.InstanceEventId))
+			return o, nil
+		}
+	}
+	p.metrics.CloseConfirmations.WithLabelValues(CloseConfirmed).Inc()
+	return o, nil
 }
 
 // instanceState returns the instance's state as EC2 reports it ("" when EC2 no longer knows
