@@ -149,15 +149,17 @@ func TestPacing(t *testing.T) {
 	}
 }
 
+// impairedEvent is the router's instance-status finding that instance i of pool is impaired.
+func impairedEvent(pool string, i int) event.Event {
+	id := instance(pool, i)
+	return event.Event{ID: "healthrouter.io/instance-status/" + id + "/impaired/2026-11-21T11:50:00Z", Kind: event.KindInstanceStatus, Time: now, Instances: []string{id},
+		Status: &event.InstanceStatus{SystemStatus: "impaired", ImpairedSince: now.Add(-10 * time.Minute)}}
+}
+
 // TestRepairBudget: the repair cut-off of impaired instances reads the NodePool's disruption
 // budget for the reason Unhealthy (Karpenter v1.15's node repair): with nodes=1, the second
 // impaired node of a pool of 10 is held, where repair-max-unhealthy alone (20%: 2) lets it go.
 func TestRepairBudget(t *testing.T) {
-	impaired := func(i int) event.Event {
-		id := instance("kafka", i)
-		return event.Event{ID: "healthrouter.io/instance-status/" + id + "/impaired/2026-11-21T11:50:00Z", Kind: event.KindInstanceStatus, Time: now, Instances: []string{id},
-			Status: &event.InstanceStatus{SystemStatus: "impaired", ImpairedSince: now.Add(-10 * time.Minute)}}
-	}
 	for _, tc := range []struct {
 		name    string
 		budgets []karpv1.Budget
@@ -171,7 +173,7 @@ func TestRepairBudget(t *testing.T) {
 			eng := New(testCluster(t, map[string]poolSpec{"kafka": {nodes: 10, budgets: tc.budgets}}), nil)
 			var got []policy.Action
 			for i := range 2 {
-				outs, err := eng.Decide(context.Background(), impaired(i), now)
+				outs, err := eng.Decide(context.Background(), impairedEvent("kafka", i), now)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -458,11 +460,6 @@ func TestPacingKeepsASignalledDrain(t *testing.T) {
 // over several polls had each instance decided with "held 0 + replacing 0 + this 1", and all
 // three impaired nodes of a pool of five were replaced in 70 s while 60% of it was impaired).
 func TestRepairCutoffCountsWhatEC2Reports(t *testing.T) {
-	impaired := func(i int) event.Event {
-		id := instance("kafka", i)
-		return event.Event{ID: "healthrouter.io/instance-status/" + id + "/impaired/2026-11-21T11:50:00Z", Kind: event.KindInstanceStatus, Time: now, Instances: []string{id},
-			Status: &event.InstanceStatus{SystemStatus: "impaired", ImpairedSince: now.Add(-10 * time.Minute)}}
-	}
 	for _, tc := range []struct {
 		name     string
 		reported []int
@@ -483,7 +480,7 @@ func TestRepairCutoffCountsWhatEC2Reports(t *testing.T) {
 				ids = append(ids[:1], instance("other", 0))
 			}
 			eng.ReportImpaired(ids)
-			outs, err := eng.Decide(context.Background(), impaired(1), now)
+			outs, err := eng.Decide(context.Background(), impairedEvent("kafka", 1), now)
 			if err != nil {
 				t.Fatal(err)
 			}
