@@ -25,10 +25,10 @@ const (
 	tick          = 10 * time.Minute // the router's loop while time advances
 )
 
-// windowOpen is kafka's window, "0 2 * * 6" for 4h: Saturdays 02:00 to 06:00 UTC.
+// windowOpen is kafka's window, "0 2 * * 6" for 6h: Saturdays 02:00 to 08:00 UTC.
 func windowOpen(t time.Time) bool {
 	t = t.UTC()
-	return t.Weekday() == time.Saturday && t.Hour() >= 2 && t.Hour() < 6
+	return t.Weekday() == time.Saturday && t.Hour() >= 2 && t.Hour() < 8
 }
 
 const (

@@ -87,14 +87,16 @@ const simCluster = "sim"
 // shadowPoolSize is the shadow pool's nodes: few, it only has to be reached.
 const shadowPoolSize = 2
 
-// PoolAnnotations are the NodePools' annotations.
+// PoolAnnotations are the NodePools' annotations. kafka's window is 6 h: its EC2 event window
+// leaves the leads of what the router does before AWS's start (drain-lead 1h, a reboot in place
+// emptied 2h10m ahead), and from a 4 h window that left EC2 2 h a week, under its 4 h.
 var PoolAnnotations = map[string]map[string]string{
-	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
+	PoolKafka: {policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "6h",
 		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
 		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace), policy.AnnotationEventWindow: "true"},
 	PoolWeb:   {policy.AnnotationUrgentDrainMax: "2"},
 	PoolBatch: {policy.AnnotationAction: "ignore"},
-	PoolShadow: {policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
+	PoolShadow: {policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "6h",
 		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
 		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace), policy.AnnotationEventWindow: "true"},
 }
