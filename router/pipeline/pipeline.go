@@ -395,7 +395,13 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		}
 		return p.shadow(ctx, ev, o, redecide, bulk.quiet, log)
 	}
-	if destructive(o.Decision.Action) && o.Resolved.NodeClaim != nil && p.fresh != nil {
+	// An urgent drain (a plausible Spot or reservation interruption, a Capacity Block's end, a
+	// shutting-down EC2 confirmed) is not read again: no record changes its decision (it skips
+	// deferral, pacing and gates), the signaller's stamp and memory keep a duplicate from
+	// signalling twice, and Karpenter ignores one for a NodeClaim it deletes already. A reclaim
+	// is when the API server is busiest: the read cost a request per warning, and the burst
+	// bench's p99 with it.
+	if destructive(o.Decision.Action) && o.Resolved.NodeClaim != nil && p.fresh != nil && !ev.Urgent() {
 		var gone bool
 		if o, gone, err = p.refresh(ctx, ev, o, redecide, log); err != nil || gone {
 			return "", gone, err
