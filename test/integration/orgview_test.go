@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -66,7 +67,9 @@ func TestHealthOrganizationalView(t *testing.T) {
 	if len(ds) != 1 || ds[0].EventID != "0b1e3c55-0000-4000-8000-000000002711" || ds[0].State != record.StateDeferred {
 		t.Errorf("records after a duplicate communication: %+v, want the first copy's deferral alone", ds)
 	}
-	if ds := record.Records(s.claim(b)); len(ds) != 0 || !s.claim(b).DeletionTimestamp.IsZero() {
+	// The resolved entity is not acted on: its report is a close of the event for it (issue 36,
+	// defect 3), which leaves only the close's mark (a later report older than it is late).
+	if ds := record.Records(s.claim(b)); slices.ContainsFunc(ds, func(r record.Record) bool { return r.State != record.StateClosed }) || !s.claim(b).DeletionTimestamp.IsZero() {
 		t.Errorf("the resolved entity was acted on: records %+v, deleting %t", ds, !s.claim(b).DeletionTimestamp.IsZero())
 	}
 	if dl := s.drain(s.dlqURL); len(dl) != 0 {
