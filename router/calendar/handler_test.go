@@ -27,6 +27,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 )
 
 // cluster is a fake API server's client holding the pool kafka, with a Saturday window, and
@@ -45,7 +46,7 @@ func cluster(t *testing.T) client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: map[string]string{
 			policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h",
 		}}},
@@ -55,6 +56,8 @@ func cluster(t *testing.T) client.Client {
 			Status: karpv1.NodeClaimStatus{NodeName: "ip-10-0-1-3"},
 		},
 	).Build()
+	recordtest.FromAnnotations(t, c)
+	return c
 }
 
 // serve answers one request of the handler.

@@ -13,12 +13,15 @@ import (
 	awsv1 "github.com/aws/karpenter-provider-aws/pkg/apis/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/record"
 )
 
 // Field indexes the model needs on its reader.
@@ -53,6 +56,9 @@ func NewScheme() (*runtime.Scheme, error) {
 	awsGV := schema.GroupVersion{Group: "karpenter.k8s.aws", Version: "v1"}
 	metav1.AddToGroupVersion(s, awsGV)
 	s.AddKnownTypes(awsGV, &awsv1.EC2NodeClass{}, &awsv1.EC2NodeClassList{})
+	if err := record.AddToScheme(s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -163,6 +169,9 @@ type Resolved struct {
 	NodeClaim  *karpv1.NodeClaim
 	NodePool   *karpv1.NodePool
 	NodeClass  *awsv1.EC2NodeClass
+	// Memory, when set, is the router's memory of the NodeClaim as read fresh (a decision
+	// made again before a destructive action); nil: read from the cache when needed.
+	Memory *record.Memory
 }
 
 // Found reports whether the instance is a node of this cluster.
@@ -274,11 +283,40 @@ func (m *Model) PoolMembers(ctx context.Context, pool string) (map[string]bool, 
 	if err := m.reader.List(ctx, &claims, client.MatchingFields{IndexNodePool: pool}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodeclaims of nodepool %s: %w", pool, err)
 	}
+	mems, err := m.PoolMemories(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	members := make(map[string]bool, len(claims.Items))
 	for i := range claims.Items {
-		members[claims.Items[i].Name] = Draining(&claims.Items[i])
+		members[claims.Items[i].Name] = Draining(&claims.Items[i], mems[claims.Items[i].Name])
 	}
 	return members, nil
+}
+
+// PoolMemories returns the router's memory (router/record's HealthRecords) of a NodePool's
+// NodeClaims, by NodeClaim name: the reader's own objects (read them, never change them).
+// A NodeClaim the router keeps nothing for has none.
+func (m *Model) PoolMemories(ctx context.Context, pool string) (map[string]record.Memory, error) {
+	var hrs record.HealthRecordList
+	if err := m.reader.List(ctx, &hrs, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}, client.UnsafeDisableDeepCopy); err != nil {
+		if meta.IsNoMatchError(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("listing healthrecords of nodepool %s: %w", pool, err)
+	}
+	out := make(map[string]record.Memory, len(hrs.Items))
+	for i := range hrs.Items {
+		out[hrs.Items[i].Name] = hrs.Items[i].Status.Memory
+	}
+	return out, nil
+}
+
+// Memory returns the router's memory of the NodeClaim named name, from the reader (empty
+// when it keeps none; unreadable: empty, see record.Store.Get).
+func (m *Model) Memory(ctx context.Context, name string) record.Memory {
+	mem, _ := record.Load(ctx, m.reader, name)
+	return mem
 }
 
 // PoolClaims returns a NodePool's NodeClaims: the reader's own objects (read them, never
@@ -296,7 +334,7 @@ func (m *Model) PoolClaims(ctx context.Context, pool string) ([]*karpv1.NodeClai
 }
 
 // Draining reports whether a NodeClaim is being drained: deleted, or signalled by the
-// router and not yet gone.
-func Draining(nc *karpv1.NodeClaim) bool {
-	return !nc.DeletionTimestamp.IsZero() || nc.Annotations[AnnotationDrainSignalled] != ""
+// router (its memory holds the drain) and not yet gone.
+func Draining(nc *karpv1.NodeClaim, mem record.Memory) bool {
+	return !nc.DeletionTimestamp.IsZero() || mem.Drain != nil
 }

@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	"github.com/health-router/health-router/router/record"
 )
 
 // Snapshot is a read-only client.Reader over a fixed set of objects, with the same field
@@ -154,6 +156,7 @@ var modelKinds = map[schema.GroupKind]bool{
 	{Group: "karpenter.sh", Kind: "NodeClaim"}:         true,
 	{Group: "karpenter.sh", Kind: "NodePool"}:          true,
 	{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass"}: true,
+	{Group: record.Group, Kind: record.Kind}:           true,
 }
 
 // Load decodes objects from what `kubectl get nodes,nodeclaims,nodepools,ec2nodeclasses

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -35,7 +36,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/engine"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
@@ -63,15 +63,15 @@ const maxConcurrentReconciles = 8
 // releasable are the holds on live state that a release ends early.
 var releasable = map[policy.Hold]bool{policy.HoldPacing: true, policy.HoldCheck: true, policy.HoldPDB: true, policy.HoldRepairCutoff: true}
 
-// HeldOn returns the index values of a NodeClaim: what its active deferrals wait on.
+// HeldOn returns the index values of a HealthRecord: what its active deferrals wait on.
 func HeldOn(o client.Object) []string {
-	nc, ok := o.(*karpv1.NodeClaim)
-	if !ok || nc.Annotations[cluster.AnnotationDeferred] == "" {
+	hr, ok := o.(*record.HealthRecord)
+	if !ok {
 		return nil
 	}
 	var keys []string
 	repair := false
-	for _, d := range record.Headers(nc) {
+	for _, d := range hr.Status.Records {
 		if d.Active() && d.Kind == event.KindInstanceStatus && !repair {
 			// Any held repair (by the cut-off, pacing, a check) ends if the instance recovers.
 			keys, repair = append(keys, RepairKey), true
@@ -79,7 +79,7 @@ func HeldOn(o client.Object) []string {
 		switch {
 		case !d.Active():
 		case d.Hold == policy.HoldPacing:
-			keys = append(keys, PoolKey(nc.Labels[karpv1.NodePoolLabelKey]))
+			keys = append(keys, PoolKey(hr.Spec.NodePool))
 		case d.Hold == policy.HoldCheck && d.Image != "":
 			keys = append(keys, ImageKey(d.Image))
 		case d.Hold == policy.HoldPDB:
@@ -98,13 +98,13 @@ const RepairKey = "repair"
 // HeldImpaired returns the instances whose repair is held by the repair cut-off (the
 // poller hands those that recover to the pipeline, which cancels the hold).
 func (c *Controller) HeldImpaired(ctx context.Context) ([]string, error) {
-	var claims karpv1.NodeClaimList
-	if err := c.kube.List(ctx, &claims, client.MatchingFields{IndexHeldOn: RepairKey}); err != nil {
-		return nil, fmt.Errorf("listing nodeclaims held on %s: %w", RepairKey, err)
+	var hrs record.HealthRecordList
+	if err := c.kube.List(ctx, &hrs, client.MatchingFields{IndexHeldOn: RepairKey}); err != nil {
+		return nil, fmt.Errorf("listing healthrecords held on %s: %w", RepairKey, err)
 	}
-	ids := make([]string, 0, len(claims.Items))
-	for i := range claims.Items {
-		if id := cluster.InstanceID(claims.Items[i].Status.ProviderID); id != "" {
+	ids := make([]string, 0, len(hrs.Items))
+	for i := range hrs.Items {
+		if id := hrs.Items[i].Spec.InstanceID; id != "" {
 			ids = append(ids, id)
 		}
 	}
@@ -191,14 +191,17 @@ func (c *Controller) Pending() (released, queued int) {
 // SetupWithManager registers the controller (leader only, as every controller) and the
 // index it releases holds through.
 func (c *Controller) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &karpv1.NodeClaim{}, IndexHeldOn, HeldOn); err != nil {
-		return fmt.Errorf("indexing nodeclaims by %s: %w", IndexHeldOn, err)
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &record.HealthRecord{}, IndexHeldOn, HeldOn); err != nil {
+		return fmt.Errorf("indexing healthrecords by %s: %w", IndexHeldOn, err)
 	}
 	if err := mgr.Add(c); err != nil { // leader only: marks when releases are queued
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).Named("deferral").
-		For(&karpv1.NodeClaim{}, builder.WithPredicates(recorded())).
+		// The router's memory of a NodeClaim is its HealthRecord of the same name; a NodeClaim
+		// deleting or gone ends it (the sweep, where the garbage collector has not).
+		For(&record.HealthRecord{}).
+		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(deleting())).
 		WatchesRawSource(source.Channel(c.wake, &handler.EnqueueRequestForObject{})).
 		// SkipNameValidation: the router runs one manager per process, but tests, drills and
 		// the bench run several routers in one process, each with this controller.
@@ -206,21 +209,15 @@ func (c *Controller) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		Complete(c)
 }
 
-// recorded passes only NodeClaims that carry (or carried) a deferral or a drain stamp:
-// the controller has nothing to do with the others, however many the cluster has.
-func recorded() predicate.Funcs {
-	has := func(o client.Object) bool {
-		if o == nil {
-			return false
-		}
-		a := o.GetAnnotations()
-		return a[cluster.AnnotationDeferred] != "" || a[cluster.AnnotationDrainSignalled] != ""
-	}
+// deleting passes a NodeClaim's deletion and its disappearance: its HealthRecord's end.
+func deleting() predicate.Funcs {
 	return predicate.Funcs{
-		CreateFunc:  func(e ctrlevent.CreateEvent) bool { return has(e.Object) },
-		UpdateFunc:  func(e ctrlevent.UpdateEvent) bool { return has(e.ObjectNew) || has(e.ObjectOld) },
-		DeleteFunc:  func(e ctrlevent.DeleteEvent) bool { return has(e.Object) },
-		GenericFunc: func(e ctrlevent.GenericEvent) bool { return true },
+		CreateFunc: func(ctrlevent.CreateEvent) bool { return false },
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true },
+		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
 	}
 }
 
@@ -241,8 +238,10 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	nc := &karpv1.NodeClaim{}
 	if err := c.kube.Get(ctx, req.NamespacedName, nc); err != nil {
 		if apierrors.IsNotFound(err) {
+			// Gone: so is what the router kept for it (the garbage collector removes an owned
+			// HealthRecord too; this sweeps one it has not, or one with no owner).
 			c.forget(req.Name)
-			return reconcile.Result{}, nil
+			return reconcile.Result{}, c.signal.Store().Delete(ctx, req.Name)
 		}
 		return reconcile.Result{}, err
 	}
@@ -251,7 +250,12 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		c.forget(nc.Name) // being drained: its deferrals end with it
 		return reconcile.Result{}, nil
 	}
-	if _, at, _, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
+	mem, err := c.signal.Store().Get(ctx, nc.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if mem.Drain != nil {
+		at := mem.Drain.At
 		// Signalled, not deleting yet: Karpenter must act on a forward (or the router's own
 		// DELETE must land) within the bound; past it the router deletes the NodeClaim.
 		c.forget(nc.Name)
@@ -281,7 +285,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	ended, active := false, 0
 	var errs []error // one record that fails does not hold back the others
-	for _, d := range record.Records(nc) {
+	for _, d := range mem.Records {
 		if !d.Active() {
 			if now.Before(d.KeptUntil()) {
 				later(d.KeptUntil())
@@ -370,7 +374,7 @@ func (c *Controller) ReleasePool(ctx context.Context, pool string) error {
 		if !held[i].until.Equal(held[j].until) {
 			return held[i].until.Before(held[j].until)
 		}
-		return held[i].nc.Name < held[j].nc.Name
+		return held[i].name < held[j].name
 	})
 	c.release(held[:min(free, len(held))])
 	return nil
@@ -409,7 +413,7 @@ func (c *Controller) ImageChanged(ctx context.Context, id, state string) {
 }
 
 type heldClaim struct {
-	nc    *karpv1.NodeClaim
+	name  string // the NodeClaim's (and its HealthRecord's)
 	until time.Time
 }
 
@@ -417,15 +421,14 @@ type heldClaim struct {
 // cache's own objects, not copies (read them, never change them): a paced pool releasing one
 // drain at a time would otherwise copy every held NodeClaim at each finished drain.
 func (c *Controller) held(ctx context.Context, key string) ([]heldClaim, error) {
-	var claims karpv1.NodeClaimList
-	if err := c.kube.List(ctx, &claims, client.MatchingFields{IndexHeldOn: key}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing nodeclaims held on %s: %w", key, err)
+	var hrs record.HealthRecordList
+	if err := c.kube.List(ctx, &hrs, client.MatchingFields{IndexHeldOn: key}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing healthrecords held on %s: %w", key, err)
 	}
-	out := make([]heldClaim, 0, len(claims.Items))
-	for i := range claims.Items {
-		nc := &claims.Items[i]
-		h := heldClaim{nc: nc}
-		for _, d := range record.Headers(nc) {
+	out := make([]heldClaim, 0, len(hrs.Items))
+	for i := range hrs.Items {
+		h := heldClaim{name: hrs.Items[i].Name}
+		for _, d := range hrs.Items[i].Status.Records {
 			if d.Active() && (h.until.IsZero() || d.Until.Before(h.until)) {
 				h.until = d.Until
 			}
@@ -441,13 +444,13 @@ func (c *Controller) release(held []heldClaim) {
 	}
 	for _, h := range held {
 		c.mu.Lock()
-		c.released[h.nc.Name] = true // before the wake: its Reconcile reads it
+		c.released[h.name] = true // before the wake: its Reconcile reads it
 		c.mu.Unlock()
 		select {
-		case c.wake <- ctrlevent.TypedGenericEvent[client.Object]{Object: h.nc}:
+		case c.wake <- ctrlevent.TypedGenericEvent[client.Object]{Object: &record.HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: h.name}}}:
 		default:
 			c.mu.Lock()
-			delete(c.released, h.nc.Name)
+			delete(c.released, h.name)
 			c.mu.Unlock()
 			c.metrics.WakesDropped.Inc()
 		}

@@ -29,6 +29,7 @@ import (
 	"github.com/health-router/health-router/router/pipeline"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -57,13 +58,14 @@ func newRig(t *testing.T, poolAnnotations map[string]string, n int, recs func(i 
 		t.Fatal(err)
 	}
 	objs := []client.Object{&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: poolAnnotations}}}
+	var seeds []*karpv1.NodeClaim
+	var seedRecs [][]record.Record
 	for i := 0; i < n; i++ {
 		labels := map[string]string{karpv1.NodePoolLabelKey: "kafka"}
 		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("kafka-%d", i), Labels: labels, Annotations: map[string]string{},
 			Finalizers: []string{"karpenter.sh/termination"}}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/" + instanceID(i)}}
 		if rs := recs(i); len(rs) > 0 {
-			b := fmt.Sprint(mustJSON(t, rs))
-			nc.Annotations[cluster.AnnotationDeferred] = b
+			seeds, seedRecs = append(seeds, nc), append(seedRecs, rs)
 		}
 		objs = append(objs, nc, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%d", i), Labels: labels}, Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/" + instanceID(i)}})
 	}
@@ -71,7 +73,10 @@ func newRig(t *testing.T, poolAnnotations map[string]string, n int, recs func(i 
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
 	}
-	kube := b.WithIndex(&karpv1.NodeClaim{}, IndexHeldOn, HeldOn).Build()
+	kube := b.WithIndex(&record.HealthRecord{}, IndexHeldOn, HeldOn).Build()
+	for i, nc := range seeds {
+		recordtest.Seed(t, kube, nc, record.Memory{Records: seedRecs[i]})
+	}
 	clk := clocktesting.NewFakeClock(now)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	m := metrics.NewRouter(prometheus.NewRegistry(), func() float64 { return 0 })
@@ -159,12 +164,7 @@ func TestReleasePoolReleasesOnlyWhatTheLimitAllows(t *testing.T) {
 		return []record.Record{deferral(i, until, policy.HoldPacing, deadline)}
 	})
 	// claim 0 is draining
-	nc := r.claim(t, "kafka-0")
-	nc.Annotations = map[string]string{}
-	nc.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp("x", now, string(signal.ModeDeleteNodeClaim))
-	if err := r.kube.Update(context.Background(), nc); err != nil {
-		t.Fatal(err)
-	}
+	recordtest.Seed(t, r.kube, r.claim(t, "kafka-0"), record.Memory{Drain: &record.Drain{EventID: "x", At: now, Via: string(signal.ModeDeleteNodeClaim)}})
 	if err := r.c.ReleasePool(context.Background(), "kafka"); err != nil {
 		t.Fatal(err)
 	}
@@ -192,12 +192,7 @@ func TestReleasePoolReleasesOnlyWhatTheLimitAllows(t *testing.T) {
 
 func TestConfirmForwardFallsBack(t *testing.T) {
 	r := newRig(t, nil, 1, func(int) []record.Record { return nil })
-	nc := r.claim(t, "kafka-0")
-	nc.Annotations = map[string]string{}
-	nc.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp("spot-1", now, string(signal.ModeForward))
-	if err := r.kube.Update(context.Background(), nc); err != nil {
-		t.Fatal(err)
-	}
+	recordtest.Seed(t, r.kube, r.claim(t, "kafka-0"), record.Memory{Drain: &record.Drain{EventID: "spot-1", At: now, Via: string(signal.ModeForward)}})
 	if res := r.reconcile(t, "kafka-0"); res.RequeueAfter != 20*time.Second {
 		t.Errorf("requeue %s, want the confirmation bound", res.RequeueAfter)
 	}
@@ -230,26 +225,25 @@ func TestEndedRecordsArePrunedAfterTheirTime(t *testing.T) {
 	r.clock.Step(time.Minute)
 	r.reconcile(t, "kafka-0")
 	nc := r.claim(t, "kafka-0")
-	if len(record.Records(nc)) != 0 || !nc.DeletionTimestamp.IsZero() {
-		t.Errorf("cancelled record: %+v, deleting %v", record.Records(nc), !nc.DeletionTimestamp.IsZero())
+	if len(recordtest.Records(t, r.kube, nc)) != 0 || !nc.DeletionTimestamp.IsZero() {
+		t.Errorf("cancelled record: %+v, deleting %v", recordtest.Records(t, r.kube, nc), !nc.DeletionTimestamp.IsZero())
 	}
 }
 
 func TestHeldOn(t *testing.T) {
-	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}, Annotations: map[string]string{}}}
 	recs := []record.Record{
 		{EventID: "a", State: record.StateDeferred, Hold: policy.HoldPacing},
 		{EventID: "b", State: record.StateDeferred, Hold: policy.HoldCheck, Image: "ami-1"},
 		{EventID: "c", State: record.StateCancelled, Hold: policy.HoldCheck, Image: "ami-2"},
 		{EventID: "d", State: record.StateDeferred, Hold: policy.HoldWindow},
 	}
-	nc.Annotations[cluster.AnnotationDeferred] = mustJSON(t, recs)
-	got := HeldOn(nc)
+	hr := &record.HealthRecord{Spec: record.HealthRecordSpec{NodePool: "kafka"}, Status: record.HealthRecordStatus{Memory: record.Memory{Records: recs}}}
+	got := HeldOn(hr)
 	if fmt.Sprint(got) != "[pool/kafka image/ami-1]" {
 		t.Errorf("HeldOn = %v", got)
 	}
-	if HeldOn(&karpv1.NodeClaim{}) != nil {
-		t.Error("a NodeClaim with no records is held on something")
+	if HeldOn(&record.HealthRecord{}) != nil || HeldOn(&karpv1.NodeClaim{}) != nil {
+		t.Error("a record with no records, or a NodeClaim, is held on something")
 	}
 }
 
@@ -260,11 +254,7 @@ func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 // "Karpenter did not act" count.
 func TestConfirmDeleteRetries(t *testing.T) {
 	r := newRig(t, nil, 1, func(int) []record.Record { return nil })
-	nc := r.claim(t, "kafka-0")
-	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("ret-1", now, string(signal.ModeDeleteNodeClaim))}
-	if err := r.kube.Update(context.Background(), nc); err != nil {
-		t.Fatal(err)
-	}
+	recordtest.Seed(t, r.kube, r.claim(t, "kafka-0"), record.Memory{Drain: &record.Drain{EventID: "ret-1", At: now, Via: string(signal.ModeDeleteNodeClaim)}})
 	r.clock.Step(30 * time.Second)
 	r.reconcile(t, "kafka-0")
 	if nc := r.claim(t, "kafka-0"); nc == nil || nc.DeletionTimestamp.IsZero() {
@@ -285,7 +275,7 @@ func TestBrokenRecordIsDropped(t *testing.T) {
 		return []record.Record{bad, deferral(i, deadline.Add(-time.Hour), policy.HoldDeadline, deadline)}
 	})
 	r.reconcile(t, "kafka-0")
-	ds := record.Records(r.claim(t, "kafka-0"))
+	ds := recordtest.Records(t, r.kube, r.claim(t, "kafka-0"))
 	if len(ds) != 1 || ds[0].EventID == "bad" {
 		t.Errorf("records %+v", ds)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
-	"github.com/health-router/health-router/router/record"
 )
 
 // Engine decides events. It is safe for concurrent use: the instances of one event, and
@@ -199,8 +198,11 @@ func (e *Engine) decideResolved(ctx context.Context, ev event.Event, res cluster
 		tg.Unmanaged, tg.NodePool, tg.Policy, tg.Budgets = e.unmanaged, "", policy.FromAnnotations(nil), nil
 		return Outcome{Decision: policy.Decide(ev, tg, now), Resolved: res}, nil
 	}
-	if set, err := record.Read(res.NodeClaim); err == nil {
-		tg.RunningSince = set.Running
+	switch {
+	case res.Memory != nil:
+		tg.RunningSince = res.Memory.Running
+	case res.NodeClaim != nil:
+		tg.RunningSince = e.model.Memory(ctx, res.NodeClaim.Name).Running
 	}
 	var d policy.Decision
 	reserved := false

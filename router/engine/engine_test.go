@@ -20,6 +20,8 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 )
 
 var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
@@ -46,7 +48,9 @@ func testCluster(t testing.TB, pools map[string]poolSpec) *cluster.Model {
 			labels := map[string]string{karpv1.NodePoolLabelKey: name}
 			claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", name, i), Labels: labels, Annotations: map[string]string{}}, Status: karpv1.NodeClaimStatus{ProviderID: pid}}
 			if i < p.draining {
-				claim.Annotations[cluster.AnnotationDrainSignalled] = "earlier " + now.Format(time.RFC3339)
+				objs = append(objs, &record.HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: claim.Name, Labels: labels},
+					Spec:   record.HealthRecordSpec{NodeClaim: claim.Name, NodePool: name},
+					Status: record.HealthRecordStatus{Version: record.Version, Memory: record.Memory{Drain: &record.Drain{EventID: "earlier", At: now}}}})
 			}
 			objs = append(objs, claim, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%s-%d", name, i), Labels: labels}, Spec: corev1.NodeSpec{ProviderID: pid}})
 		}
@@ -273,6 +277,7 @@ func settleRig(t *testing.T, settle string) (*Engine, client.Client) {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
 	}
 	kube := b.Build()
+	recordtest.FromAnnotations(t, kube)
 	return New(cluster.New(kube), nil, WithSettle(kube)), kube
 }
 

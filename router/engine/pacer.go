@@ -7,8 +7,6 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
-
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
@@ -104,14 +102,19 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 	if err != nil {
 		return err
 	}
+	mems, err := p.model.PoolMemories(ctx, pool)
+	if err != nil {
+		return err
+	}
 	members := make(map[string]bool, len(claims))
 	impaired := map[string]bool{}
 	instances := make(map[string]string, len(claims))
 	for _, nc := range claims {
 		instances[nc.Name] = cluster.InstanceID(nc.Status.ProviderID)
 		// A node kept through a reboot (a run in progress) is out of service as a drained one is.
-		members[nc.Name] = cluster.Draining(nc) || inplace.Active(nc)
-		if Impaired(nc) {
+		mem := mems[nc.Name]
+		members[nc.Name] = cluster.Draining(nc, mem) || inplace.Active(nc)
+		if Impaired(mem) {
 			impaired[nc.Name] = true
 		}
 	}
@@ -212,16 +215,13 @@ func (p *pacer) reportedImpaired() map[string]bool {
 	return p.reported
 }
 
-// Impaired reports whether a NodeClaim is held or drained by the router as an impaired
+// Impaired reports whether the router holds or drains a NodeClaim (its memory) as an impaired
 // instance: an active instance-status record, or a drain signalled for an impaired finding.
-func Impaired(nc *karpv1.NodeClaim) bool {
-	if id, _, _, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled]); ok {
-		return event.ImpairedFindingID(id)
+func Impaired(mem record.Memory) bool {
+	if mem.Drain != nil {
+		return event.ImpairedFindingID(mem.Drain.EventID)
 	}
-	if nc.Annotations[record.Annotation] == "" {
-		return false
-	}
-	for _, r := range record.Headers(nc) {
+	for _, r := range mem.Records {
 		if r.Active() && r.Kind == event.KindInstanceStatus {
 			return true
 		}

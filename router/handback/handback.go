@@ -37,6 +37,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -185,6 +186,15 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 	for i := range nodes.Items {
 		byName[nodes.Items[i].Name] = &nodes.Items[i]
 	}
+	// The router's memory (its HealthRecords), one list: none where it keeps nothing.
+	var hrs record.HealthRecordList
+	if err := h.kube.List(ctx, &hrs); err != nil && !meta.IsNoMatchError(err) {
+		return rep, fmt.Errorf("listing healthrecords: %w", err)
+	}
+	mems := make(map[string]*record.HealthRecord, len(hrs.Items))
+	for i := range hrs.Items {
+		mems[hrs.Items[i].Name] = &hrs.Items[i]
+	}
 	slices.SortFunc(claims.Items, func(a, b karpv1.NodeClaim) int { return cmp.Compare(a.Name, b.Name) })
 	runNodes := map[string]bool{} // Nodes whose run part their NodeClaim's pass handled
 	for i := range claims.Items {
@@ -196,7 +206,14 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 				node = byName[st.Node]
 			}
 		}
-		rep.Items = append(rep.Items, h.claim(ctx, nc, node)...)
+		rep.Items = append(rep.Items, h.claim(ctx, nc, mems[nc.Name], node)...)
+		delete(mems, nc.Name)
+	}
+	for _, hr := range mems {
+		// A HealthRecord whose NodeClaim is gone: the router's sweep would have removed it.
+		if it, ok := h.orphan(ctx, hr); ok {
+			rep.Items = append(rep.Items, it)
+		}
 	}
 	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
 	for i := range nodes.Items {
@@ -264,21 +281,40 @@ func (h *Handback) checkLease(ctx context.Context) error {
 	return nil
 }
 
-// claim ends the router's state on one NodeClaim (and the Node part of its reboot in place).
-func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Node) []Item {
+// orphan removes a HealthRecord whose NodeClaim is gone.
+func (h *Handback) orphan(ctx context.Context, hr *record.HealthRecord) (Item, bool) {
+	it := Item{Object: "healthrecord/" + hr.Name, NodePool: hr.Spec.NodePool, Instance: hr.Spec.InstanceID, What: WhatRecords, Done: "removed (its nodeclaim is gone)"}
+	if h.opts.DryRun {
+		it.Done = "would be removed (its nodeclaim is gone)"
+		return it, true
+	}
+	if err := h.kube.Delete(ctx, hr); err != nil && !apierrors.IsNotFound(err) {
+		return problem(it, WhatRecords, err), true
+	}
+	return it, true
+}
+
+// claim ends the router's state on one NodeClaim: its HealthRecord hr (nil: none), the
+// annotations it writes, and the Node part of its reboot in place.
+func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, hr *record.HealthRecord, node *corev1.Node) []Item {
 	base := Item{Object: "nodeclaim/" + nc.Name, NodePool: nc.Labels[karpv1.NodePoolLabelKey], Instance: instanceOf(nc)}
-	_, hasRecords := nc.Annotations[record.Annotation]
+	var mem record.Memory
+	var setErr error
+	if hr != nil {
+		mem, setErr = hr.Memory()
+	}
+	hasRecords := hr != nil
 	_, hasRun := nc.Annotations[inplace.Annotation]
 	_, hasShadow := nc.Annotations[shadow.Annotation]
-	stamp, hasStamp := nc.Annotations[cluster.AnnotationDrainSignalled]
+	hasStamp := mem.Drain != nil
 	if !hasRecords && !hasRun && !hasShadow && !hasStamp {
 		return nil
 	}
 	var items []Item
 	if hasStamp && nc.DeletionTimestamp == nil {
 		// A drain the router signalled and Karpenter has not started: owed, not lost. Drained,
-		// the NodeClaim is deleted (the router's own fallback); dropped, the stamp goes.
-		it := h.drainStamp(ctx, base, nc, stamp)
+		// the NodeClaim is deleted (the router's own fallback); dropped, the drain is forgotten.
+		it := h.drainStamp(ctx, base, nc, hr, *mem.Drain)
 		items = append(items, it)
 		if it.Problem || h.opts.Pending == PendingDrain || (!hasRecords && !hasRun && !hasShadow) {
 			return items
@@ -297,11 +333,11 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1
 			return items
 		}
 	}
-	set, setErr := record.Read(nc)
+	set := mem.Set()
 	st, runOK, runErr := inplace.Read(nc)
 	if setErr != nil {
 		it := base
-		it.What, it.Done, it.Problem = WhatRecords, "left as they are: "+setErr.Error()+" (a newer router's? remove "+record.Annotation+" by hand once read)", true
+		it.What, it.Done, it.Problem = WhatRecords, "left as they are: "+setErr.Error()+" (a newer router's? delete healthrecord "+nc.Name+" by hand once read)", true
 		items = append(items, it)
 	}
 	if runErr != nil {
@@ -381,32 +417,30 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, node *corev1
 			items = append(items, problem(base, WhatInPlace, err))
 		}
 	}
-	if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) {
-		if setErr == nil {
-			delete(c.Annotations, record.Annotation)
+	if hr != nil && setErr == nil {
+		if err := h.kube.Delete(ctx, hr); err != nil && !apierrors.IsNotFound(err) {
+			items = append(items, problem(base, WhatRecords, err))
 		}
-		if runErr == nil {
-			inplace.UndoClaim(c)
+	}
+	if hasRun && runErr == nil {
+		if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) { inplace.UndoClaim(c) }); err != nil && !apierrors.IsNotFound(err) {
+			items = append(items, problem(base, WhatRecords, err))
 		}
-	}); err != nil && !apierrors.IsNotFound(err) {
-		items = append(items, problem(base, WhatRecords, err))
 	}
 	return items
 }
 
 // drainStamp ends a drain the router signalled that Karpenter has not started.
-func (h *Handback) drainStamp(ctx context.Context, base Item, nc *karpv1.NodeClaim, stamp string) Item {
+func (h *Handback) drainStamp(ctx context.Context, base Item, nc *karpv1.NodeClaim, hr *record.HealthRecord, d record.Drain) Item {
 	it := base
 	it.What = WhatDrainSignalled
-	if id, at, via, ok := record.ParseDrainStamp(stamp); ok {
-		it.Kind, it.Event, it.Until = "drain ("+via+")", id, at
-	}
+	it.Kind, it.Event, it.Until = "drain ("+d.Via+")", d.EventID, d.At
 	switch {
 	case h.opts.Pending == PendingDrop && h.opts.DryRun:
 		it.Done = "would be dropped"
 	case h.opts.Pending == PendingDrop:
 		it.Done = "dropped"
-		if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) { delete(c.Annotations, cluster.AnnotationDrainSignalled) }); err != nil && !apierrors.IsNotFound(err) {
+		if err := h.kube.Delete(ctx, hr); err != nil && !apierrors.IsNotFound(err) {
 			return problem(base, WhatDrainSignalled, err)
 		}
 	case h.opts.DryRun:

@@ -27,6 +27,7 @@ import (
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
@@ -159,7 +160,9 @@ func newClient(t *testing.T, objs ...client.Object) client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	recordtest.FromAnnotations(t, c)
+	return c
 }
 
 func getClaim(t *testing.T, c client.Client, name string) (*karpv1.NodeClaim, bool) {
@@ -195,6 +198,13 @@ func routerState(t *testing.T, c client.Client) []string {
 	}
 	if err := c.List(context.Background(), &ns); err != nil {
 		t.Fatal(err)
+	}
+	var hrs record.HealthRecordList
+	if err := c.List(context.Background(), &hrs); err != nil {
+		t.Fatal(err)
+	}
+	for _, hr := range hrs.Items {
+		out = append(out, "healthrecord/"+hr.Name)
 	}
 	for _, nc := range ncs.Items {
 		for k := range nc.Annotations {
@@ -347,7 +357,7 @@ func TestHandback(t *testing.T) {
 			}
 			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "drain failed")
 		},
-		leftover: []string{"nodeclaim/a " + record.Annotation},
+		leftover: []string{"healthrecord/a"},
 	}, {
 		name:    "a drain without Karpenter's queue deletes the nodeclaim",
 		pending: PendingDrain,
@@ -485,7 +495,7 @@ func TestHandback(t *testing.T) {
 				t.Errorf("problems = %d", rep.Problems())
 			}
 		},
-		leftover: []string{"nodeclaim/a " + record.Annotation},
+		leftover: []string{"healthrecord/a"},
 	}, {
 		name:    "would-be outcomes of a shadow pool and the ledger go",
 		pending: PendingDrop,
@@ -517,7 +527,7 @@ func TestHandback(t *testing.T) {
 			wantItem(t, rep, "nodeclaim/a", WhatDeferred, "would drain")
 			wantItem(t, rep, "node/node-a", WhatMarks, "would be removed")
 		},
-		leftover: []string{"nodeclaim/a " + record.Annotation, "node/node-a " + upcoming.AnnotationMaintenance, "node/node-a label " + upcoming.LabelMaintenanceAt,
+		leftover: []string{"healthrecord/a", "node/node-a " + upcoming.AnnotationMaintenance, "node/node-a label " + upcoming.LabelMaintenanceAt,
 			"node/node-a taint " + upcoming.TaintKey, "node/node-u " + nodedrain.AnnotationNodeDrain},
 	}}
 	for _, tt := range tests {
@@ -600,8 +610,7 @@ func TestLease(t *testing.T) {
 			if got := errors.Is(err, ErrRouterRunning); got != tt.running {
 				t.Fatalf("err = %v, want running=%t", err, tt.running)
 			}
-			nc, _ := getClaim(t, c, "a")
-			if _, kept := nc.Annotations[record.Annotation]; kept != tt.running {
+			if kept := recordtest.Memory(t, c, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "a"}}).Records != nil; kept != tt.running {
 				t.Errorf("records kept = %t, want %t", kept, tt.running)
 			}
 		})
@@ -728,7 +737,7 @@ func TestHandbackDrainStamp(t *testing.T) {
 			if ok == tc.deleted {
 				t.Errorf("nodeclaim there: %t, want deleted: %t", ok, tc.deleted)
 			}
-			if ok && nc.Annotations[cluster.AnnotationDrainSignalled] != "" {
+			if ok && recordtest.Memory(t, c, nc).Drain != nil {
 				t.Error("the drain stamp is left")
 			}
 		})

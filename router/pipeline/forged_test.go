@@ -29,6 +29,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -71,14 +72,12 @@ func TestForgedRecordDrainsOnlyItsOwnNode(t *testing.T) {
 	}
 	nc.Labels[karpv1.CapacityTypeLabelKey] = karpv1.CapacityTypeSpot
 	rec := record.Record{EventID: "forged", Key: "forged", Kind: event.KindSpotInterruption, Until: now, Reason: "forged", State: record.StateDeferred, Event: json.RawMessage(forged)}
-	v, err := record.Encode(record.Set{Records: []record.Record{rec}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc.Annotations = map[string]string{record.Annotation: v}
 	if err := r.kube.Update(context.Background(), &nc); err != nil {
 		t.Fatal(err)
 	}
+	// A record whose body names another instance (a router's bug, or a restore of a
+	// backup): what is forwarded is still built for the NodeClaim's own instance.
+	recordtest.Seed(t, r.kube, &nc, record.Memory{Records: []record.Record{rec}})
 	if _, err := p.Redecide(context.Background(), &nc, rec); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +132,7 @@ func TestResolvedEntityEndsItsDeferral(t *testing.T) {
 			}
 			for _, nc := range r.claims(t) {
 				active := 0
-				for _, rec := range record.Records(&nc) {
+				for _, rec := range recordtest.Records(t, r.kube, &nc) {
 					if rec.Active() {
 						active++
 					}
@@ -254,7 +253,7 @@ func TestForgedCloseConfirmedWithEC2(t *testing.T) {
 				t.Fatalf("error %v, want one: %t", err, tc.err)
 			}
 			nc := r.claims(t)[0]
-			active := slices.ContainsFunc(record.Records(&nc), record.Record.Active)
+			active := slices.ContainsFunc(recordtest.Records(t, r.kube, &nc), record.Record.Active)
 			if active != tc.kept {
 				t.Errorf("deferral active after the close: %t, want %t (%s)", active, tc.kept, d.Reason)
 			}
@@ -307,7 +306,7 @@ func TestUrgentDrainNotReadAgain(t *testing.T) {
 	if res, err := r.p.Process(context.Background(), retirement("ret", now.Add(30*time.Minute), instanceID(0))); err != nil || res.Actions[policy.ActionDrain] != 1 {
 		t.Fatalf("retirement: %+v %v", res, err)
 	}
-	if n := fresh.gets.Load(); n != 1 {
-		t.Errorf("a planned drain read the NodeClaim fresh %d times, want 1", n)
+	if n := fresh.gets.Load(); n != 2 {
+		t.Errorf("a planned drain read fresh %d times, want 2 (its NodeClaim and its HealthRecord)", n)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -165,7 +166,7 @@ func TestSecondMaintenanceWaitsForTheRun(t *testing.T) {
 		t.Fatalf("the second maintenance: %+v %v", res, err)
 	}
 	claim := r.claims(t)[0]
-	set, _ := record.Read(&claim)
+	set := recordtest.Set(t, r.kube, &claim)
 	active := set.Active()
 	if len(active) != 1 || active[0].EventID != "b" || active[0].Hold != policy.HoldInPlace {
 		t.Errorf("records %+v", set.Records)
@@ -208,15 +209,10 @@ func TestDrainDecidedOnTheFreshNodeClaim(t *testing.T) {
 	// The API server's copy: a later `running` recorded.
 	fresh := stale.DeepCopy()
 	fresh.ResourceVersion = ""
-	v, _ := record.Encode(record.Set{Running: now.Add(-time.Minute)})
-	fresh.Annotations = map[string]string{record.Annotation: v}
-	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(stale.DeepCopy()).Build()
-	fresh.ResourceVersion = stale.ResourceVersion
-	if err := api.Update(context.Background(), fresh); err != nil {
-		t.Fatal(err)
-	}
-	if got := &(karpv1.NodeClaim{}); api.Get(context.Background(), client.ObjectKeyFromObject(fresh), got) != nil || got.ResourceVersion == stale.ResourceVersion {
-		t.Fatalf("the API server's copy must differ from the cache's (%s)", stale.ResourceVersion)
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(fresh).Build()
+	recordtest.Seed(t, api, fresh, record.Memory{Running: now.Add(-time.Minute)})
+	if m := recordtest.Memory(t, r.kube, &stale); !m.Running.IsZero() {
+		t.Fatalf("the cache must not show the API server's memory yet: %+v", m)
 	}
 	r.p.WithFreshReads(api)
 	res, err := r.p.Process(context.Background(), stateChange("stop", instanceID(0), event.StateStopped, now.Add(-3*time.Minute)))
@@ -325,7 +321,7 @@ func TestUrgentDrainBreaker(t *testing.T) {
 	}
 	var held *karpv1.NodeClaim
 	for _, nc := range r.claims(t) {
-		if rs := record.Records(&nc); len(rs) == 1 && rs[0].Hold == policy.HoldUrgentBreaker {
+		if rs := recordtest.Records(t, r.kube, &nc); len(rs) == 1 && rs[0].Hold == policy.HoldUrgentBreaker {
 			if !rs[0].Until.Equal(now.Add(policy.UrgentRecheck)) {
 				t.Errorf("held until %s, want %s", rs[0].Until, now.Add(policy.UrgentRecheck))
 			}
@@ -337,11 +333,11 @@ func TestUrgentDrainBreaker(t *testing.T) {
 	}
 	// Within the minute: held again. Past it: the breaker has closed, and the drain goes.
 	r.p.clock.(*clocktesting.FakeClock).Step(policy.UrgentRecheck)
-	if d, err := r.p.Redecide(context.Background(), held, record.Records(held)[0]); err != nil || d.Hold != policy.HoldUrgentBreaker {
+	if d, err := r.p.Redecide(context.Background(), held, recordtest.Records(t, r.kube, held)[0]); err != nil || d.Hold != policy.HoldUrgentBreaker {
 		t.Errorf("within the minute: %s %s (%v), want held", d.Action, d.Hold, err)
 	}
 	r.p.clock.(*clocktesting.FakeClock).Step(policy.UrgentWindow)
-	if d, err := r.p.Redecide(context.Background(), held, record.Records(held)[0]); err != nil || d.Action != policy.ActionDrain {
+	if d, err := r.p.Redecide(context.Background(), held, recordtest.Records(t, r.kube, held)[0]); err != nil || d.Action != policy.ActionDrain {
 		t.Errorf("past the minute: %s %s (%v), want a drain", d.Action, d.Hold, err)
 	}
 }

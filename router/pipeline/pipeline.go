@@ -372,7 +372,7 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	switch {
 	case shadowed && redecide == "" && p.shadowRecorded(resolved.NodeClaim, ev, log):
 		return "", true, nil
-	case !shadowed && redecide == "" && p.skip(ev, resolved.NodeClaim, log):
+	case !shadowed && redecide == "" && p.skip(ev, resolved.NodeClaim, p.memory(ctx, resolved.NodeClaim), log):
 		return "", true, nil
 	}
 	ev = p.plausible(ev, resolved, log)
@@ -584,17 +584,20 @@ func (p *Pipeline) instanceState(ctx context.Context, id string) (ec2types.Insta
 // skip reports whether ev's outcome for the NodeClaim was recorded before (a redelivery, the
 // other source's report of a recorded maintenance, an update older than its close) or the
 // NodeClaim is being drained already: nothing to decide, nothing to write.
-func (p *Pipeline) skip(ev event.Event, nc *karpv1.NodeClaim, log *slog.Logger) bool {
+func (p *Pipeline) skip(ev event.Event, nc *karpv1.NodeClaim, mem record.Memory, log *slog.Logger) bool {
 	if nc == nil {
 		return false
 	}
-	set, _ := record.Read(nc) // unreadable: nothing is recorded as far as this router can tell
-	if rec, ok := set.Recorded(ev); ok {
+	if rec, ok := mem.Set().Recorded(ev); ok {
 		log.Debug("outcome recorded already", "nodeclaim", nc.Name, "state", rec.State, "recorded_event", rec.EventID)
 		p.metrics.AlreadyRecorded.Inc()
 		return true
 	}
-	stamped, _, via, ok := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
+	var stamped, via string
+	ok := mem.Drain != nil
+	if ok {
+		stamped, via = mem.Drain.EventID, mem.Drain.Via
+	}
 	resend := ok && stamped == ev.ID && signal.Mode(via) == signal.ModeForward && nc.DeletionTimestamp.IsZero()
 	if ok && stamped == ev.ID && !resend {
 		p.metrics.AlreadyRecorded.Inc()
@@ -603,7 +606,7 @@ func (p *Pipeline) skip(ev event.Event, nc *karpv1.NodeClaim, log *slog.Logger) 
 	// A forward stamped by an earlier try of this event that Karpenter has not acted on yet
 	// is decided again: the signaller sends it again (the earlier try may have died before
 	// its send).
-	if cluster.Draining(nc) && !ev.Urgent() && !resend {
+	if cluster.Draining(nc, mem) && !ev.Urgent() && !resend {
 		// Being drained (by this event before a retry, or another): nothing to decide,
 		// nothing to write. An urgent event still goes through and is recorded as a drain
 		// (the signaller finds it draining already and signals nothing).
@@ -634,7 +637,7 @@ func (p *Pipeline) decide(ctx context.Context, ev event.Event, id string, resolv
 	if eligible {
 		moved, how, changed, result := p.reschedule(ctx, ev, id, o.Resolved)
 		if result == reschedule.ResultUnavailable {
-			if r, ok := postpones(o.Resolved.NodeClaim, ev); ok {
+			if r, ok := postpones(o.Resolved.NodeClaim, p.memory(ctx, o.Resolved.NodeClaim), ev); ok {
 				// EC2 does not answer, and this report puts the maintenance of an active record
 				// later: it may be AWS postponing it, or a report sent before the router moved it
 				// earlier, into the window (SQS and retries reorder). Only EC2 can tell, and
@@ -648,8 +651,7 @@ func (p *Pipeline) decide(ctx context.Context, ev event.Event, id string, resolv
 		if changed {
 			// The event as EC2 now holds it: it may be a maintenance recorded already (the
 			// other source's view of an event moved before).
-			set, _ := record.Read(o.Resolved.NodeClaim)
-			if _, recorded := set.Recorded(moved); recorded {
+			if _, recorded := p.memory(ctx, o.Resolved.NodeClaim).Set().Recorded(moved); recorded {
 				log.Debug("outcome recorded already: the moved maintenance", "nodeclaim", o.Resolved.NodeClaim.Name, "start", moved.Deadline)
 				p.metrics.AlreadyRecorded.Inc()
 				return engine.Outcome{}, ev, true, nil
@@ -707,7 +709,7 @@ func (p *Pipeline) shadow(ctx context.Context, ev event.Event, o engine.Outcome,
 		if err := p.cancelHeld(ctx, ev, o.Resolved, ilog); err != nil {
 			return "", false, err
 		}
-		if nc := o.Resolved.NodeClaim; nc != nil && slices.ContainsFunc(record.Records(nc), record.Record.Active) {
+		if nc := o.Resolved.NodeClaim; nc != nil && slices.ContainsFunc(p.memory(ctx, nc).Records, record.Record.Active) {
 			if _, err := p.signal.Close(ctx, ev, d, o.Resolved); err != nil {
 				return "", false, err
 			}
@@ -764,22 +766,26 @@ func (p *Pipeline) refresh(ctx context.Context, ev event.Event, o engine.Outcome
 		}
 		return o, false, fmt.Errorf("reading nodeclaim %s before a %s: %w", cached.Name, o.Decision.Action, err)
 	}
-	if fresh.ResourceVersion == cached.ResourceVersion {
+	freshMem, err := record.Load(ctx, p.fresh, cached.Name)
+	if err != nil {
+		p.engine.Unreserve(o.Decision.NodePool, o.Decision.NodeClaim)
+		return o, false, fmt.Errorf("reading the healthrecord of nodeclaim %s before a %s: %w", cached.Name, o.Decision.Action, err)
+	}
+	if fresh.ResourceVersion == cached.ResourceVersion && freshMem.Equal(p.memory(ctx, cached)) {
 		return o, false, nil
 	}
 	p.engine.Unreserve(o.Decision.NodePool, o.Decision.NodeClaim)
 	if redecide != "" {
-		set, _ := record.Read(fresh)
-		if !slices.ContainsFunc(set.Records, func(r record.Record) bool { return r.EventID == redecide && r.Active() }) {
+		if !slices.ContainsFunc(freshMem.Records, func(r record.Record) bool { return r.EventID == redecide && r.Active() }) {
 			log.Info("deferral ended meanwhile: not decided again", "nodeclaim", fresh.Name)
 			p.metrics.AlreadyRecorded.Inc()
 			return o, true, nil
 		}
-	} else if p.skip(ev, fresh, log) {
+	} else if p.skip(ev, fresh, freshMem, log) {
 		return o, true, nil
 	}
 	res := o.Resolved
-	res.NodeClaim = fresh
+	res.NodeClaim, res.Memory = fresh, &freshMem
 	again, err := p.engine.DecideInstance(ctx, ev, func(context.Context, string) (cluster.Resolved, error) { return res, nil }, res.InstanceID, p.clock.Now())
 	if err != nil {
 		return o, false, err
@@ -943,11 +949,11 @@ func (p *Pipeline) reschedule(ctx context.Context, ev event.Event, id string, re
 // postpones returns the active record of nc whose maintenance ev would move later: the same
 // kind of maintenance at a later start (record.Rescheduled), under its own key (an older update)
 // or another source's.
-func postpones(nc *karpv1.NodeClaim, ev event.Event) (record.Record, bool) {
+func postpones(nc *karpv1.NodeClaim, mem record.Memory, ev event.Event) (record.Record, bool) {
 	if nc == nil {
 		return record.Record{}, false
 	}
-	set, _ := record.Read(nc) // unreadable: nothing to supersede as far as this router can tell
+	set := mem.Set()
 	match := record.Match(ev)
 	for _, r := range set.Active() {
 		if r.Kind != event.KindScheduledChange || r.EventID == ev.ID || !record.Rescheduled(r.Match, match) {
@@ -1036,4 +1042,10 @@ func (s *summary) post(sig *signal.Signaller, ev event.Event) {
 			sig.Summary(s.pools[name], ev, action, n, s.first[name][action])
 		}
 	}
+}
+
+// memory is the router's memory of nc from the cache (nil, or unreadable: nothing is
+// recorded as far as this router can tell).
+func (p *Pipeline) memory(ctx context.Context, nc *karpv1.NodeClaim) record.Memory {
+	return p.signal.Store().Of(ctx, nc)
 }

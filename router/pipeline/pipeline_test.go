@@ -29,6 +29,7 @@ import (
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/reschedule"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
@@ -128,7 +129,7 @@ func TestBulkEventResumes(t *testing.T) {
 	}
 	deferred, deleting := 0, 0
 	for _, nc := range r.claims(t) {
-		if len(record.Records(&nc)) == 1 {
+		if len(recordtest.Records(t, r.kube, &nc)) == 1 {
 			deferred++
 		}
 		if !nc.DeletionTimestamp.IsZero() {
@@ -173,7 +174,7 @@ func TestOneMaintenanceDecidedOnce(t *testing.T) {
 	if err != nil || res.AlreadyRecorded != 1 {
 		t.Fatalf("second report: %+v, %v", res, err)
 	}
-	if ds := record.Records(&r.claims(t)[0]); len(ds) != 1 || ds[0].EventID != "from-health" {
+	if ds := recordtest.Records(t, r.kube, &r.claims(t)[0]); len(ds) != 1 || ds[0].EventID != "from-health" {
 		t.Errorf("records %+v", ds)
 	}
 	// Rescheduled (another not-before): decided again.
@@ -203,7 +204,7 @@ func TestRedecideADueDeferral(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := r.claims(t)[0]
-	rec := record.Records(&nc)[0]
+	rec := recordtest.Records(t, r.kube, &nc)[0]
 	d, err := r.p.Redecide(context.Background(), &nc, rec)
 	if err != nil || d.Action != policy.ActionDefer || !d.Until.Equal(start.Add(-time.Hour)) {
 		t.Fatalf("before its time: %s until %s (%v)", d.Action, d.Until, err)
@@ -213,8 +214,8 @@ func TestRedecideADueDeferral(t *testing.T) {
 	if err != nil || d.Action != policy.ActionDrain {
 		t.Fatalf("when due: %s (%v)", d.Action, err)
 	}
-	if nc := r.claims(t)[0]; nc.DeletionTimestamp.IsZero() || len(record.Records(&nc)) != 0 {
-		t.Errorf("after the drain: deleting %v, records %+v", !nc.DeletionTimestamp.IsZero(), record.Records(&nc))
+	if nc := r.claims(t)[0]; nc.DeletionTimestamp.IsZero() || len(recordtest.Records(t, r.kube, &nc)) != 0 {
+		t.Errorf("after the drain: deleting %v, records %+v", !nc.DeletionTimestamp.IsZero(), recordtest.Records(t, r.kube, &nc))
 	}
 	broken := rec
 	broken.Event = []byte("{not json")
@@ -240,7 +241,7 @@ func TestClosedHealthEventCancels(t *testing.T) {
 	}
 	// The deferral is cancelled; the closing report is kept as applied (a tombstone), so that
 	// the same report again (the poller's, after a restart) is recognised, not re-applied.
-	if ds := record.Records(&r.claims(t)[0]); len(ds) != 2 || ds[0].State != record.StateCancelled || ds[1].State != record.StateClosed || ds[1].EventID != "e-closed" {
+	if ds := recordtest.Records(t, r.kube, &r.claims(t)[0]); len(ds) != 2 || ds[0].State != record.StateCancelled || ds[1].State != record.StateClosed || ds[1].EventID != "e-closed" {
 		t.Errorf("records %+v", ds)
 	}
 	if res, err := r.p.Process(context.Background(), closed); err != nil || res.AlreadyRecorded != 1 {
@@ -252,15 +253,12 @@ func TestClosedHealthEventCancels(t *testing.T) {
 func TestDrainingNodeClaimIsSkipped(t *testing.T) {
 	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 1})
 	nc := r.claims(t)[0]
-	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("other", now, string(signal.ModeForward))}
-	if err := r.kube.Update(context.Background(), &nc); err != nil {
-		t.Fatal(err)
-	}
+	recordtest.Seed(t, r.kube, &nc, record.Memory{Drain: &record.Drain{EventID: "other", At: now, Via: string(signal.ModeForward)}})
 	res, err := r.p.Process(context.Background(), retirement("e", now.Add(72*time.Hour), instanceID(0)))
 	if err != nil || res.AlreadyRecorded != 1 || len(res.Actions) != 0 {
 		t.Fatalf("%+v, %v", res, err)
 	}
-	if ds := record.Records(&r.claims(t)[0]); len(ds) != 0 {
+	if ds := recordtest.Records(t, r.kube, &r.claims(t)[0]); len(ds) != 0 {
 		t.Errorf("a deferral written on a draining NodeClaim: %+v", ds)
 	}
 }
@@ -359,7 +357,7 @@ func TestSeamPollerFindingDefers(t *testing.T) {
 	if res, err := r.p.Process(context.Background(), ev); err != nil || res.Actions[policy.ActionDefer] != 1 {
 		t.Fatalf("%+v, %v", res, err)
 	}
-	ds := record.Records(&r.claims(t)[0])
+	ds := recordtest.Records(t, r.kube, &r.claims(t)[0])
 	if len(ds) != 1 || ds[0].Match != "system-reboot@2026-11-24T12:00:00Z" {
 		t.Fatalf("records %+v", ds)
 	}
@@ -375,7 +373,7 @@ func TestSeamPollerFindingDefers(t *testing.T) {
 	if _, err := r.p.Process(context.Background(), closed); err != nil {
 		t.Fatal(err)
 	}
-	if ds := record.Records(&r.claims(t)[0]); len(ds) != 2 || ds[0].State != record.StateCancelled || ds[1].State != record.StateClosed {
+	if ds := recordtest.Records(t, r.kube, &r.claims(t)[0]); len(ds) != 2 || ds[0].State != record.StateCancelled || ds[1].State != record.StateClosed {
 		t.Errorf("after [Canceled]: %+v", ds)
 	}
 }
@@ -392,7 +390,7 @@ func TestSeamRunningBeforeStopped(t *testing.T) {
 		t.Fatalf("late stop: %+v, %v", res, err)
 	}
 	nc := r.claims(t)[0]
-	if set, _ := record.Read(&nc); len(set.Active()) != 0 || !nc.DeletionTimestamp.IsZero() {
+	if set := recordtest.Set(t, r.kube, &nc); len(set.Active()) != 0 || !nc.DeletionTimestamp.IsZero() {
 		t.Errorf("late stop left %+v (deleting %v)", set, !nc.DeletionTimestamp.IsZero())
 	}
 }
@@ -402,20 +400,17 @@ func TestSeamRunningBeforeStopped(t *testing.T) {
 func TestSeamUnreadableRecordsKept(t *testing.T) {
 	r := newRig(t, map[string]map[string]string{"kafka": {policy.AnnotationAction: "defer"}}, map[string]int{"kafka": 2})
 	r.p.signal.OnUnreadable(r.m.RecordsUnreadable.Inc)
-	newer := `{"version":9,"records":[{"event_id":"from-the-future"}]}`
 	for i := range r.claims(t) {
 		nc := r.claims(t)[i]
-		nc.Annotations = map[string]string{record.Annotation: newer}
-		if err := r.kube.Update(context.Background(), &nc); err != nil {
-			t.Fatal(err)
-		}
+		recordtest.Seed(t, r.kube, &nc, record.Memory{Records: []record.Record{{EventID: "from-the-future"}}})
+		newer(t, r.kube, nc.Name)
 	}
 	_, err := r.p.Process(context.Background(), retirement("h", now.Add(72*time.Hour), instanceID(0)))
 	if !errors.Is(err, record.ErrUnreadable) {
 		t.Fatalf("deferral onto unreadable records: %v", err)
 	}
-	if got := r.claims(t)[0].Annotations[record.Annotation]; got != newer {
-		t.Errorf("records rewritten: %s", got)
+	if hr := (&record.HealthRecord{}); r.kube.Get(context.Background(), client.ObjectKey{Name: r.claims(t)[0].Name}, hr) != nil || hr.Status.Version != record.Version+7 || len(hr.Status.Records) != 1 {
+		t.Errorf("records rewritten: %+v", hr.Status)
 	}
 	if n := testutil.ToFloat64(r.m.RecordsUnreadable); n != 1 {
 		t.Errorf("unreadable metric %v", n)
@@ -435,7 +430,7 @@ func TestSeamDrainEndsEarlierRecords(t *testing.T) {
 	if _, err := r.p.Process(context.Background(), spot("s", instanceID(0))); err != nil {
 		t.Fatal(err)
 	}
-	ds := record.Records(&r.claims(t)[0])
+	ds := recordtest.Records(t, r.kube, &r.claims(t)[0])
 	if len(ds) != 1 || ds[0].State != record.StateDrained {
 		t.Errorf("records after the drain: %+v", ds)
 	}
@@ -464,7 +459,7 @@ func TestPodNotices(t *testing.T) {
 	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-0"}, &nc); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.p.Redecide(context.Background(), &nc, record.Records(&nc)[0]); err != nil {
+	if _, err := r.p.Redecide(context.Background(), &nc, recordtest.Records(t, r.kube, &nc)[0]); err != nil {
 		t.Fatal(err)
 	}
 	if len(pn.got) != 2 || pn.got[1].Action != policy.ActionDrain || pn.got[1].Node != "node-0" {
@@ -528,7 +523,7 @@ func TestReschedule(t *testing.T) {
 			if err != nil || res.Actions[policy.ActionDefer] != 1 {
 				t.Fatalf("outcome %+v, %v", res, err)
 			}
-			recs := record.Records(&r.claims(t)[0])
+			recs := recordtest.Records(t, r.kube, &r.claims(t)[0])
 			if len(recs) != 1 || !strings.HasPrefix(recs[0].Reason, tt.wantReason) {
 				t.Fatalf("records %+v, want one whose reason starts %q", recs, tt.wantReason)
 			}
@@ -576,7 +571,7 @@ func TestReschedule(t *testing.T) {
 			if _, err := r.p.Process(context.Background(), scheduled("h-2", arn, rebootCode, moved, "upcoming", instanceID(0))); err != nil {
 				t.Fatal(err)
 			}
-			set, _ := record.Read(&r.claims(t)[0])
+			set := recordtest.Set(t, r.kube, &r.claims(t)[0])
 			if a := set.Active(); len(a) != 1 || a[0].EventID != "h-2" || !a[0].Until.Equal(open) {
 				t.Errorf("active records %+v, want Health's update alone, until the window", a)
 			}
@@ -721,7 +716,7 @@ func TestRescheduleReportDuringEC2Outage(t *testing.T) {
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err %v, want an error %v", err, tt.wantErr)
 			}
-			set, _ := record.Read(&r.claims(t)[0])
+			set := recordtest.Set(t, r.kube, &r.claims(t)[0])
 			a := set.Active()
 			if len(a) != 1 || a[0].Match != "system-reboot@"+tt.wantMatch.Format(time.RFC3339) {
 				t.Errorf("active records %+v, want one of the maintenance at %s", a, tt.wantMatch)
@@ -768,10 +763,23 @@ func TestReportOfTheFirstStartAfterACancel(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			set, _ := record.Read(&r.claims(t)[0])
+			set := recordtest.Set(t, r.kube, &r.claims(t)[0])
 			if a := set.Active(); len(a) != 0 {
 				t.Errorf("active records %+v after the cancel, want none", a)
 			}
 		})
+	}
+}
+
+// newer makes the HealthRecord name a newer router's: a format this router does not read.
+func newer(t *testing.T, c client.Client, name string) {
+	t.Helper()
+	hr := &record.HealthRecord{}
+	if err := c.Get(context.Background(), client.ObjectKey{Name: name}, hr); err != nil {
+		t.Fatal(err)
+	}
+	hr.Status.Version = record.Version + 7
+	if err := c.Update(context.Background(), hr); err != nil {
+		t.Fatal(err)
 	}
 }

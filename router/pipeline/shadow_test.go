@@ -19,7 +19,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/policy"
-	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
@@ -191,7 +191,7 @@ func TestShadowDropsDeferralComingDue(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := r.claims(t)[0]
-	recs := record.Records(&nc)
+	recs := recordtest.Records(t, r.kube, &nc)
 	if len(recs) != 1 || !recs[0].Active() {
 		t.Fatalf("records %+v", recs)
 	}
@@ -214,8 +214,8 @@ func TestShadowDropsDeferralComingDue(t *testing.T) {
 	if !after.DeletionTimestamp.IsZero() {
 		t.Fatal("drained in shadow")
 	}
-	if len(record.Records(&after)) != 0 {
-		t.Errorf("the deferral stays: %+v", record.Records(&after))
+	if len(recordtest.Records(t, r.kube, &after)) != 0 {
+		t.Errorf("the deferral stays: %+v", recordtest.Records(t, r.kube, &after))
 	}
 	if outs := shadowOf(t, r, after.Name); len(outs) != 1 {
 		t.Errorf("would-be outcomes %+v", outs)
@@ -276,7 +276,7 @@ func TestCloseInShadowEndsTheDeferral(t *testing.T) {
 	}
 	setPoolAnnotations(t, r, "web", deferring)
 	nc := r.claims(t)[0]
-	for _, rec := range record.Records(&nc) {
+	for _, rec := range recordtest.Records(t, r.kube, &nc) {
 		if rec.Active() {
 			t.Errorf("the deferral of the closed maintenance is still active: %s %s until %s", rec.EventID, rec.State, rec.Until)
 		}

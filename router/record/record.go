@@ -19,19 +19,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
 
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
-
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
 )
 
-// Annotation holds a NodeClaim's records.
-const Annotation = cluster.AnnotationDeferred
+// Annotation held a NodeClaim's records before the store (HealthRecord): the router no
+// longer reads it as its memory; it is only removed (router/app's cleanup of the old keys).
+const Annotation = "healthrouter.io/deferred"
 
 // Version is the record format this router writes. Version 1 is the bare JSON list of
 // records that routers before it wrote; it is read, and rewritten as Version on the next write.
@@ -91,6 +90,9 @@ type Record struct {
 	// MovedFrom: the router moved it into the window): a report of that start, sent before
 	// the move, is this maintenance (Recorded).
 	MovedFrom time.Time `json:"moved_from,omitzero"`
+	// Start is AWS's start of the event (its not-before), when it has one: shown by
+	// `kubectl get healthrecords`.
+	Start time.Time `json:"start,omitzero"`
 }
 
 // Active reports whether the record still waits.
@@ -192,21 +194,6 @@ func Trim(rs []Record) []Record {
 	}
 	slices.Reverse(out)
 	return out
-}
-
-// Read returns a NodeClaim's records; nil NodeClaim or no annotation is an empty Set.
-func Read(nc *karpv1.NodeClaim) (Set, error) {
-	if nc == nil {
-		return Set{}, nil
-	}
-	return Decode(nc.Annotations[Annotation])
-}
-
-// Records returns a NodeClaim's records, or none when they cannot be read (callers that must
-// tell the difference use Read).
-func Records(nc *karpv1.NodeClaim) []Record {
-	s, _ := Read(nc)
-	return s.Records
 }
 
 // Key identifies an event across its updates: the AWS Health eventArn; for the poller's
@@ -517,7 +504,20 @@ func (s Set) Active() []Record {
 func Same(a, b Record) bool {
 	return a.EventID == b.EventID && a.Key == b.Key && a.Kind == b.Kind && a.Until.Equal(b.Until) && a.Reason == b.Reason &&
 		a.State == b.State && a.Hold == b.Hold && a.Image == b.Image && slices.Equal(a.PDBs, b.PDBs) && a.Match == b.Match &&
-		a.EventTime.Equal(b.EventTime) && string(a.Event) == string(b.Event)
+		a.EventTime.Equal(b.EventTime) && sameJSON(a.Event, b.Event)
+}
+
+// sameJSON reports whether two event bodies are the same JSON: a body read back from the
+// API server has its object keys in another order than the one written.
+func sameJSON(a, b json.RawMessage) bool {
+	if bytes.Equal(a, b) {
+		return true
+	}
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
 }
 
 // DrainStamp is the value of the drain-signalled annotation: "<event id> <RFC 3339> <via>".

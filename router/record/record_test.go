@@ -3,13 +3,9 @@ package record
 import (
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
 )
@@ -48,53 +44,7 @@ func TestDecode(t *testing.T) {
 			if v := strings.Index(tt.value, `"version":`); err != nil && v >= 0 && !strings.Contains(err.Error(), "version "+tt.value[v+10:v+11]) {
 				t.Errorf("the error does not name the value's version: %v", err)
 			}
-			// Headers reads the same records, without their bodies, and an unreadable value
-			// as none.
-			nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{Annotation: tt.value}}}
-			want := s.Records
-			for i := range want {
-				want[i].Event = nil
-			}
-			for range 2 { // decoded, then kept
-				if got := Headers(nc); !reflect.DeepEqual(got, want) && len(got)+len(want) > 0 {
-					t.Errorf("headers %+v, want %+v", got, want)
-				}
-			}
 		})
-	}
-}
-
-// Headers leaves out the event bodies, reads a changed value afresh, and keeps no more
-// than its bound of values.
-func TestHeaders(t *testing.T) {
-	defer func(b int) { headerCacheBytes = b }(headerCacheBytes)
-	headerCacheBytes = 1 << 10
-	nc := func(v string) *karpv1.NodeClaim {
-		return &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{Annotation: v}}}
-	}
-	held := `{"version":2,"records":[{"event_id":"a","kind":"scheduled-change","state":"deferred","hold":"pacing","until":"2026-11-28T10:00:00Z","event":{"id":"a","detail":{"affectedEntities":[{"entityValue":"i-1"}]}}}]}`
-	rs := Headers(nc(held))
-	if len(rs) != 1 || rs[0].EventID != "a" || rs[0].Hold != "pacing" || !rs[0].Active() || rs[0].Until.IsZero() || rs[0].Event != nil {
-		t.Fatalf("headers %+v", rs)
-	}
-	ended := strings.Replace(held, `"state":"deferred"`, `"state":"drained"`, 1)
-	if rs := Headers(nc(ended)); len(rs) != 1 || rs[0].Active() {
-		t.Errorf("a changed value read from the cache: %+v", rs)
-	}
-	if rs := Headers(nc(held)); len(rs) != 1 || !rs[0].Active() {
-		t.Errorf("the first value read again: %+v", rs)
-	}
-	if Headers(nil) != nil || Headers(nc("")) != nil {
-		t.Error("records on a NodeClaim with none")
-	}
-	for i := range 50 {
-		Headers(nc(strings.Replace(held, `"event_id":"a"`, fmt.Sprintf(`"event_id":"a%d"`, i), 1)))
-		headers.mu.Lock()
-		over := headers.bytes > headerCacheBytes
-		headers.mu.Unlock()
-		if over {
-			t.Fatalf("the cache keeps %d bytes of values, over its bound of %d", headers.bytes, headerCacheBytes)
-		}
 	}
 }
 

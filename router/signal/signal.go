@@ -100,6 +100,7 @@ const recentTTL = 10 * time.Minute
 type Signaller struct {
 	kube     client.Client // writes; reads through the cache
 	fresh    client.Reader // uncached reads, only after a write conflicted
+	store    *record.Store // the router's memory: records and drains, in HealthRecords
 	mode     Mode
 	forward  *batcher // to Karpenter's interruption queue, for ModeForward
 	recorder events.EventRecorder
@@ -137,13 +138,16 @@ func (s *Signaller) OnUnreadable(f func()) { s.onUnreadable = f }
 
 // New returns a Signaller. sqsClient and karpenterQueueURL are used in ModeForward only.
 func New(kube client.Client, fresh client.Reader, mode Mode, sqsClient sendAPI, karpenterQueueURL string, recorder events.EventRecorder, clk clock.Clock) *Signaller {
-	s := &Signaller{kube: kube, fresh: fresh, mode: mode, recorder: recorder, clock: clk,
+	s := &Signaller{kube: kube, fresh: fresh, store: record.NewStore(kube, fresh), mode: mode, recorder: recorder, clock: clk,
 		locks: keymutex.NewHashed(instanceLocks), recent: map[string]time.Time{}, canon: map[string]*Canonicalizer{}}
 	if sqsClient != nil && karpenterQueueURL != "" {
 		s.forward = newBatcher(sqsClient, karpenterQueueURL)
 	}
 	return s
 }
+
+// Store returns the store the Signaller keeps its records in.
+func (s *Signaller) Store() *record.Store { return s.store }
 
 // Mode returns the signalling mode.
 func (s *Signaller) Mode() Mode { return s.mode }
@@ -195,8 +199,8 @@ func (s *Signaller) remember(id string) {
 
 // Drain signals Karpenter to drain the instance. It returns already=true, and signals
 // nothing, when the instance is already being drained (by this event or another): the
-// NodeClaim is being deleted or carries the router's drain-signalled annotation. It reads
-// the NodeClaim from the cache; the per-instance lock and an in-memory note of recent drains
+// NodeClaim is being deleted or its HealthRecord holds a drain. It reads the NodeClaim and
+// its record from the cache; the per-instance lock and an in-memory note of recent drains
 // cover the moment before the cache shows a drain this process signalled.
 func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) (already bool, err error) {
 	s.locks.LockKey(d.InstanceID)
@@ -209,31 +213,36 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 	}
 	via := s.Via(ev)
 	resend := false
+	mem, memErr := s.store.Get(ctx, claim.Name)
+	if errors.Is(memErr, record.ErrUnreadable) {
+		// A newer router's memory, kept as it is: nothing can be recorded beside it, so the
+		// drain is one that records itself, the NodeClaim's DELETE.
+		s.unreadable(claim, memErr)
+		via, memErr = ModeDeleteNodeClaim, nil
+	}
 	switch {
 	case !claim.DeletionTimestamp.IsZero():
 		return true, nil
-	case claim.Annotations[cluster.AnnotationDrainSignalled] != "":
+	case memErr != nil:
+		return false, memErr
+	case mem.Drain != nil:
 		// Stamped by an earlier try of this same event whose send may not have gone out (the
 		// process died between the stamp and the send): send again until Karpenter acts.
-		id, _, stampedVia, _ := record.ParseDrainStamp(claim.Annotations[cluster.AnnotationDrainSignalled])
-		if id != ev.ID || Mode(stampedVia) != ModeForward || via != ModeForward {
+		if mem.Drain.EventID != ev.ID || Mode(mem.Drain.Via) != ModeForward || via != ModeForward {
 			return true, nil
 		}
 		resend = true
 	}
 	stamp := func() error {
-		err := s.update(ctx, claim, func(nc *karpv1.NodeClaim) (bool, error) {
-			if nc.Annotations[cluster.AnnotationDrainSignalled] != "" || !nc.DeletionTimestamp.IsZero() {
+		err := s.store.Update(ctx, claim, func(m *record.Memory) (bool, error) {
+			if m.Drain != nil {
 				return false, nil // recorded by an earlier try, or drained by another: nothing to add
 			}
-			if set, err := record.Read(nc); err == nil {
-				// Every record it held ends with the node; an unreadable value is left as it is.
-				set.Drained(ev.ID, record.Key(ev))
-				if err := writeRecords(nc, set); err != nil {
-					return false, err
-				}
-			}
-			nc.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp(ev.ID, s.clock.Now(), string(via))
+			// Every record it held ends with the node.
+			set := m.Set()
+			set.Drained(ev.ID, record.Key(ev))
+			m.SetSet(set)
+			m.Drain = &record.Drain{EventID: ev.ID, At: s.clock.Now().UTC(), Via: string(via)}
 			return true, nil
 		})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -312,7 +321,7 @@ func (s *Signaller) Drain(ctx context.Context, ev event.Event, d policy.Decision
 		// a stamped NodeClaim that is not deleting within the confirmation bound. Without
 		// records the DELETE alone records the drain: a deleting NodeClaim counts as draining,
 		// and a redelivered event skips it.
-		if claim.Annotations[record.Annotation] != "" {
+		if len(mem.Records) > 0 {
 			if err := stamp(); err != nil {
 				if apierrors.IsNotFound(err) {
 					return true, nil
@@ -380,12 +389,16 @@ func (s *Signaller) Fallback(ctx context.Context, nc *karpv1.NodeClaim, waited t
 	if err := s.kube.Delete(ctx, nc.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
 		return false, fmt.Errorf("deleting nodeclaim %s after an unconfirmed drain: %w", nc.Name, err)
 	}
-	id, _, via, _ := record.ParseDrainStamp(nc.Annotations[cluster.AnnotationDrainSignalled])
-	if Mode(via) != ModeForward {
+	mem, err := s.store.Get(ctx, nc.Name)
+	if err != nil || mem.Drain == nil || Mode(mem.Drain.Via) != ModeForward {
 		return false, nil
 	}
-	if err := s.update(ctx, nc, func(c *karpv1.NodeClaim) (bool, error) {
-		c.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp(id, s.clock.Now(), string(ModeDeleteNodeClaim))
+	id := mem.Drain.EventID
+	if err := s.store.Update(ctx, nc, func(m *record.Memory) (bool, error) {
+		if m.Drain == nil {
+			return false, nil
+		}
+		m.Drain.At, m.Drain.Via = s.clock.Now().UTC(), string(ModeDeleteNodeClaim)
 		return true, nil
 	}); err != nil && !apierrors.IsNotFound(err) {
 		return true, fmt.Errorf("recording the fallback on nodeclaim %s: %w", nc.Name, err)
@@ -409,7 +422,7 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 	}
 	entry := record.Record{EventID: ev.ID, Key: record.Key(ev), Kind: ev.Kind, Until: d.Until.UTC(), Reason: d.Reason, State: record.StateDeferred,
 		Hold: d.Hold, Image: holdImage(d), PDBs: gates.HeldPDBs(d), Match: record.Match(ev), EventTime: ev.Time.UTC(), Event: body,
-		Communication: record.Communication(ev), MovedFrom: ev.MovedFrom}
+		Communication: record.Communication(ev), MovedFrom: ev.MovedFrom, Start: ev.Deadline.UTC()}
 	err = s.updateRecords(ctx, res.NodeClaim, func(set *record.Set) bool {
 		// The decision read the records before this write; a close written since (another
 		// worker's, at the same moment) ends the event here as it would have there.
@@ -744,17 +757,18 @@ func annotationPatch(base, next *karpv1.NodeClaim) ([]byte, error) {
 // updateRecords applies mutate to the NodeClaim's records. Records this router cannot read
 // are kept as they are: the write fails with record.ErrUnreadable, and is counted and told.
 func (s *Signaller) updateRecords(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*record.Set) bool) error {
-	return s.update(ctx, nc, func(c *karpv1.NodeClaim) (bool, error) {
-		set, err := record.Read(c)
-		if err != nil {
-			s.unreadable(c, err)
-			return false, fmt.Errorf("nodeclaim %s: %w", c.Name, err)
-		}
+	err := s.store.Update(ctx, nc, func(m *record.Memory) (bool, error) {
+		set := m.Set()
 		if !mutate(&set) {
 			return false, nil
 		}
-		return true, writeRecords(c, set)
+		m.SetSet(set)
+		return true, nil
 	})
+	if errors.Is(err, record.ErrUnreadable) {
+		s.unreadable(nc, err)
+	}
+	return err
 }
 
 // unreadable tells that a NodeClaim's records cannot be read and are kept as they are.
@@ -763,21 +777,7 @@ func (s *Signaller) unreadable(nc *karpv1.NodeClaim, err error) {
 		s.onUnreadable()
 	}
 	s.recorder.Eventf(nc, nil, corev1.EventTypeWarning, ReasonRecordUnreadable, "ReadRecords",
-		"%s is kept as it is and not rewritten (%v): a newer router wrote it, or it is damaged", record.Annotation, err)
-}
-
-// writeRecords sets the records annotation (removing it when there is nothing to keep).
-func writeRecords(nc *karpv1.NodeClaim, set record.Set) error {
-	v, err := record.Encode(set)
-	if err != nil {
-		return fmt.Errorf("nodeclaim %s: %w", nc.Name, err)
-	}
-	if v == "" {
-		delete(nc.Annotations, record.Annotation)
-	} else {
-		nc.Annotations[record.Annotation] = v
-	}
-	return nil
+		"its HealthRecord is kept as it is and not rewritten (%v): a newer router wrote it", err)
 }
 
 // event posts an Event on the Node and the NodeClaim, within the instance Event budget (held

@@ -165,9 +165,8 @@ func TestDrainForwardsOnceAndStamps(t *testing.T) {
 	if len(r.sent.bodies) != 1 || strings.Contains(r.sent.bodies[0], "i-0a1b2c3d4e5f6000b") || !strings.Contains(r.sent.bodies[0], "i-0a1b2c3d4e5f6000a") {
 		t.Fatalf("forwarded %v", r.sent.bodies)
 	}
-	id, at, via, ok := record.ParseDrainStamp(r.get(t).Annotations[cluster.AnnotationDrainSignalled])
-	if !ok || id != "h1" || !at.Equal(now) || Mode(via) != ModeForward {
-		t.Errorf("stamp %q", r.get(t).Annotations[cluster.AnnotationDrainSignalled])
+	if d := r.mem(t).Drain; d == nil || d.EventID != "h1" || !d.At.Equal(now) || Mode(d.Via) != ModeForward {
+		t.Errorf("drain %+v", d)
 	}
 	// A duplicate handled while the cache is still stale signals nothing.
 	if already, err := s.Drain(context.Background(), ev, d, stale, false); err != nil || !already || len(r.sent.bodies) != 1 {
@@ -202,7 +201,7 @@ func TestDeferRecordsTheEvent(t *testing.T) {
 	if err != nil || !changed {
 		t.Fatalf("defer: changed %v, err %v", changed, err)
 	}
-	ds := record.Records(r.get(t))
+	ds := r.mem(t).Records
 	if len(ds) != 1 || ds[0].Hold != policy.HoldWindow || !ds[0].Until.Equal(until) || ds[0].Match != "instance-retirement@2026-11-28T10:00:00Z" {
 		t.Fatalf("record %+v", ds)
 	}
@@ -211,7 +210,7 @@ func TestDeferRecordsTheEvent(t *testing.T) {
 	if err != nil || len(back.Instances) != 1 || back.Instances[0] != "i-0a1b2c3d4e5f6000a" || back.ID != "h1" {
 		t.Errorf("recorded event: %v %+v", err, back)
 	}
-	set, _ := record.Read(r.get(t))
+	set := r.mem(t).Set()
 	if rec, ok := set.Recorded(ev); !ok || rec.EventID != "h1" {
 		t.Error("Recorded does not find the deferral")
 	}
@@ -226,7 +225,7 @@ func TestDeferRecordsTheEvent(t *testing.T) {
 	if _, err := s.Defer(context.Background(), upd, d, r.resolved(t), true); err != nil {
 		t.Fatal(err)
 	}
-	ds = record.Records(r.get(t))
+	ds = r.mem(t).Records
 	if len(ds) != 2 || ds[0].State != record.StateSuperseded || ds[1].State != record.StateDeferred {
 		t.Errorf("after an update: %+v", ds)
 	}
@@ -234,7 +233,7 @@ func TestDeferRecordsTheEvent(t *testing.T) {
 	if _, err := s.Drain(context.Background(), upd, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDrain}, r.resolved(t), true); err != nil {
 		t.Fatal(err)
 	}
-	if ds := record.Records(r.get(t)); len(ds) != 0 {
+	if ds := r.mem(t).Records; len(ds) != 0 {
 		t.Errorf("records left after the drain: %+v", ds)
 	}
 }
@@ -274,16 +273,16 @@ func TestIgnoreCancelsAndRemoves(t *testing.T) {
 	if err := s.Ignore(context.Background(), running, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionIgnore, Cancel: true}, r.resolved(t), false); err != nil {
 		t.Fatal(err)
 	}
-	ds := record.Records(r.get(t))
+	ds := r.mem(t).Records
 	if len(ds) != 1 || ds[0].State != record.StateCancelled || ds[0].Active() {
 		t.Fatalf("after running: %+v", ds)
 	}
 	// Pruned only once its time has passed.
-	if err := s.Prune(context.Background(), r.get(t), now); err != nil || len(record.Records(r.get(t))) != 1 {
+	if err := s.Prune(context.Background(), r.get(t), now); err != nil || len(r.mem(t).Records) != 1 {
 		t.Errorf("pruned early: %v", err)
 	}
-	if err := s.Prune(context.Background(), r.get(t), now.Add(16*time.Minute)); err != nil || len(record.Records(r.get(t))) != 0 {
-		t.Errorf("not pruned after its time: %v %+v", err, record.Records(r.get(t)))
+	if err := s.Prune(context.Background(), r.get(t), now.Add(16*time.Minute)); err != nil || len(r.mem(t).Records) != 0 {
+		t.Errorf("not pruned after its time: %v %+v", err, r.mem(t).Records)
 	}
 	// A deferral re-decided as ignored (the pool's policy changed) is removed.
 	if _, err := s.Defer(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionDefer, Until: now.Add(time.Hour)}, r.resolved(t), true); err != nil {
@@ -292,7 +291,7 @@ func TestIgnoreCancelsAndRemoves(t *testing.T) {
 	if err := s.Ignore(context.Background(), stop, policy.Decision{InstanceID: "i-0a1b2c3d4e5f6000a", Action: policy.ActionIgnore}, r.resolved(t), true); err != nil {
 		t.Fatal(err)
 	}
-	if ds := record.Records(r.get(t)); len(ds) != 0 {
+	if ds := r.mem(t).Records; len(ds) != 0 {
 		t.Errorf("ignored deferral kept: %+v", ds)
 	}
 }
@@ -360,8 +359,13 @@ func TestFallbackDeletesAndRestamps(t *testing.T) {
 	s, r := newRig(t, ModeForward)
 	nc := r.get(t)
 	nc.Finalizers = []string{"karpenter.sh/termination"} // held, as Karpenter's finalizer holds it
-	nc.Annotations = map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("h1", now, string(ModeForward))}
 	if err := r.kube.Update(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Store().Update(context.Background(), nc, func(m *record.Memory) (bool, error) {
+		m.Drain = &record.Drain{EventID: "h1", At: now, Via: string(ModeForward)}
+		return true, nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if forwarded, err := s.Fallback(context.Background(), r.get(t), 25*time.Second); err != nil || !forwarded {
@@ -371,8 +375,8 @@ func TestFallbackDeletesAndRestamps(t *testing.T) {
 	if got.DeletionTimestamp.IsZero() {
 		t.Error("not deleted")
 	}
-	if _, _, via, _ := record.ParseDrainStamp(got.Annotations[cluster.AnnotationDrainSignalled]); Mode(via) != ModeDeleteNodeClaim {
-		t.Errorf("stamp %q", got.Annotations[cluster.AnnotationDrainSignalled])
+	if d := r.mem(t).Drain; d == nil || Mode(d.Via) != ModeDeleteNodeClaim {
+		t.Errorf("drain %+v", d)
 	}
 	select {
 	case e := <-r.recorder.Events:
@@ -511,12 +515,12 @@ func TestForwardWhoseStampFailed(t *testing.T) {
 	claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kafka-a"}, Status: karpv1.NodeClaimStatus{ProviderID: "aws:///eu-west-1a/i-0a1b2c3d4e5f6000a"}}
 	failures := 1
 	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(claim).WithInterceptorFuncs(interceptor.Funcs{
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 			if failures > 0 {
 				failures--
 				return errors.New("EOF")
 			}
-			return c.Patch(ctx, obj, patch, opts...)
+			return c.Create(ctx, obj, opts...)
 		},
 	}).Build()
 	sent := &sentMessages{}
@@ -531,8 +535,8 @@ func TestForwardWhoseStampFailed(t *testing.T) {
 		t.Fatalf("retry: %v", err)
 	}
 	got := &karpv1.NodeClaim{}
-	if err := kube.Get(context.Background(), client.ObjectKey{Name: "kafka-a"}, got); err != nil || got.Annotations[cluster.AnnotationDrainSignalled] == "" {
-		t.Errorf("the retry did not stamp: %v %v", err, got.Annotations)
+	if err := kube.Get(context.Background(), client.ObjectKey{Name: "kafka-a"}, got); err != nil || memOf(t, kube, "kafka-a").Drain == nil {
+		t.Errorf("the retry did not stamp: %v %v", err, memOf(t, kube, "kafka-a"))
 	}
 	if len(sent.bodies) != 1 {
 		t.Errorf("forwarded %d times, want once", len(sent.bodies))
@@ -599,7 +603,7 @@ func TestUrgentForwardStampsAndSendsAtOnce(t *testing.T) {
 			sent := &sentMessages{}
 			tries := 0
 			kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(claim).WithInterceptorFuncs(interceptor.Funcs{
-				Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+				Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 					if tc.patch != nil {
 						err := tc.patch(sent, tries)
 						tries++
@@ -610,7 +614,7 @@ func TestUrgentForwardStampsAndSendsAtOnce(t *testing.T) {
 							return err
 						}
 					}
-					return c.Patch(ctx, obj, patch, opts...)
+					return c.Create(ctx, obj, opts...)
 				},
 			}).Build()
 			var api batchAPI = sent
@@ -641,8 +645,8 @@ func TestUrgentForwardStampsAndSendsAtOnce(t *testing.T) {
 			if err := kube.Get(context.Background(), client.ObjectKey{Name: "spot-a"}, got); err != nil {
 				t.Fatal(err)
 			}
-			if stamped := got.Annotations[cluster.AnnotationDrainSignalled] != ""; stamped != tc.wantStamp {
-				t.Errorf("stamped %t, want %t (%v)", stamped, tc.wantStamp, got.Annotations)
+			if stamped := memOf(t, kube, "spot-a").Drain != nil; stamped != tc.wantStamp {
+				t.Errorf("stamped %t, want %t (%+v)", stamped, tc.wantStamp, memOf(t, kube, "spot-a"))
 			}
 			if tc.refuse && !strings.Contains(strings.Join(drainEvents(rec), "\n"), "forwarding it to Karpenter failed") {
 				t.Error("no Warning Event for the failed send")
@@ -669,11 +673,11 @@ func TestUrgentForwardWaitsWhileStampsFail(t *testing.T) {
 	a, b := claim("spot-a", "i-0a1b2c3d4e5f6000a"), claim("spot-b", "i-0a1b2c3d4e5f6000b")
 	down := true
 	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(a, b).WithInterceptorFuncs(interceptor.Funcs{
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 			if down {
 				return errors.New("EOF")
 			}
-			return c.Patch(ctx, obj, patch, opts...)
+			return c.Create(ctx, obj, opts...)
 		},
 	}).Build()
 	sent := &sentMessages{}
@@ -810,10 +814,25 @@ func TestDeferAfterAConcurrentClose(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			set, _ := record.Read(r.get(t))
+			set := r.mem(t).Set()
 			if a := set.Active(); changed || len(a) != 0 {
 				t.Errorf("changed %v, %d active record(s): the close written first must end the older update", changed, len(a))
 			}
 		})
 	}
+}
+
+// memOf is the router's memory of NodeClaim name, as the API server holds it.
+func memOf(t *testing.T, c client.Reader, name string) record.Memory {
+	t.Helper()
+	m, err := record.Load(context.Background(), c, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func (r *rig) mem(t *testing.T) record.Memory {
+	t.Helper()
+	return memOf(t, r.kube, "kafka-a")
 }

@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
@@ -121,6 +121,15 @@ func Read(ctx context.Context, r client.Reader, now time.Time, pool string) (Rep
 	if err := r.List(ctx, &claims, opts...); err != nil {
 		return rep, fmt.Errorf("listing nodeclaims: %w", err)
 	}
+	// The router's memory: its HealthRecords (none where it keeps nothing).
+	var hrs record.HealthRecordList
+	if err := r.List(ctx, &hrs, opts...); err != nil && !meta.IsNoMatchError(err) {
+		return rep, fmt.Errorf("listing healthrecords: %w", err)
+	}
+	mems := make(map[string]record.Memory, len(hrs.Items))
+	for _, hr := range hrs.Items {
+		mems[hr.Name] = hr.Status.Memory
+	}
 	byPool := map[string][]*karpv1.NodeClaim{}
 	for i := range claims.Items {
 		c := &claims.Items[i]
@@ -128,12 +137,12 @@ func Read(ctx context.Context, r client.Reader, now time.Time, pool string) (Rep
 	}
 	sort.Slice(pools, func(i, j int) bool { return pools[i].Name < pools[j].Name })
 	for i := range pools {
-		rep.NodePools = append(rep.NodePools, poolStatus(&pools[i], byPool[pools[i].Name], rep.Now))
+		rep.NodePools = append(rep.NodePools, poolStatus(&pools[i], byPool[pools[i].Name], mems, rep.Now))
 	}
 	return rep, nil
 }
 
-func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) NodePool {
+func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, mems map[string]record.Memory, now time.Time) NodePool {
 	p := policy.FromAnnotations(np.Annotations)
 	s := NodePool{Name: np.Name, Policy: OneLine(p), Problems: p.Problems, Nodes: len(claims)}
 	if p.Window != nil {
@@ -152,11 +161,14 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 	}
 	sort.Slice(claims, func(i, j int) bool { return claims[i].Name < claims[j].Name })
 	for _, c := range claims {
-		signalled := c.Annotations[cluster.AnnotationDrainSignalled]
+		mem := mems[c.Name]
 		deleting := !c.DeletionTimestamp.IsZero()
-		if deleting || signalled != "" {
+		if deleting || mem.Drain != nil {
 			d := Drain{NodeClaim: c.Name, Node: c.Status.NodeName, Deleting: deleting}
-			d.EventID, d.Since = parseSignalled(signalled)
+			if mem.Drain != nil {
+				at := mem.Drain.At.UTC()
+				d.EventID, d.Since = mem.Drain.EventID, &at
+			}
 			if d.Since == nil && deleting {
 				// Deleted with no stamp (delete-nodeclaim mode stamps only to clear deferral
 				// records, or Karpenter's own disruption): since its deletion.
@@ -168,7 +180,7 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 			since := st.Began.UTC()
 			s.Drains = append(s.Drains, Drain{NodeClaim: c.Name, Node: c.Status.NodeName, EventID: st.EventID, Since: &since, InPlace: string(st.Step)})
 		}
-		for _, d := range record.Headers(c) {
+		for _, d := range mem.Records {
 			if d.State != record.StateDeferred {
 				continue // history: cancelled or superseded
 			}
@@ -183,26 +195,6 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, now time.Time) 
 	return s
 }
 
-// parseSignalled reads healthrouter.io/drain-signalled: "<event id> <RFC 3339 time>", or
-// the time alone as older routers wrote it.
-func parseSignalled(v string) (string, *time.Time) {
-	if id, at, _, ok := record.ParseDrainStamp(v); ok {
-		at = at.UTC()
-		return id, &at
-	}
-	f := strings.Fields(v)
-	if len(f) == 0 {
-		return "", nil
-	}
-	if t, err := time.Parse(time.RFC3339, f[len(f)-1]); err == nil {
-		t = t.UTC()
-		return strings.Join(f[:len(f)-1], " "), &t
-	}
-	return v, nil
-}
-
-// holdOf says why a deferral waits: the record's hold, or for records written before holds
-// were recorded, what the reason policy.Decide wrote says.
 func holdOf(d record.Record) string {
 	if d.Hold != "" {
 		return string(d.Hold)

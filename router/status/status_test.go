@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
@@ -101,13 +100,6 @@ func claim(t *testing.T, name string, ds []record.Record, ann map[string]string,
 	for k, v := range ann {
 		nc.Annotations[k] = v
 	}
-	if ds != nil {
-		b, err := json.Marshal(ds)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc.Annotations[cluster.AnnotationDeferred] = string(b)
-	}
 	if deleting {
 		ts := metav1.NewTime(now.Add(-10 * time.Minute))
 		nc.DeletionTimestamp = &ts
@@ -124,16 +116,22 @@ func TestPoolStatus(t *testing.T) {
 	signalledAt := now.Add(-5 * time.Minute)
 	deletedAt := now.Add(-10 * time.Minute) // claim() deletes 10 minutes ago
 	np := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: saturdays}}
+	mems := map[string]record.Memory{
+		"kafka-d": {Records: []record.Record{window, cancelled}},
+		"kafka-a": {Drain: &record.Drain{EventID: "ev-spot", At: signalledAt, Via: "forward"}},
+		"kafka-c": {Records: []record.Record{check}},
+		"kafka-e": {Drain: &record.Drain{At: signalledAt}},
+	}
 	claims := []*karpv1.NodeClaim{
-		claim(t, "kafka-d", []record.Record{window, cancelled}, nil, false),
-		claim(t, "kafka-a", nil, map[string]string{cluster.AnnotationDrainSignalled: "ev-spot " + signalledAt.Format(time.RFC3339)}, false),
+		claim(t, "kafka-d", nil, nil, false),
+		claim(t, "kafka-a", nil, nil, false),
 		claim(t, "kafka-b", nil, nil, true),
-		claim(t, "kafka-c", []record.Record{check}, nil, false),
-		claim(t, "kafka-e", nil, map[string]string{cluster.AnnotationDrainSignalled: signalledAt.Format(time.RFC3339)}, false),
+		claim(t, "kafka-c", nil, nil, false),
+		claim(t, "kafka-e", nil, nil, false),
 		claim(t, "kafka-f", nil, map[string]string{inplace.Annotation: `{"version":1,"event_id":"ev-reboot","type":"system-reboot","step":"evict","began":"` + signalledAt.Format(time.RFC3339) + `"}`}, false),
 		claim(t, "kafka-g", nil, map[string]string{inplace.Annotation: `{"version":1,"event_id":"ev-old-reboot","type":"system-reboot","step":"done","outcome":"done"}`}, false),
 	}
-	got := poolStatus(np, claims, now)
+	got := poolStatus(np, claims, mems, now)
 	next := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
 	limit := 1
 	want := NodePool{
@@ -160,7 +158,7 @@ func TestPoolStatus(t *testing.T) {
 
 func TestWindowOpen(t *testing.T) {
 	sat := time.Date(2026, 11, 28, 3, 30, 0, 0, time.UTC) // inside 02:00-06:00
-	got := poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "p", Annotations: saturdays}}, nil, sat)
+	got := poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "p", Annotations: saturdays}}, nil, nil, sat)
 	closes := time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)
 	next := time.Date(2026, 12, 5, 2, 0, 0, 0, time.UTC)
 	if w := got.Window; w == nil || !w.Open || w.OpenUntil == nil || !w.OpenUntil.Equal(closes) || w.Next == nil || !w.Next.Equal(next) {
@@ -169,7 +167,7 @@ func TestWindowOpen(t *testing.T) {
 	if got.DrainLimit == nil || *got.DrainLimit != 1 || got.Nodes != 0 {
 		t.Errorf("limit %v of %d nodes", got.DrainLimit, got.Nodes)
 	}
-	bad := poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "p", Annotations: map[string]string{policy.AnnotationWindowSchedule: "0 2 * *"}}}, nil, sat)
+	bad := poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "p", Annotations: map[string]string{policy.AnnotationWindowSchedule: "0 2 * *"}}}, nil, nil, sat)
 	if bad.Window != nil || len(bad.Problems) == 0 || !strings.Contains(bad.Problems[0], "window") {
 		t.Errorf("a broken window: %+v", bad)
 	}
@@ -180,10 +178,13 @@ func TestWriteTable(t *testing.T) {
 	check := decided(t, scheduled("ev-check", week), nil, 0, policy.Check{Name: "ami", Reason: "image ami-1 is pending, not available"})
 	rep := Report{Now: now, NodePools: []NodePool{
 		poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "kafka", Annotations: saturdays}}, []*karpv1.NodeClaim{
-			claim(t, "kafka-a", nil, map[string]string{cluster.AnnotationDrainSignalled: "ev-spot " + now.Add(-5*time.Minute).Format(time.RFC3339)}, false),
-			claim(t, "kafka-c", []record.Record{check}, nil, false),
+			claim(t, "kafka-a", nil, nil, false),
+			claim(t, "kafka-c", nil, nil, false),
+		}, map[string]record.Memory{
+			"kafka-a": {Drain: &record.Drain{EventID: "ev-spot", At: now.Add(-5 * time.Minute), Via: "forward"}},
+			"kafka-c": {Records: []record.Record{check}},
 		}, now),
-		poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{policy.AnnotationAction: "bogus"}}}, nil, now),
+		poolStatus(&karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{policy.AnnotationAction: "bogus"}}}, nil, nil, now),
 	}}
 	var buf bytes.Buffer
 	if err := rep.WriteTable(&buf); err != nil {

@@ -55,6 +55,8 @@ func New(cache, api client.Reader, kube client.Writer, log *slog.Logger, reg pro
 func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("upcoming").
 		For(&karpv1.NodeClaim{}, builder.WithPredicates(recordsChanged())).
+		// The router's memory of a NodeClaim is its HealthRecord of the same name.
+		Watches(&record.HealthRecord{}, &handler.EnqueueRequestForObject{}).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.nodeClaimsOfNode), builder.WithPredicates(nodeChanged())).
 		Watches(&karpv1.NodePool{}, handler.EnqueueRequestsFromMapFunc(c.nodeClaimsOfPool), builder.WithPredicates(taintSettingChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: ptr.To(true)}).
@@ -62,12 +64,11 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 func recordsChanged() predicate.Funcs {
-	// The records, and a reboot in place's run: the marks follow both.
-	records := func(o client.Object) string {
-		return o.GetAnnotations()[record.Annotation] + "\x00" + o.GetAnnotations()[inplace.Annotation]
-	}
+	// A reboot in place's run (the records are in the HealthRecord, watched on their own):
+	// the marks follow both.
+	records := func(o client.Object) string { return o.GetAnnotations()[inplace.Annotation] }
 	return predicate.Funcs{
-		CreateFunc: func(e ctrlevent.CreateEvent) bool { return records(e.Object) != "\x00" },
+		CreateFunc: func(e ctrlevent.CreateEvent) bool { return records(e.Object) != "" },
 		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
 			return records(e.ObjectOld) != records(e.ObjectNew) || e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
 		},
@@ -125,7 +126,16 @@ func (c *Controller) nodeClaimsOfPool(ctx context.Context, o client.Object) []re
 		c.log.Error("listing the nodeclaims of a nodepool", "nodepool", o.GetName(), "err", err)
 		return nil
 	}
-	return requests(claims.Items, func(nc *karpv1.NodeClaim) bool { return nc.Annotations[record.Annotation] != "" })
+	var hrs record.HealthRecordList
+	if err := c.cache.List(ctx, &hrs, client.MatchingLabels{karpv1.NodePoolLabelKey: o.GetName()}, client.UnsafeDisableDeepCopy); err != nil {
+		c.log.Error("listing the healthrecords of a nodepool", "nodepool", o.GetName(), "err", err)
+		return nil
+	}
+	kept := make(map[string]bool, len(hrs.Items))
+	for i := range hrs.Items {
+		kept[hrs.Items[i].Name] = len(hrs.Items[i].Status.Records) > 0
+	}
+	return requests(claims.Items, func(nc *karpv1.NodeClaim) bool { return kept[nc.Name] })
 }
 
 func requests(claims []karpv1.NodeClaim, keep func(*karpv1.NodeClaim) bool) []reconcile.Request {
@@ -148,7 +158,8 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if id == "" {
 		return reconcile.Result{}, nil // not launched yet: no Node
 	}
-	set, err := record.Read(&nc)
+	mem, err := record.Load(ctx, c.cache, nc.Name)
+	set := mem.Set()
 	if errors.Is(err, record.ErrUnreadable) {
 		return reconcile.Result{}, nil // kept as it is, and so are the marks
 	}

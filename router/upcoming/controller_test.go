@@ -22,6 +22,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 )
 
 const pid = "aws:///eu-west-1a/i-0123456789abcdef0"
@@ -109,6 +110,7 @@ func TestReconcile(t *testing.T) {
 				b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
 			}
 			kube := b.Build()
+			recordtest.FromAnnotations(t, kube)
 			c := New(kube, kube, kube, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 			_, err = c.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Name: tt.claim.Name}})
 			if (err != nil) != tt.wantErr {
@@ -147,6 +149,7 @@ func TestMapping(t *testing.T) {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
 	}
 	kube := b.Build()
+	recordtest.FromAnnotations(t, kube)
 	c := New(kube, kube, kube, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	ctx := context.Background()
 	// A taint-upcoming change touches only the pool's NodeClaims with records.

@@ -33,6 +33,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/watchdog"
 )
 
@@ -112,7 +113,9 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	if o.ec2 == nil {
 		o.ec2 = map[string]ec2types.ImageState{}
 	}
-	r := &rig{t: t, kube: b.Build(), ec2: &fakeEC2{states: o.ec2, err: o.ec2Err}, clock: clocktesting.NewFakeClock(o.start),
+	kube := b.Build()
+	recordtest.FromAnnotations(t, kube)
+	r := &rig{t: t, kube: kube, ec2: &fakeEC2{states: o.ec2, err: o.ec2Err}, clock: clocktesting.NewFakeClock(o.start),
 		recorder: events.NewFakeRecorder(100), reg: prometheus.NewRegistry()}
 	g := checks.NewFeatureGates()
 	if o.gates != "" {

@@ -172,6 +172,8 @@ type manifests struct {
 	pdb                policyv1.PodDisruptionBudget
 	service            corev1.Service
 	clusterRole        rbacv1.ClusterRole
+	recordsView        *rbacv1.ClusterRole
+	crd                *unstructured.Unstructured
 	clusterRoleBinding rbacv1.ClusterRoleBinding
 	role               rbacv1.Role
 	roleBinding        rbacv1.RoleBinding
@@ -220,6 +222,14 @@ func decode(t *testing.T, args ...string) manifests {
 				m.shadowReader = &rbacv1.ClusterRole{}
 				into = m.shadowReader
 			}
+			if strings.HasSuffix(u.GetName(), "-healthrecords-view") {
+				seen[kind]-- // read access to the router's memory, aggregated into view
+				m.recordsView = &rbacv1.ClusterRole{}
+				into = m.recordsView
+			}
+		case "CustomResourceDefinition":
+			m.crd = u
+			continue
 		case "ClusterRoleBinding":
 			into = &m.clusterRoleBinding
 		case "Role":
@@ -501,14 +511,16 @@ type groupResource struct{ group, resource string }
 // clusterRoleAllowlist is everything the ClusterRole may grant: the resources the router
 // touches, with the verbs it uses on each. The chart's README explains each.
 var clusterRoleAllowlist = map[groupResource][]string{
-	{"", "nodes"}:                           {"get", "list", "watch", "patch"},
-	{"karpenter.sh", "nodeclaims"}:          {"get", "list", "watch", "patch", "delete"},
-	{"karpenter.sh", "nodepools"}:           {"get", "list", "watch"},
-	{"karpenter.k8s.aws", "ec2nodeclasses"}: {"get", "list", "watch"},
-	{"", "pods"}:                            {"get", "list", "watch"},
-	{"policy", "poddisruptionbudgets"}:      {"get", "list", "watch"},
-	{"", "events"}:                          {"create", "patch"},
-	{"events.k8s.io", "events"}:             {"create", "patch"},
+	{"", "nodes"}:                               {"get", "list", "watch", "patch"},
+	{"karpenter.sh", "nodeclaims"}:              {"get", "list", "watch", "patch", "delete"},
+	{"karpenter.sh", "nodepools"}:               {"get", "list", "watch"},
+	{"karpenter.k8s.aws", "ec2nodeclasses"}:     {"get", "list", "watch"},
+	{"", "pods"}:                                {"get", "list", "watch"},
+	{"policy", "poddisruptionbudgets"}:          {"get", "list", "watch"},
+	{"", "events"}:                              {"create", "patch"},
+	{"events.k8s.io", "events"}:                 {"create", "patch"},
+	{"healthrouter.io", "healthrecords"}:        {"get", "list", "watch", "create", "delete"},
+	{"healthrouter.io", "healthrecords/status"}: {"update"},
 }
 
 // leaseVerbs are what controller-runtime's leader election does with its Lease.
@@ -642,6 +654,17 @@ func TestRBAC(t *testing.T) {
 	m := decode(t)
 	for _, p := range ruleProblems(m.clusterRole.Rules, clusterRoleAllowlist) {
 		t.Errorf("ClusterRole %s: %s", m.clusterRole.Name, p)
+	}
+	// The router's memory: its CRD ships with the chart (upgraded with it, kept on uninstall),
+	// and everyone else only reads it, through the view role.
+	if m.crd == nil || m.crd.GetName() != "healthrecords.healthrouter.io" || m.crd.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("the HealthRecord CRD: %v", m.crd)
+	}
+	if m.recordsView == nil || m.recordsView.Labels["rbac.authorization.k8s.io/aggregate-to-view"] != "true" {
+		t.Fatalf("no view role for healthrecords aggregated into view: %+v", m.recordsView)
+	}
+	for _, p := range ruleProblems(m.recordsView.Rules, map[groupResource][]string{{"healthrouter.io", "healthrecords"}: {"get", "list", "watch"}}) {
+		t.Errorf("ClusterRole %s: %s", m.recordsView.Name, p)
 	}
 	// The Role: the leader election's Lease, and the shadow ledger's ConfigMap (created by
 	// name; read and written only under its name).

@@ -177,7 +177,7 @@ func KubeEnv(t testing.TB) *envtest.Environment {
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{crdDir(t, "sigs.k8s.io/karpenter"), crdDir(t, "github.com/aws/karpenter-provider-aws")},
+		CRDDirectoryPaths:     []string{crdDir(t, "sigs.k8s.io/karpenter"), crdDir(t, "github.com/aws/karpenter-provider-aws"), repoPath(RecordsCRD)},
 		ErrorIfCRDPathMissing: true,
 	}
 	if _, err := env.Start(); err != nil {
@@ -226,12 +226,26 @@ func StartEnvtest() (*envtest.Environment, *rest.Config, error) {
 		}
 		dirs = append(dirs, dir)
 	}
+	dirs = append(dirs, filepath.Join(root(), RecordsCRD))
 	env := &envtest.Environment{CRDDirectoryPaths: dirs, ErrorIfCRDPathMissing: true}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting envtest: %w", err)
 	}
 	return env, cfg, nil
+}
+
+// RecordsCRD is the router's own CRD (router/record's HealthRecord), as the chart ships it,
+// relative to the repository's root.
+const RecordsCRD = "deploy/charts/health-router/templates/healthrecords-crd.yaml"
+
+// root is the repository's root, or "." when it cannot be found.
+func root() string {
+	r, err := RepoRoot()
+	if err != nil {
+		return "."
+	}
+	return r
 }
 
 // CRDDir returns the directory of a module's CRDs (pkg/apis/crds) in the module cache: the

@@ -159,6 +159,7 @@ func (s *KarpenterStage) startKube() error {
 		}
 		dirs = append(dirs, filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds"))
 	}
+	dirs = append(dirs, filepath.Join(root(), RecordsCRD))
 	s.Env = &envtest.Environment{CRDDirectoryPaths: dirs, ErrorIfCRDPathMissing: true}
 	cfg, err := s.Env.Start()
 	if err != nil {

@@ -20,6 +20,8 @@ import (
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"pgregory.net/rapid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -50,6 +52,10 @@ var eventsSummarised atomic.Int64
 // batches decided by workers at once, failovers where the old leader overlapped the new, AWS
 // reboots that found a kept node out of service, drains of the unmanaged node begun.
 var staleReads, concurrentBatches, overlaps, awsOutOfService, awsUnmanaged, unmanagedCordons, urgentHolds, contradicted, shadowOutcomes atomic.Int64
+
+// forgedWrites counts the writes of the router's old memory keys onto NodeClaims by someone
+// else (ForgedWrite): none may become a drain the model did not owe.
+var forgedWrites atomic.Int64
 
 // migrations counts the router's reboots that migrated an instance and cleared its
 // system-reboot; sqsFailures the batches whose deletes and sends SQS failed after it handed
@@ -491,6 +497,37 @@ func (m *machine) Forged(t *rapid.T) {
 		in := m.m.insts[inst]
 		in.changes = append(in.changes, stateChange{at: at, state: event.StateStopping})
 	}})
+}
+
+// ForgedWrite writes, as anyone with `patch nodeclaims` can, the keys routers before the
+// store kept their memory in onto a live NodeClaim: a deferral due now of a Spot warning for
+// its own instance, and a drain stamp. The router reads neither: nothing is owed, and the
+// model fails any drain, reboot or delete that follows from them.
+func (m *machine) ForgedWrite(t *rapid.T) {
+	inst := m.pick(t, "instance")
+	var claims karpv1.NodeClaimList
+	if err := m.w.store.List(m.ctx, &claims); err != nil {
+		t.Fatal(err)
+	}
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		if cluster.InstanceID(nc.Status.ProviderID) != inst || !nc.DeletionTimestamp.IsZero() {
+			continue
+		}
+		at := m.now()
+		body := envelope(m.id(), "aws.ec2", "EC2 Spot Instance Interruption Warning", inst, at, map[string]string{"instance-id": inst, "instance-action": "terminate"})
+		recs := []record.Record{{EventID: "forged-" + inst, Key: "forged-" + inst, Kind: event.KindSpotInterruption, Until: at, Reason: "forged", State: record.StateDeferred, Event: json.RawMessage(body)}}
+		v, err := record.Encode(record.Set{Records: recs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q}}}`, record.Annotation, v, cluster.AnnotationDrainSignalled, record.DrainStamp("forged-"+inst, at.Add(-time.Hour), "forward"))
+		if err := m.w.store.Patch(m.ctx, nc, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			t.Fatal(err)
+		}
+		forgedWrites.Add(1)
+		return
+	}
 }
 
 // Storm sends Spot warnings for every live node of one pool at once, as a Spot capacity
@@ -1020,10 +1057,11 @@ func (m *machine) checkShadow(t *rapid.T) {
 		if nc.Labels[karpv1.NodePoolLabelKey] != PoolShadow {
 			continue
 		}
-		for _, k := range []string{record.Annotation, cluster.AnnotationDrainSignalled, inplace.Annotation} {
-			if v, ok := nc.Annotations[k]; ok {
-				t.Fatalf("nodeclaim %s of the pool in shadow carries %s=%s", nc.Name, k, v)
-			}
+		if v, ok := nc.Annotations[inplace.Annotation]; ok {
+			t.Fatalf("nodeclaim %s of the pool in shadow carries %s=%s", nc.Name, inplace.Annotation, v)
+		}
+		if mem, err := record.Load(m.ctx, m.w.store, nc.Name); err != nil || len(mem.Set().Active()) > 0 || mem.Drain != nil {
+			t.Fatalf("nodeclaim %s of the pool in shadow has a memory that acts: %+v (%v)", nc.Name, mem, err)
 		}
 		if outs, err := shadow.Read(&nc); err != nil {
 			t.Fatalf("nodeclaim %s: %v", nc.Name, err)
@@ -1049,10 +1087,11 @@ func (m *machine) checkRecords(t *rapid.T) {
 		t.Fatal(err)
 	}
 	for _, nc := range claims.Items {
-		set, err := record.Read(&nc)
+		mem, err := record.Load(m.ctx, m.w.store, nc.Name)
 		if err != nil {
 			t.Fatalf("nodeclaim %s: %v", nc.Name, err)
 		}
+		set := mem.Set()
 		inst := cluster.InstanceID(nc.Status.ProviderID)
 		for _, r := range set.Active() {
 			if r.Kind != event.KindScheduledChange || !nc.DeletionTimestamp.IsZero() {
@@ -1089,11 +1128,27 @@ func (m *machine) finish(t *rapid.T) {
 	// Healthy for longer than the event windows' longest backoff and their re-read: settled.
 	m.advance(t, eventwindow.RetryMax+eventwindow.DescribeTTL)
 	m.checkWindows(t, true)
+	m.checkNoOrphans(t)
 	eventsSummarised.Add(int64(m.w.told))
 	m.w.queues.mu.Lock()
 	defer m.w.queues.mu.Unlock()
 	if n := len(m.w.queues.intake); n > 0 {
 		t.Fatalf("%d messages neither deleted nor dead-lettered after the run (first: %s)", n, m.w.queues.intake[0].body)
+	}
+}
+
+// checkNoOrphans: after a healthy pass, no HealthRecord is left of a NodeClaim that is gone
+// (the deferral controller's sweep; the simulation's API server has no garbage collector).
+func (m *machine) checkNoOrphans(t *rapid.T) {
+	var hrs record.HealthRecordList
+	if err := m.w.store.List(m.ctx, &hrs); err != nil {
+		t.Fatal(err)
+	}
+	for _, hr := range hrs.Items {
+		nc := &karpv1.NodeClaim{}
+		if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: hr.Name}, nc); apierrors.IsNotFound(err) {
+			t.Fatalf("healthrecord %s is left after its nodeclaim is gone: %+v", hr.Name, hr.Status)
+		}
 	}
 }
 
@@ -1119,7 +1174,8 @@ func TestSimulation(t *testing.T) {
 			"failovers with the old leader still acting": overlaps.Load(),
 			"drains of the unmanaged node":               unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load(),
 			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load(),
-			"batches SQS failed after handing them out": sqsFailures.Load(), "closes sent as an open update resolving the instance": resolvedUpdates.Load()} {
+			"batches SQS failed after handing them out": sqsFailures.Load(), "closes sent as an open update resolving the instance": resolvedUpdates.Load(),
+			"forged writes of the old memory keys": forgedWrites.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}
@@ -1139,7 +1195,7 @@ func TestSimulation(t *testing.T) {
 		defer m.w.endOverlap()
 		defer func() { staleReads.Add(int64(m.w.cache.staleReads())) }()
 		actions := map[string]func(*rapid.T){
-			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Storm": m.Storm, "Forged": m.Forged, "Impair": m.Impair,
+			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Storm": m.Storm, "Forged": m.Forged, "ForgedWrite": m.ForgedWrite, "Impair": m.Impair,
 			"Duplicate": m.Duplicate, "Deliver": m.Deliver, "Poll": m.Poll, "Faults": m.Faults, "Karpenter": m.Karpenter,
 			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover, "Migration": m.Migration,
 		}

@@ -479,20 +479,14 @@ type world struct {
 	boots     int
 }
 
-// stamped reports whether the API server's NodeClaim that obj writes (a NodeClaim, or its
-// metadata alone) carries the router's drain stamp (false for other objects).
+// stamped reports whether the API server's HealthRecord that obj writes holds the router's
+// drain (false for other objects).
 func (w *world) stamped(ctx context.Context, c client.Client, obj client.Object) bool {
-	switch o := obj.(type) {
-	case *karpv1.NodeClaim:
-	case *metav1.PartialObjectMetadata:
-		if o.Kind != "NodeClaim" {
-			return false
-		}
-	default:
+	if _, ok := obj.(*record.HealthRecord); !ok {
 		return false
 	}
-	cur := &karpv1.NodeClaim{}
-	return c.Get(ctx, client.ObjectKey{Name: obj.GetName()}, cur) == nil && cur.Annotations[cluster.AnnotationDrainSignalled] != ""
+	m, err := record.Load(ctx, c, obj.GetName())
+	return err == nil && m.Drain != nil
 }
 
 // noteStamp tells of a drain the router stamped on a NodeClaim (had: stamped before the
@@ -524,7 +518,7 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 	for _, ix := range cluster.Indexes() {
 		b = b.WithIndex(ix.Object, ix.Field, ix.Extract)
 	}
-	b = b.WithIndex(&karpv1.NodeClaim{}, deferral.IndexHeldOn, deferral.HeldOn)
+	b = b.WithIndex(&record.HealthRecord{}, deferral.IndexHeldOn, deferral.HeldOn)
 	w.store = b.Build()
 	// Two views of one API server for the router: its cache (lagging, trimmed) and its
 	// direct reads; faults are injected in both.
@@ -568,6 +562,18 @@ func newWorldWith(mode signal.Mode, onLaunch func(instance, pool string)) (*worl
 				return err
 			}
 			w.noteStamp(ctx, c, obj, had)
+			return nil
+		},
+		// The router's memory is a HealthRecord, created on its first write: its drain is the
+		// stamp (updates go through Update above).
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if err := write(ctx, c, obj); err != nil {
+				return err
+			}
+			if err := c.Create(ctx, obj, opts...); err != nil {
+				return err
+			}
+			w.noteStamp(ctx, c, obj, false)
 			return nil
 		},
 		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
@@ -757,28 +763,36 @@ func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 			drained = true
 		}
 	}
+	// The controller watches the HealthRecords (and its NodeClaim's deletion, which the
+	// version of the pair shows).
+	var hrs record.HealthRecordList
+	if err := w.store.List(ctx, &hrs); err != nil {
+		return err
+	}
 	var claims karpv1.NodeClaimList
 	if err := w.store.List(ctx, &claims); err != nil {
 		return err
 	}
-	now := w.clock.Now()
-	names := make([]string, 0, len(claims.Items))
+	claimVersion := map[string]string{}
 	for _, nc := range claims.Items {
-		a := nc.Annotations
-		if a[cluster.AnnotationDeferred] == "" && a[cluster.AnnotationDrainSignalled] == "" {
+		claimVersion[nc.Name] = nc.ResourceVersion
+		if !nc.DeletionTimestamp.IsZero() {
+			claimVersion[nc.Name] += "/deleting"
+		}
+	}
+	now := w.clock.Now()
+	names := make([]string, 0, len(hrs.Items))
+	versions := map[string]string{}
+	for _, hr := range hrs.Items {
+		v := hr.ResourceVersion + "/" + claimVersion[hr.Name]
+		versions[hr.Name] = v
+		// The watch hands a changed record over at once; otherwise its requeue time decides.
+		if at, ok := r.due[hr.Name]; ok && now.Before(at) && !woken[hr.Name] && r.seen[hr.Name] == v {
 			continue
 		}
-		// The watch hands a changed NodeClaim over at once; otherwise its requeue time decides.
-		if at, ok := r.due[nc.Name]; ok && now.Before(at) && !woken[nc.Name] && r.seen[nc.Name] == nc.ResourceVersion {
-			continue
-		}
-		names = append(names, nc.Name)
+		names = append(names, hr.Name)
 	}
 	sort.Strings(names)
-	versions := map[string]string{}
-	for _, nc := range claims.Items {
-		versions[nc.Name] = nc.ResourceVersion
-	}
 	for _, name := range names {
 		r.seen[name] = versions[name]
 		res, err := r.ctrl.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: name}})
@@ -1186,10 +1200,11 @@ func (w *world) checkMarks(ctx context.Context) error {
 			}
 			return err
 		}
-		set, err := record.Read(nc)
+		mem, err := record.Load(ctx, w.store, nc.Name)
 		if err != nil {
 			return err
 		}
+		set := mem.Set()
 		pool := nc.Labels[karpv1.NodePoolLabelKey]
 		want := upcoming.DesiredFor(nc, set, PoolAnnotations[pool][policy.AnnotationTaintUpcoming] == "true")
 		if !nc.DeletionTimestamp.IsZero() {

@@ -506,7 +506,7 @@ func (f *firsts) watch(ctx context.Context, cfg *rest.Config) error {
 			return fmt.Errorf("nodeclaim metadata watch did not sync")
 		}
 	}
-	return nil
+	return watchRecords(ctx, cfg, f.observe)
 }
 
 // timedRequests counts a client's API requests by verb and resource with their times, for the

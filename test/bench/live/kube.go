@@ -10,7 +10,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
@@ -230,9 +234,8 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 	if o.want[name] && !o.recorded[name] {
 		rec := deleting || stamped
 		if !rec && m.Annotations[cluster.AnnotationDeferred] != "" {
-			nc := &karpv1.NodeClaim{}
-			nc.Annotations = m.Annotations
-			for _, d := range record.Records(nc) {
+			set, _ := record.Decode(m.Annotations[record.Annotation])
+			for _, d := range set.Records {
 				if o.events[d.EventID] {
 					rec = true
 					break
@@ -300,6 +303,46 @@ func (o *outcomes) watch(ctx context.Context, cfg *rest.Config) error {
 	for _, ok := range f.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("nodeclaim metadata watch did not sync")
+		}
+	}
+	return watchRecords(ctx, cfg, o.observe)
+}
+
+// watchRecords hands observe the router's memory of each NodeClaim (its HealthRecord) as the
+// NodeClaim's metadata once carried it, in the keys routers before the store wrote (a drain
+// as the drain-signalled stamp, records as the records key): the bench's outcomes read those.
+func watchRecords(ctx context.Context, cfg *rest.Config, observe func(*metav1.PartialObjectMetadata, bool)) error {
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	fac := dynamicinformer.NewDynamicSharedInformerFactory(dc, 0)
+	inf := fac.ForResource(record.GroupVersion.WithResource(record.Resource)).Informer()
+	hand := func(obj any) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return
+		}
+		var hr record.HealthRecord
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &hr) != nil {
+			return
+		}
+		m := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: hr.Name, Labels: hr.Labels, Annotations: map[string]string{}}}
+		if d := hr.Status.Drain; d != nil {
+			m.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp(d.EventID, d.At, d.Via)
+		}
+		if v, err := record.Encode(hr.Status.Memory.Set()); err == nil && v != "" {
+			m.Annotations[record.Annotation] = v
+		}
+		observe(m, false)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: hand, UpdateFunc: func(_, obj any) { hand(obj) }}); err != nil {
+		return err
+	}
+	fac.Start(ctx.Done())
+	for _, ok := range fac.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("healthrecord watch did not sync")
 		}
 	}
 	return nil

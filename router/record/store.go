@@ -1,0 +1,184 @@
+package record
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+)
+
+// Store reads and writes the router's memory: one HealthRecord per NodeClaim. Reads go to
+// kube (the informer's cache in the router), writes to the API server with an optimistic
+// lock on the HealthRecord; a conflict reads fresh and tries again. Nothing on the NodeClaim
+// itself (its annotations, which Karpenter, operators and anyone with `patch nodeclaims`
+// write) is read as memory.
+type Store struct {
+	kube  client.Client
+	fresh client.Reader
+}
+
+// NewStore returns the store over kube (reads and writes) and fresh (reads after a conflict).
+func NewStore(kube client.Client, fresh client.Reader) *Store {
+	return &Store{kube: kube, fresh: fresh}
+}
+
+// Get returns the memory of the NodeClaim named name, as the cache has it: nothing kept is
+// an empty Memory. A record of a newer format is ErrUnreadable.
+func (s *Store) Get(ctx context.Context, name string) (Memory, error) {
+	return Load(ctx, s.kube, name)
+}
+
+// Fresh returns the memory as the API server has it now.
+func (s *Store) Fresh(ctx context.Context, name string) (Memory, error) {
+	return Load(ctx, s.fresh, name)
+}
+
+// Of returns the memory of nc (nil: empty), from the cache; an unreadable one is empty, for
+// the readers that only count or show (callers that must tell the difference use Get).
+func (s *Store) Of(ctx context.Context, nc *karpv1.NodeClaim) Memory {
+	if nc == nil || s == nil {
+		return Memory{}
+	}
+	m, _ := s.Get(ctx, nc.Name)
+	return m
+}
+
+// Load reads the memory of the NodeClaim named name through r (the store's readers, a
+// model's cache, a command's client): nothing kept is an empty Memory.
+func Load(ctx context.Context, r client.Reader, name string) (Memory, error) {
+	hr := &HealthRecord{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, hr); err != nil {
+		if apierrors.IsNotFound(err) || isNoStore(err) {
+			return Memory{}, nil
+		}
+		return Memory{}, fmt.Errorf("reading the healthrecord of nodeclaim %s: %w", name, err)
+	}
+	return hr.Memory()
+}
+
+// isNoStore reports whether err says the API server does not serve HealthRecords (the CRD
+// is not installed): nothing can have been kept.
+func isNoStore(err error) bool { return meta.IsNoMatchError(err) }
+
+// Memory returns h's memory (a copy); a newer format's is ErrUnreadable.
+func (h *HealthRecord) Memory() (Memory, error) {
+	if h.Status.Version > Version {
+		return Memory{}, fmt.Errorf("%w: healthrecord %s: version %d (this router reads up to %d)", ErrUnreadable, h.Name, h.Status.Version, Version)
+	}
+	var m Memory
+	h.Status.Memory.DeepCopyInto(&m)
+	return m, nil
+}
+
+// Update applies mutate to the memory of nc and writes it: the HealthRecord is created on the
+// first write, updated after (one request each, under its resource version), and deleted once
+// the memory is empty (no state left
+// behind). mutate returns false when there is nothing to change; its error ends the update.
+// A memory of a newer format is not given to mutate: the update fails with ErrUnreadable.
+func (s *Store) Update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*Memory) (bool, error)) error {
+	first := true
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var r client.Reader = s.kube
+		if !first {
+			r = s.fresh
+		}
+		first = false
+		hr := &HealthRecord{}
+		exists := true
+		if err := r.Get(ctx, client.ObjectKey{Name: nc.Name}, hr); apierrors.IsNotFound(err) {
+			exists = false
+		} else if err != nil {
+			return fmt.Errorf("reading the healthrecord of nodeclaim %s: %w", nc.Name, err)
+		}
+		mem, err := hr.Memory()
+		if err != nil {
+			return err
+		}
+		if ok, err := mutate(&mem); err != nil || !ok {
+			return err
+		}
+		mem.Records = Trim(mem.Records)
+		if mem.Empty() {
+			if !exists {
+				return nil
+			}
+			// Nothing left to keep: the record goes, if no one wrote it since it was read.
+			err := s.kube.Delete(ctx, hr, client.Preconditions{ResourceVersion: ptr.To(hr.ResourceVersion)})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		}
+		if b, err := json.Marshal(mem); err != nil {
+			return fmt.Errorf("encoding the memory of nodeclaim %s: %w", nc.Name, err)
+		} else if len(b) > MaxBytes {
+			return fmt.Errorf("%w: %d bytes, %d records (bound %d bytes)", ErrTooLarge, len(b), len(mem.Records), MaxBytes)
+		}
+		// One request a write: the status is written with the object (the CRD has no status
+		// subresource: the router is its only writer, and a create through the subresource
+		// would drop the status, a second request for every first write).
+		if !exists {
+			hr = newHealthRecord(nc)
+			hr.Status = HealthRecordStatus{Version: Version, Memory: mem, Summary: Summarize(mem)}
+			if err := s.kube.Create(ctx, hr); err != nil {
+				if apierrors.IsAlreadyExists(err) {
+					// Another writer created it first: read it and apply mutate to its memory.
+					return apierrors.NewConflict(GroupVersion.WithResource(Resource).GroupResource(), nc.Name, err)
+				}
+				if apierrors.IsRequestEntityTooLargeError(err) {
+					return fmt.Errorf("%w: %w", ErrTooLarge, err)
+				}
+				return fmt.Errorf("creating the healthrecord of nodeclaim %s: %w", nc.Name, err)
+			}
+			return nil
+		}
+		hr.Status = HealthRecordStatus{Version: Version, Memory: mem, Summary: Summarize(mem)}
+		if err := s.kube.Update(ctx, hr); err != nil {
+			if apierrors.IsRequestEntityTooLargeError(err) {
+				return fmt.Errorf("%w: %w", ErrTooLarge, err)
+			}
+			return err
+		}
+		return nil
+	})
+}
+
+// Delete removes the memory of the NodeClaim named name (its NodeClaim is gone).
+func (s *Store) Delete(ctx context.Context, name string) error {
+	err := s.kube.Delete(ctx, &HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	if apierrors.IsNotFound(err) || isNoStore(err) {
+		return nil
+	}
+	return err
+}
+
+// newHealthRecord is the HealthRecord of nc, owned by it: the garbage collector removes it
+// with the NodeClaim.
+func newHealthRecord(nc *karpv1.NodeClaim) *HealthRecord {
+	hr := &HealthRecord{
+		TypeMeta:   metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: Kind},
+		ObjectMeta: metav1.ObjectMeta{Name: nc.Name, Labels: map[string]string{}},
+		Spec:       HealthRecordSpec{NodeClaim: nc.Name, NodeName: nc.Status.NodeName, NodePool: nc.Labels[karpv1.NodePoolLabelKey]},
+	}
+	if _, id, ok := strings.Cut(nc.Status.ProviderID, ":///"); ok {
+		// aws:///<zone>/<instance id>
+		hr.Spec.InstanceID = id[strings.LastIndex(id, "/")+1:]
+	}
+	if pool := hr.Spec.NodePool; pool != "" {
+		hr.Labels[karpv1.NodePoolLabelKey] = pool
+	}
+	if nc.UID != "" {
+		hr.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: "karpenter.sh/v1", Kind: "NodeClaim", Name: nc.Name, UID: nc.UID,
+		}}
+	}
+	return hr
+}
