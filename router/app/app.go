@@ -60,6 +60,7 @@ import (
 	"github.com/health-router/health-router/router/podnotice"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/poller"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/reschedule"
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
@@ -227,6 +228,29 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			case <-t.C():
 				sig.Summarise()
 			}
+		}
+	})); err != nil {
+		return err
+	}
+	// An upgrade from a router before the store: its memory on NodeClaims is adopted once
+	// (what EC2 confirms) and the old keys removed; retried while EC2 or the API server fail.
+	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
+		backoff := time.Second
+		for {
+			res, err := record.Adopt(ctx, mgr.GetClient(), mgr.GetAPIReader(), ec2Client, clk, log.With("component", "adopt"))
+			if err == nil {
+				if res.Removed > 0 {
+					log.Info("adopted the memory of the router before the store", "deferrals_adopted", res.Adopted, "not_adopted", res.Ended, "nodeclaims_cleaned", res.Removed)
+				}
+				return nil
+			}
+			log.Warn("adopting the memory of the router before the store: retrying", "err", err, "in", backoff)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-clk.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Minute)
 		}
 	})); err != nil {
 		return err

@@ -52,7 +52,7 @@ func cluster(t *testing.T) client.Client {
 		}}},
 		&karpv1.NodeClaim{
 			ObjectMeta: metav1.ObjectMeta{Name: "kafka-b", Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"},
-				Annotations: map[string]string{hrcluster.AnnotationDeferred: string(records)}},
+				Annotations: map[string]string{record.Annotation: string(records)}},
 			Status: karpv1.NodeClaimStatus{NodeName: "ip-10-0-1-3"},
 		},
 	).Build()

@@ -33,15 +33,6 @@ const (
 	IndexNodePool = "healthrouter.io/nodepool"
 )
 
-// Annotations the router writes on NodeClaims, so that people and a restarted router see
-// what it holds and what it has signalled.
-const (
-	// AnnotationDeferred holds the JSON list of events deferred for this NodeClaim.
-	AnnotationDeferred = "healthrouter.io/deferred"
-	// AnnotationDrainSignalled is the RFC 3339 time the router signalled Karpenter to drain.
-	AnnotationDrainSignalled = "healthrouter.io/drain-signalled"
-)
-
 // NewScheme returns a scheme with the core, Karpenter and Karpenter AWS types.
 func NewScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()

@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/record"
 )
 
 // What the cache keeps: the router's memory grows with what it reads, not with what
@@ -100,12 +102,15 @@ var conditionsRead = map[string]bool{"Empty": true, karpv1.ConditionTypeDrifted:
 // upcoming maintenance on a Node) and its taint.
 const routerPrefix = "healthrouter.io/"
 
-// routerAnnotations returns the annotations the router writes and reads on a NodeClaim (its
-// records, healthrouter.io/*); Karpenter's own hashes and the rest are dropped.
+// routerAnnotations returns the annotations the router writes and reads on a NodeClaim
+// (healthrouter.io/*: a reboot in place's run, a shadow outcome); Karpenter's own hashes and
+// the rest are dropped, and so are the keys routers before the store kept their memory in
+// (record.Annotation, record.AnnotationDrainSignalled): the router never reads them as its
+// memory, and the upgrade's adoption reads them from the API server.
 func (t *Trimmer) routerAnnotations(a map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range a {
-		if strings.HasPrefix(k, routerPrefix) {
+		if strings.HasPrefix(k, routerPrefix) && k != record.Annotation && k != record.AnnotationDrainSignalled {
 			if out == nil {
 				out = map[string]string{}
 			}

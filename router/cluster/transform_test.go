@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/record"
 )
 
 func TestTrimmerNode(t *testing.T) {
@@ -56,7 +58,7 @@ func TestTrimmerNode(t *testing.T) {
 func TestTrimmerNodeClaim(t *testing.T) {
 	nc := &karpv1.NodeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "kafka-a1", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "karpenter"}},
-			Annotations: map[string]string{AnnotationDeferred: "[]", AnnotationDrainSignalled: "e1 2026-11-21T12:00:00Z forward", "karpenter.k8s.aws/ec2nodeclass-hash": "123"},
+			Annotations: map[string]string{record.Annotation: "[]", record.AnnotationDrainSignalled: "e1 2026-11-21T12:00:00Z forward", "karpenter.k8s.aws/ec2nodeclass-hash": "123"},
 			Labels:      map[string]string{karpv1.NodePoolLabelKey: "kafka", "custom": "x"}, Finalizers: []string{"karpenter.sh/termination"}},
 		Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Kind: "EC2NodeClass", Name: "default"},
 			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: "k", Operator: corev1.NodeSelectorOpIn, Values: []string{"v"}}}},
@@ -66,8 +68,16 @@ func TestTrimmerNodeClaim(t *testing.T) {
 	nc.StatusConditions().SetTrue("Launched")
 	out, _ := NewTrimmer().NodeClaim(nc)
 	got := out.(*karpv1.NodeClaim)
-	if got.Annotations[AnnotationDeferred] != "[]" || got.Annotations[AnnotationDrainSignalled] == "" || got.Spec.NodeClassRef == nil || got.Status.ProviderID != "aws:///eu-west-1a/i-1" {
+	if got.Spec.NodeClassRef == nil || got.Status.ProviderID != "aws:///eu-west-1a/i-1" {
 		t.Errorf("lost what the router reads: %+v", got)
+	}
+	// The keys routers before the store kept their memory in are not the router's memory:
+	// not cached, so never read back as orders.
+	if _, ok := got.Annotations[record.Annotation]; ok {
+		t.Errorf("cached %s", record.Annotation)
+	}
+	if _, ok := got.Annotations[record.AnnotationDrainSignalled]; ok {
+		t.Errorf("cached %s", record.AnnotationDrainSignalled)
 	}
 	// The Node's name stays: status, the calendar and the planned-drain gauges name it
 	// (issue 25: the live router named no node).
@@ -151,7 +161,7 @@ func TestTrimmerSharesNodeClaimParts(t *testing.T) {
 	tr := NewTrimmer()
 	claim := func(name, pool, class string) *karpv1.NodeClaim {
 		nc, _ := tr.NodeClaim(&karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{karpv1.NodePoolLabelKey: pool, "x": name},
-			Annotations: map[string]string{AnnotationDrainSignalled: name, "karpenter.sh/nodepool-hash": "1"}},
+			Annotations: map[string]string{"healthrouter.io/in-place": name, "karpenter.sh/nodepool-hash": "1"}},
 			Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: class}}})
 		return nc.(*karpv1.NodeClaim)
 	}
@@ -168,7 +178,7 @@ func TestTrimmerSharesNodeClaimParts(t *testing.T) {
 		t.Errorf("NodeClass references: %p %p %+v", a.Spec.NodeClassRef, b.Spec.NodeClassRef, c.Spec.NodeClassRef)
 	}
 	// Annotations are the object's own (records differ per NodeClaim); their keys are interned.
-	if sameMap(a.Annotations, b.Annotations) || a.Annotations[AnnotationDrainSignalled] != "a" || len(a.Annotations) != 1 || !internedKey(a.Annotations, b.Annotations, AnnotationDrainSignalled) {
+	if sameMap(a.Annotations, b.Annotations) || a.Annotations["healthrouter.io/in-place"] != "a" || len(a.Annotations) != 1 || !internedKey(a.Annotations, b.Annotations, "healthrouter.io/in-place") {
 		t.Errorf("annotations: %v %v", a.Annotations, b.Annotations)
 	}
 }

@@ -344,3 +344,41 @@ func TestLeadershipLostLetsGo(t *testing.T) {
 		t.Errorf("after losing the lease: %d released, %d queued", released, queued)
 	}
 }
+
+// TestOldKeysAreNotOrders: issue 36, defects 9-10 (the keys part). Anyone with `patch
+// nodeclaims` writes the keys routers kept their memory in: a drain stamp and a deferral due
+// now. On 22df557 the stamp became the fallback's DELETE within the confirmation bound, and
+// the deferral a drain; the router's memory is its HealthRecord now, and the keys are nothing.
+func TestOldKeysAreNotOrders(t *testing.T) {
+	deadline := now.Add(72 * time.Hour)
+	due := deferral(0, now.Add(-time.Minute), policy.HoldDeadline, deadline)
+	v, err := record.Encode(record.Set{Records: []record.Record{due}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, keys := range map[string]map[string]string{
+		"a drain stamp":   {"healthrouter.io/drain-signalled": "forged " + now.Add(-time.Hour).Format(time.RFC3339) + " forward"},
+		"a due deferral":  {"healthrouter.io/deferred": v},
+		"both, by anyone": {"healthrouter.io/deferred": v, "healthrouter.io/drain-signalled": "forged " + now.Add(-time.Hour).Format(time.RFC3339) + " forward"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, map[string]string{policy.AnnotationAction: "drain"}, 1, func(int) []record.Record { return nil })
+			nc := r.claim(t, "kafka-0")
+			if nc.Annotations == nil {
+				nc.Annotations = map[string]string{}
+			}
+			for k, v := range keys {
+				nc.Annotations[k] = v
+			}
+			if err := r.kube.Update(context.Background(), nc); err != nil {
+				t.Fatal(err)
+			}
+			r.reconcile(t, "kafka-0")
+			r.clock.Step(time.Minute) // past the confirmation bound
+			r.reconcile(t, "kafka-0")
+			if nc := r.claim(t, "kafka-0"); nc == nil || !nc.DeletionTimestamp.IsZero() {
+				t.Fatalf("keys written by someone else drained the node")
+			}
+		})
+	}
+}

@@ -725,7 +725,7 @@ func TestHandbackDrainStamp(t *testing.T) {
 		{PendingDrop, false, "dropped"},
 	} {
 		t.Run(string(tc.pending), func(t *testing.T) {
-			stamp := map[string]string{cluster.AnnotationDrainSignalled: record.DrainStamp("ev-9", now.Add(-time.Hour), string(signal.ModeForward))}
+			stamp := map[string]string{record.AnnotationDrainSignalled: record.DrainStamp("ev-9", now.Add(-time.Hour), string(signal.ModeForward))}
 			c := newClient(t, claim(t, "a", nil, nil, stamp))
 			h := New(c, &forwarder{}, clock.RealClock{}, Options{Pending: tc.pending, ConfirmTimeout: time.Second})
 			rep, err := h.Run(context.Background())

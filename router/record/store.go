@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -168,10 +167,7 @@ func newHealthRecord(nc *karpv1.NodeClaim) *HealthRecord {
 		ObjectMeta: metav1.ObjectMeta{Name: nc.Name, Labels: map[string]string{}},
 		Spec:       HealthRecordSpec{NodeClaim: nc.Name, NodeName: nc.Status.NodeName, NodePool: nc.Labels[karpv1.NodePoolLabelKey]},
 	}
-	if _, id, ok := strings.Cut(nc.Status.ProviderID, ":///"); ok {
-		// aws:///<zone>/<instance id>
-		hr.Spec.InstanceID = id[strings.LastIndex(id, "/")+1:]
-	}
+	hr.Spec.InstanceID = instanceOf(nc)
 	if pool := hr.Spec.NodePool; pool != "" {
 		hr.Labels[karpv1.NodePoolLabelKey] = pool
 	}

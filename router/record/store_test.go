@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -25,6 +26,9 @@ func storeClient(t *testing.T, funcs interceptor.Funcs, objs ...client.Object) c
 	if err := AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
+	gv := schema.GroupVersion{Group: "karpenter.sh", Version: "v1"}
+	metav1.AddToGroupVersion(s, gv)
+	s.AddKnownTypes(gv, &karpv1.NodeClaim{}, &karpv1.NodeClaimList{})
 	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
 }
 

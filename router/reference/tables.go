@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/health-router/health-router/router/app"
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/eventwindow"
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/intake"
@@ -32,10 +31,10 @@ type Written struct {
 // that neither this table nor policy.NodePoolAnnotations documents: a new one is one entry.
 func WrittenKeys() []Written {
 	return []Written{
-		{Key: cluster.AnnotationDeferred, On: "NodeClaim annotation",
+		{Key: record.Annotation, On: "NodeClaim annotation",
 			Doc: fmt.Sprintf("the router's records of the instance (`router/record`): versioned JSON `{\"version\": %d, \"records\": [{event_id, key, kind, until, reason, state, hold, image, match, event_time, event, communication, moved_from}], \"running\": <time of the last running state change>}`; `moved_from` is the start a maintenance the router moved into a window had before, so that a report of that start, sent before the move, is taken as the moved maintenance, and a close of that start ends it. A deferred event is held there, restricted to this instance, with its until-time and hold; the leader's deferral controller decides it again when due. Ended records (`%s`, `%s`, `%s`, `%s`) keep no event body, at most the %d newest; the value is bounded to %d KiB. A value this router cannot read (a newer router's, or damaged) is kept as it is",
 				record.Version, record.StateCancelled, record.StateSuperseded, record.StateDrained, record.StateClosed, record.EndedKept, record.MaxBytes>>10)},
-		{Key: cluster.AnnotationDrainSignalled, On: "NodeClaim annotation",
+		{Key: record.AnnotationDrainSignalled, On: "NodeClaim annotation",
 			Doc: "`<event id> <time> <via>`: the router signalled Karpenter to drain this NodeClaim (`via`: `forward` or `delete-nodeclaim`); a duplicate of the event does nothing, and `status` counts the drain in flight"},
 		{Key: nodedrain.AnnotationNodeDrain, On: "Node annotation",
 			Doc: "the record (JSON: event, its key and maintenance, kind, start, bound, release, done, attempts, last error, whether the router cordoned, and `also`: the other scheduled maintenances AWS reported while the drain was on, each with its keys and release: the drain holds the Node until the last of them is over, and a close of its own event hands it to the next) of a drain the router carries out itself on a Node Karpenter does not manage (`--unmanaged-nodes=cordon-drain`); the Node is its only home, so a restarted or newly elected router resumes it. The router also cordons the Node (`spec.unschedulable`, decided on the Node read fresh) and uncordons only what it cordoned: when the maintenance closes, when the instance runs again after the stop it was drained for, or after a reboot AWS kept the instance through (past the release, the Node Ready). A `running` handled with no drain in progress is kept in it (`running: true`, nothing cordoned), so that an older stop arriving late begins no drain; so is a close of a maintenance the Node has no drain for (`closed: true`, nothing cordoned), so that an older report of the same event or maintenance arriving late begins none"},

@@ -31,6 +31,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -295,7 +296,7 @@ func (d *drill) signalled(n int) int {
 	}
 	c := 0
 	for _, nc := range claims.Items {
-		if nc.Annotations[cluster.AnnotationDrainSignalled] != "" {
+		if m, err := record.Load(d.ctx, d.kube, nc.Name); err == nil && m.Drain != nil {
 			c++
 		}
 	}

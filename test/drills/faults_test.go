@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/intake"
 	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/test/bench/gen"
@@ -155,7 +154,8 @@ func TestEC2ThrottledForTheWholeBurst(t *testing.T) {
 		}
 		deferred := 0
 		for i := range claims.Items {
-			for _, df := range record.Records(&claims.Items[i]) {
+			mem, _ := record.Load(d.ctx, d.kube, claims.Items[i].Name)
+			for _, df := range mem.Records {
 				if df.State == record.StateDeferred && strings.Contains(df.Reason, "check unavailable") {
 					deferred++
 				}
@@ -242,9 +242,11 @@ func TestKubernetesAPIDownMidBurst(t *testing.T) {
 		if err := d.kube.Get(d.ctx, client.ObjectKey{Name: fmt.Sprintf("burst-%04d", i)}, &nc); err != nil {
 			return false, err.Error()
 		}
-		stamp := nc.Annotations[cluster.AnnotationDrainSignalled]
-		id, _, _, _ := record.ParseDrainStamp(stamp)
-		return !nc.DeletionTimestamp.IsZero() && id == fmt.Sprintf("5b1d0c2e-0000-4000-8000-%012d", i), stamp
+		m, err := record.Load(d.ctx, d.kube, nc.Name)
+		if err != nil || m.Drain == nil {
+			return false, fmt.Sprint("no drain recorded ", err)
+		}
+		return !nc.DeletionTimestamp.IsZero() && m.Drain.EventID == fmt.Sprintf("5b1d0c2e-0000-4000-8000-%012d", i), fmt.Sprintf("%+v", *m.Drain)
 	}
 	_ = wait.PollUntilContextTimeout(d.ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
 		d.forwarded(counts)

@@ -48,8 +48,8 @@ func TestCapacityBlockExpiration(t *testing.T) {
 		fmt.Sprintf("arn:aws:ec2:%s:123456789012:capacity-reservation/%s", harness.Region, block))
 
 	s.eventually("the block's node in the default pool deleting", 30*time.Second, func() bool { return !s.claim(train).DeletionTimestamp.IsZero() })
-	s.eventually("the checkpoint pool's node deferred", 30*time.Second, func() bool { return len(record.Records(s.claim(kept))) == 1 })
-	d := record.Records(s.claim(kept))[0]
+	s.eventually("the checkpoint pool's node deferred", 30*time.Second, func() bool { return len(s.records(kept)) == 1 })
+	d := s.records(kept)[0]
 	// Deadline: the first terminations, end - 30 min; minus the pool's drain-lead of 5 min.
 	if want := end.Add(-35 * time.Minute); d.State != record.StateDeferred || !d.Until.Equal(want) || d.Kind != "capacity-block-expiration" {
 		t.Errorf("record %+v, want deferred until %s", d, want)
@@ -57,7 +57,7 @@ func TestCapacityBlockExpiration(t *testing.T) {
 	if !s.claim(kept).DeletionTimestamp.IsZero() {
 		t.Error("the deferred node was drained")
 	}
-	if !s.claim(other).DeletionTimestamp.IsZero() || len(record.Records(s.claim(other))) != 0 {
+	if !s.claim(other).DeletionTimestamp.IsZero() || len(s.records(other)) != 0 {
 		t.Error("a node of another reservation was acted on")
 	}
 	if msgs := s.drain(s.karpURL); len(msgs) != 0 {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/policy"
-	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -57,7 +56,7 @@ func TestGates(t *testing.T) {
 		s.put("aws.health", "AWS Health Event", health("AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", start, "upcoming", "arn:aws:health:eu-west-1::event/EC2/RET/"+id, id), id)
 	}
 	holdOf := func(claim string) policy.Hold {
-		for _, d := range record.Records(s.claim(claim)) {
+		for _, d := range s.records(claim) {
 			if d.Active() {
 				return d.Hold
 			}
@@ -69,7 +68,7 @@ func TestGates(t *testing.T) {
 		s.t = t
 		retire("i-0a1b2c3d4e5f60201", time.Now().Add(72*time.Hour))
 		s.eventually("held by the PDB", 30*time.Second, func() bool { return holdOf(held) == policy.HoldPDB })
-		ds := record.Records(s.claim(held))
+		ds := s.records(held)
 		if len(ds) != 1 || len(ds[0].PDBs) != 1 || ds[0].PDBs[0] != "default/kafka" || !strings.Contains(ds[0].Reason, "default/kafka") {
 			t.Errorf("record %+v", ds)
 		}
@@ -110,7 +109,7 @@ func TestGates(t *testing.T) {
 		}
 		retire("i-0a1b2c3d4e5f60204", time.Now().Add(72*time.Hour))
 		s.eventually("held by the alert", 30*time.Second, func() bool { return holdOf(claim) == policy.HoldAlerts })
-		if ds := record.Records(s.claim(claim)); !strings.Contains(ds[0].Reason, "ZookeeperQuorumAtRisk") {
+		if ds := s.records(claim); !strings.Contains(ds[0].Reason, "ZookeeperQuorumAtRisk") {
 			t.Errorf("reason %q", ds[0].Reason)
 		}
 		firing.EndsAt = time.Now().Add(-time.Second) // resolved

@@ -282,8 +282,8 @@ func TestRebootInPlace(t *testing.T) {
 	// The deferral is over (the pipeline ends it right after the Runner's Begin): ended as
 	// handed to the reboot in place, not left to fire again.
 	s.eventually("the deferral ended as in-place", 10*time.Second, func() bool {
-		set, err := record.Read(s.claim(claim))
-		return err == nil && len(set.Active()) == 0 &&
+		set := s.memory(claim).Set()
+		return len(set.Active()) == 0 &&
 			slices.ContainsFunc(set.Records, func(r record.Record) bool { return r.Key == arn && r.State == record.StateInPlace })
 	})
 	s.eventually("the node cordoned, do-not-disrupt on the NodeClaim and the Node", 20*time.Second, func() bool {
@@ -364,7 +364,7 @@ func TestRebootInPlace(t *testing.T) {
 	if !nc.DeletionTimestamp.IsZero() {
 		t.Error("the NodeClaim was deleted: the node was replaced, not kept")
 	}
-	if set, _ := record.Read(nc); len(set.Active()) != 0 {
+	if set := s.memory(nc.Name).Set(); len(set.Active()) != 0 {
 		t.Errorf("active records after the run: %+v", set.Active())
 	}
 	if v, f := s.queueCounts(s.karpURL); v+f != 0 {

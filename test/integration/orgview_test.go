@@ -49,7 +49,7 @@ func TestHealthOrganizationalView(t *testing.T) {
 
 	s.putRaw(orgViewHealth("0b1e3c55-0000-4000-8000-000000002711", "c0ffee01-1", arn, start, [][2]string{{"i-0a1b2c3d4e5f62711", ""}}))
 	s.eventually("the organizational-view event deferred on its instance", 30*time.Second, func() bool {
-		ds := record.Records(s.claim(a))
+		ds := s.records(a)
 		return len(ds) == 1 && ds[0].State == record.StateDeferred
 	})
 	if dl := s.drain(s.dlqURL); len(dl) != 0 {
@@ -60,16 +60,16 @@ func TestHealthOrganizationalView(t *testing.T) {
 	s.putRaw(orgViewHealth("0b1e3c55-0000-4000-8000-000000002799", "c0ffee01-1", arn, start, [][2]string{{"i-0a1b2c3d4e5f62711", ""}}))
 	// A page of the same event, of another communication: one entity resolved, one not.
 	s.putRaw(orgViewHealth("0b1e3c55-0000-4000-8000-000000002712", "c0ffee02-1", arn, start, [][2]string{{"i-0a1b2c3d4e5f62712", "RESOLVED"}, {"i-0a1b2c3d4e5f62713", "PENDING"}}))
-	s.eventually("the page's open entity deferred", 30*time.Second, func() bool { return len(record.Records(s.claim(c))) == 1 })
+	s.eventually("the page's open entity deferred", 30*time.Second, func() bool { return len(s.records(c)) == 1 })
 	s.eventually("every message handled", 30*time.Second, func() bool { v, f := s.queueCounts(s.intakeURL); return v == 0 && f == 0 })
 
-	ds := record.Records(s.claim(a))
+	ds := s.records(a)
 	if len(ds) != 1 || ds[0].EventID != "0b1e3c55-0000-4000-8000-000000002711" || ds[0].State != record.StateDeferred {
 		t.Errorf("records after a duplicate communication: %+v, want the first copy's deferral alone", ds)
 	}
 	// The resolved entity is not acted on: its report is a close of the event for it (issue 36,
 	// defect 3), which leaves only the close's mark (a later report older than it is late).
-	if ds := record.Records(s.claim(b)); slices.ContainsFunc(ds, func(r record.Record) bool { return r.State != record.StateClosed }) || !s.claim(b).DeletionTimestamp.IsZero() {
+	if ds := s.records(b); slices.ContainsFunc(ds, func(r record.Record) bool { return r.State != record.StateClosed }) || !s.claim(b).DeletionTimestamp.IsZero() {
 		t.Errorf("the resolved entity was acted on: records %+v, deleting %t", ds, !s.claim(b).DeletionTimestamp.IsZero())
 	}
 	if dl := s.drain(s.dlqURL); len(dl) != 0 {

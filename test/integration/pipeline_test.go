@@ -284,6 +284,24 @@ func (s *stage) claim(name string) *karpv1.NodeClaim {
 	return nc
 }
 
+// records is the router's memory of NodeClaim name: its records (none when it keeps none).
+func (s *stage) records(name string) []record.Record {
+	m, err := record.Load(s.ctx, s.kube, name)
+	if err != nil {
+		s.t.Fatalf("healthrecord %s: %v", name, err)
+	}
+	return m.Records
+}
+
+// memory is the router's memory of NodeClaim name.
+func (s *stage) memory(name string) record.Memory {
+	m, err := record.Load(s.ctx, s.kube, name)
+	if err != nil {
+		s.t.Fatalf("healthrecord %s: %v", name, err)
+	}
+	return m
+}
+
 func (s *stage) eventually(what string, timeout time.Duration, cond func() bool) {
 	s.t.Helper()
 	if err := wait.PollUntilContextTimeout(s.ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
@@ -373,7 +391,7 @@ func TestPipeline(t *testing.T) {
 		if extra := s.drain(s.karpURL); len(first)+len(extra) != 1 {
 			t.Errorf("%d messages forwarded for one drain", len(first)+len(extra))
 		}
-		if s.claim(b).Annotations[cluster.AnnotationDrainSignalled] != "" || s.claim(a).Annotations[cluster.AnnotationDrainSignalled] == "" {
+		if s.memory(b).Drain != nil || s.memory(a).Drain == nil {
 			t.Error("drain-signalled annotations wrong")
 		}
 	})
@@ -411,7 +429,10 @@ func TestPipeline(t *testing.T) {
 		}
 		s.eventually("NodeClaim deleted by the router after the confirmation bound", 30*time.Second, func() bool { return !s.claim(claim).DeletionTimestamp.IsZero() })
 		s.eventually("the fallback recorded in the drain stamp", 10*time.Second, func() bool {
-			_, _, via, _ := record.ParseDrainStamp(s.claim(claim).Annotations[cluster.AnnotationDrainSignalled])
+			var via string
+			if d := s.memory(claim).Drain; d != nil {
+				via = d.Via
+			}
 			return signal.Mode(via) == signal.ModeDeleteNodeClaim
 		})
 		s.eventually("a HealthEventForwardUnconfirmed Warning", 30*time.Second, func() bool {
@@ -437,7 +458,7 @@ func TestPipeline(t *testing.T) {
 		start := time.Now().Add(time.Hour + 8*time.Second)
 		s.put("aws.health", "AWS Health Event", health("AWS_EC2_INSTANCE_STOP_SCHEDULED", start, "upcoming", "arn:aws:health:eu-west-1::event/EC2/STOP/4", "i-0a1b2c3d4e5f60004"), "i-0a1b2c3d4e5f60004")
 		s.eventually("deferral recorded", 30*time.Second, func() bool {
-			ds := record.Records(s.claim(claim))
+			ds := s.records(claim)
 			return len(ds) == 1 && ds[0].State == record.StateDeferred
 		})
 		if !s.claim(claim).DeletionTimestamp.IsZero() {
@@ -445,14 +466,14 @@ func TestPipeline(t *testing.T) {
 		}
 		// The deferral lives on the NodeClaim, with the event: nothing waits in SQS.
 		s.eventually("intake message deleted once the deferral is recorded", 30*time.Second, func() bool { v, f := s.queueCounts(s.intakeURL); return v == 0 && f == 0 })
-		if d := record.Records(s.claim(claim))[0]; d.Hold != "deadline" || !strings.Contains(string(d.Event), "i-0a1b2c3d4e5f60004") {
+		if d := s.records(claim)[0]; d.Hold != "deadline" || !strings.Contains(string(d.Event), "i-0a1b2c3d4e5f60004") {
 			t.Errorf("record %+v", d)
 		}
 		s.eventually("drained at deadline - drain-lead", 40*time.Second, func() bool { return !s.claim(claim).DeletionTimestamp.IsZero() })
 		if d := time.Until(start.Add(-time.Hour)); d > time.Second {
 			t.Errorf("drained %s early", d)
 		}
-		if ds := record.Records(s.claim(claim)); len(ds) != 0 {
+		if ds := s.records(claim); len(ds) != 0 {
 			t.Errorf("deferral left after the drain: %+v", ds)
 		}
 	})
@@ -463,14 +484,14 @@ func TestPipeline(t *testing.T) {
 		claim := s.node("cache", "i-0a1b2c3d4e5f60005")
 		s.router(signal.ModeDeleteNodeClaim)
 		s.put("aws.ec2", "EC2 Instance State-change Notification", map[string]string{"instance-id": "i-0a1b2c3d4e5f60005", "state": "stopping"})
-		s.eventually("stop deferred", 30*time.Second, func() bool { return len(record.Records(s.claim(claim))) == 1 })
+		s.eventually("stop deferred", 30*time.Second, func() bool { return len(s.records(claim)) == 1 })
 		s.put("aws.ec2", "EC2 Instance State-change Notification", map[string]string{"instance-id": "i-0a1b2c3d4e5f60005", "state": "running"})
 		s.eventually("deferral cancelled", 30*time.Second, func() bool {
-			ds := record.Records(s.claim(claim))
+			ds := s.records(claim)
 			return len(ds) == 1 && ds[0].State == record.StateCancelled
 		})
 		// After restart-grace the cancelled record is pruned, and nothing is drained.
-		s.eventually("cancelled deferral pruned after restart-grace", 45*time.Second, func() bool { return len(record.Records(s.claim(claim))) == 0 })
+		s.eventually("cancelled deferral pruned after restart-grace", 45*time.Second, func() bool { return len(s.records(claim)) == 0 })
 		if !s.claim(claim).DeletionTimestamp.IsZero() {
 			t.Error("drained although the instance ran again")
 		}
@@ -545,12 +566,12 @@ func TestPipeline(t *testing.T) {
 		// Retirement in ten days: deferred until deadline - drain-lead. SQS could hide a
 		// message 12 hours at most; the NodeClaim holds it as long as it takes.
 		s.put("aws.health", "AWS Health Event", health("AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", time.Now().Add(240*time.Hour), "upcoming", "arn:aws:health:eu-west-1::event/EC2/RET/7", "i-0a1b2c3d4e5f60007"), "i-0a1b2c3d4e5f60007")
-		s.eventually("deferral recorded", 30*time.Second, func() bool { return len(record.Records(s.claim(claim))) == 1 })
+		s.eventually("deferral recorded", 30*time.Second, func() bool { return len(s.records(claim)) == 1 })
 		s.eventually("intake queue empty", 30*time.Second, func() bool { v, f := s.queueCounts(s.intakeURL); return v == 0 && f == 0 })
 		stop()
 		s.router(signal.ModeDeleteNodeClaim) // a restarted router finds the deferral where it was
 		time.Sleep(3 * time.Second)
-		ds := record.Records(s.claim(claim))
+		ds := s.records(claim)
 		if len(ds) != 1 || !ds[0].Active() || ds[0].Until.Before(time.Now().Add(238*time.Hour)) {
 			t.Errorf("deferral after a restart: %+v", ds)
 		}

@@ -148,10 +148,7 @@ func TestReschedule(t *testing.T) {
 		if got := metricOf(t, reg, metrics.AlreadyRecorded, nil); got < 1 {
 			t.Errorf("%s = %v: the poller's report of the moved event was not found recorded", metrics.AlreadyRecorded, got)
 		}
-		set, err := record.Read(s.claim(claim))
-		if err != nil {
-			t.Fatal(err)
-		}
+		set := s.memory(claim).Set()
 		if len(set.Records) != 1 || len(set.Active()) != 1 || !record.Same(set.Active()[0], rec) {
 			t.Errorf("records after the poller saw the moved event: %+v, want only %+v", set.Records, rec)
 		}

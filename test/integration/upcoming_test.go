@@ -100,10 +100,7 @@ func (s *stage) eventsOf(namespace, reason string) []eventsv1.Event {
 
 // activeRecord returns the one active record of a NodeClaim, or false.
 func (s *stage) activeRecord(claim string) (record.Record, bool) {
-	set, err := record.Read(s.claim(claim))
-	if err != nil {
-		s.t.Fatalf("records of %s: %v", claim, err)
-	}
+	set := s.memory(claim).Set()
 	active := set.Active()
 	if len(active) != 1 {
 		return record.Record{}, false
@@ -188,7 +185,7 @@ func TestNodeMarks(t *testing.T) {
 		s.put("aws.health", "AWS Health Event", health("AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", start, "closed", arn, "i-0c1d2e3f4a5b60001", "i-0c1d2e3f4a5b60002"))
 		for _, c := range []struct{ claim, node string }{{kafka, kafkaNode}, {web, webNode}} {
 			s.eventually("the deferral of "+c.claim+" cancelled", 60*time.Second, func() bool {
-				set, _ := record.Read(s.claim(c.claim))
+				set := s.memory(c.claim).Set()
 				return len(set.Active()) == 0 && slices.ContainsFunc(set.Records, func(r record.Record) bool { return r.State == record.StateCancelled })
 			})
 			s.eventually("the marks gone from "+c.node, 60*time.Second, func() bool { return upcoming.Current(s.nodeObj(c.node)).None() })

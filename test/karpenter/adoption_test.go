@@ -156,8 +156,8 @@ func TestAdoption(t *testing.T) {
 		if stage.Kube.Get(ctx, client.ObjectKey{Name: second.NodeClaim}, nc) != nil || stage.Kube.Get(ctx, client.ObjectKey{Name: second.Node}, n) != nil {
 			return false
 		}
-		set, _ := record.Read(nc)
-		return len(set.Active()) == 1 && !upcoming.Current(n).None()
+		mem, _ := record.Load(ctx, stage.Kube, nc.Name)
+		return len(mem.Set().Active()) == 1 && !upcoming.Current(n).None()
 	})
 	time.Sleep(3 * time.Second)
 	if deleting, _ := claimState(t, second.NodeClaim); deleting {

@@ -521,7 +521,7 @@ func (m *machine) ForgedWrite(t *rapid.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q}}}`, record.Annotation, v, cluster.AnnotationDrainSignalled, record.DrainStamp("forged-"+inst, at.Add(-time.Hour), "forward"))
+		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q}}}`, record.Annotation, v, record.AnnotationDrainSignalled, record.DrainStamp("forged-"+inst, at.Add(-time.Hour), "forward"))
 		if err := m.w.store.Patch(m.ctx, nc, client.RawPatch(types.MergePatchType, patch)); err != nil {
 			t.Fatal(err)
 		}

@@ -1161,11 +1161,19 @@ func (w *world) reconcileMarks(ctx context.Context) error {
 	for _, n := range nodes.Items {
 		nodeVersion[n.Name] = n.ResourceVersion
 	}
+	var hrs record.HealthRecordList
+	if err := w.store.List(ctx, &hrs); err != nil {
+		return err
+	}
+	recordVersion := map[string]string{}
+	for _, hr := range hrs.Items {
+		recordVersion[hr.Name] = hr.ResourceVersion
+	}
 	r := w.leader
 	for _, nc := range claims.Items {
-		// The watch: only a NodeClaim or Node that changed since its last pass (a new leader
-		// starts with none seen, as its informers list everything).
-		version := nc.ResourceVersion + "/" + nodeVersion[nc.Status.NodeName]
+		// The watch: only a NodeClaim, its HealthRecord or its Node that changed since its
+		// last pass (a new leader starts with none seen, as its informers list everything).
+		version := nc.ResourceVersion + "/" + recordVersion[nc.Name] + "/" + nodeVersion[nc.Status.NodeName]
 		if r.marked[nc.Name] == version {
 			continue
 		}

@@ -9,7 +9,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/record"
 )
 
@@ -59,12 +58,12 @@ func FromAnnotations(t testing.TB, c client.Client) {
 	for i := range ncs.Items {
 		nc := &ncs.Items[i]
 		v, hasRecords := nc.Annotations[record.Annotation]
-		stamp, hasStamp := nc.Annotations[cluster.AnnotationDrainSignalled]
+		stamp, hasStamp := nc.Annotations[record.AnnotationDrainSignalled]
 		if !hasRecords && !hasStamp {
 			continue
 		}
 		delete(nc.Annotations, record.Annotation)
-		delete(nc.Annotations, cluster.AnnotationDrainSignalled)
+		delete(nc.Annotations, record.AnnotationDrainSignalled)
 		if err := c.Update(context.Background(), nc); err != nil {
 			t.Fatal(err)
 		}

@@ -46,11 +46,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/router/app"
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/bench/realistic"
 	"github.com/health-router/health-router/test/harness"
@@ -472,7 +472,7 @@ func (f *firsts) observe(m *metav1.PartialObjectMetadata, gone bool) {
 	if !f.want[m.Name] || !f.at[m.Name].IsZero() {
 		return
 	}
-	if gone || m.DeletionTimestamp != nil || m.Annotations[cluster.AnnotationDrainSignalled] != "" {
+	if gone || m.DeletionTimestamp != nil || m.Annotations[record.AnnotationDrainSignalled] != "" {
 		f.at[m.Name] = now
 		if len(f.at) == len(f.want) {
 			close(f.done)

@@ -21,7 +21,6 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/record"
 )
 
@@ -224,7 +223,7 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 	defer o.mu.Unlock()
 	name := m.Name
 	deleting := gone || m.DeletionTimestamp != nil
-	stamped := m.Annotations[cluster.AnnotationDrainSignalled] != ""
+	stamped := m.Annotations[record.AnnotationDrainSignalled] != ""
 	if deleting {
 		if ch, ok := o.watchFor[name]; ok {
 			ch <- now
@@ -233,7 +232,7 @@ func (o *outcomes) observe(m *metav1.PartialObjectMetadata, gone bool) {
 	}
 	if o.want[name] && !o.recorded[name] {
 		rec := deleting || stamped
-		if !rec && m.Annotations[cluster.AnnotationDeferred] != "" {
+		if !rec && m.Annotations[record.Annotation] != "" {
 			set, _ := record.Decode(m.Annotations[record.Annotation])
 			for _, d := range set.Records {
 				if o.events[d.EventID] {
@@ -329,7 +328,7 @@ func watchRecords(ctx context.Context, cfg *rest.Config, observe func(*metav1.Pa
 		}
 		m := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: hr.Name, Labels: hr.Labels, Annotations: map[string]string{}}}
 		if d := hr.Status.Drain; d != nil {
-			m.Annotations[cluster.AnnotationDrainSignalled] = record.DrainStamp(d.EventID, d.At, d.Via)
+			m.Annotations[record.AnnotationDrainSignalled] = record.DrainStamp(d.EventID, d.At, d.Via)
 		}
 		if v, err := record.Encode(hr.Status.Memory.Set()); err == nil && v != "" {
 			m.Annotations[record.Annotation] = v

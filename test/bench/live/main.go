@@ -55,6 +55,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/bench/gen"
 	"github.com/health-router/health-router/test/bench/realistic"
@@ -580,7 +581,7 @@ func (b *bench) bareLoop(ctx context.Context, kube client.Client, restCfg, setup
 	}
 	patch := func(i int, name string) bool {
 		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		body := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, cluster.AnnotationDeferred, values[i])
+		body := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, record.Annotation, values[i])
 		if err := c.Patch(ctx, nc, client.RawPatch(types.MergePatchType, body)); err != nil {
 			failed.Add(1)
 			return false

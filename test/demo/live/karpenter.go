@@ -151,7 +151,8 @@ func runWithKarpenter(root string) error {
 			state = "?"
 		}
 		rec := "-"
-		for _, d := range record.Records(nc) {
+		mem, _ := record.Load(ctx, stage.Kube, n.NodeClaim)
+		for _, d := range mem.Records {
 			if d.Active() {
 				rec = fmt.Sprintf("deferred until %s (%s)", d.Until.Format("2006-01-02 15:04"), d.Hold)
 			} else {

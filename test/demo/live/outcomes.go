@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/record"
 )
 
@@ -61,23 +60,27 @@ func readClaims(ctx context.Context, kube client.Client, names []string) ([]clai
 		}
 		outs := byClaim[name]
 		sort.SliceStable(outs, func(i, j int) bool { return outs[i].Time.Before(outs[j].Time) })
-		rows = append(rows, claimRow{Name: name, Pool: nc.Labels[karpv1.NodePoolLabelKey], State: claimState(nc), Outcomes: outs})
+		mem, err := record.Load(ctx, kube, name)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, claimRow{Name: name, Pool: nc.Labels[karpv1.NodePoolLabelKey], State: claimState(nc, mem), Outcomes: outs})
 	}
 	return rows, nil
 }
 
-// claimState is where the NodeClaim stands now.
-func claimState(nc *karpv1.NodeClaim) string {
+// claimState is where the NodeClaim stands now, by the router's memory of it.
+func claimState(nc *karpv1.NodeClaim, mem record.Memory) string {
 	switch {
 	case !nc.DeletionTimestamp.IsZero():
 		return "DELETED (Karpenter drains it)"
-	case nc.Annotations[cluster.AnnotationDrainSignalled] != "":
+	case mem.Drain != nil:
 		return "drain signalled"
 	}
 	// The reasons say until when and why; the state says what holds the NodeClaim.
 	var holds []string
 	var until time.Time
-	for _, d := range record.Records(nc) {
+	for _, d := range mem.Records {
 		if d.Active() {
 			if !slices.Contains(holds, string(d.Hold)) {
 				holds = append(holds, string(d.Hold))
