@@ -238,9 +238,14 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		backoff := time.Second
 		for {
 			res, err := record.Adopt(ctx, mgr.GetClient(), mgr.GetAPIReader(), ec2Client, clk, log.With("component", "adopt"))
+			var runs inplace.Adopted
 			if err == nil {
-				if res.Removed > 0 {
-					log.Info("adopted the memory of the router before the store", "deferrals_adopted", res.Adopted, "not_adopted", res.Ended, "nodeclaims_cleaned", res.Removed)
+				runs, err = inplace.AdoptRuns(ctx, mgr.GetClient(), mgr.GetAPIReader(), ec2Client, clk, log.With("component", "adopt"))
+			}
+			if err == nil {
+				if res.Removed > 0 || runs != (inplace.Adopted{}) {
+					log.Info("adopted the memory of the router before the store", "deferrals_adopted", res.Adopted, "deferrals_not_adopted", res.Ended,
+						"runs_kept", runs.Kept, "runs_restarted", runs.Restarted, "runs_ended", runs.Ended, "nodeclaims_cleaned", res.Removed+runs.Removed)
 				}
 				return nil
 			}

@@ -103,14 +103,14 @@ var conditionsRead = map[string]bool{"Empty": true, karpv1.ConditionTypeDrifted:
 const routerPrefix = "healthrouter.io/"
 
 // routerAnnotations returns the annotations the router writes and reads on a NodeClaim
-// (healthrouter.io/*: a reboot in place's run, a shadow outcome); Karpenter's own hashes and
-// the rest are dropped, and so are the keys routers before the store kept their memory in
-// (record.Annotation, record.AnnotationDrainSignalled): the router never reads them as its
+// (healthrouter.io/*: a shadow outcome); Karpenter's own hashes and the rest are dropped,
+// and so are the keys routers before the store kept their memory in (record.Annotation,
+// record.AnnotationDrainSignalled, record.AnnotationRun): the router never reads them as its
 // memory, and the upgrade's adoption reads them from the API server.
 func (t *Trimmer) routerAnnotations(a map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range a {
-		if strings.HasPrefix(k, routerPrefix) && k != record.Annotation && k != record.AnnotationDrainSignalled {
+		if strings.HasPrefix(k, routerPrefix) && k != record.Annotation && k != record.AnnotationDrainSignalled && k != record.AnnotationRun {
 			if out == nil {
 				out = map[string]string{}
 			}

@@ -161,7 +161,7 @@ func TestTrimmerSharesNodeClaimParts(t *testing.T) {
 	tr := NewTrimmer()
 	claim := func(name, pool, class string) *karpv1.NodeClaim {
 		nc, _ := tr.NodeClaim(&karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{karpv1.NodePoolLabelKey: pool, "x": name},
-			Annotations: map[string]string{"healthrouter.io/in-place": name, "karpenter.sh/nodepool-hash": "1"}},
+			Annotations: map[string]string{"healthrouter.io/shadow": name, "karpenter.sh/nodepool-hash": "1"}},
 			Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: class}}})
 		return nc.(*karpv1.NodeClaim)
 	}
@@ -178,7 +178,7 @@ func TestTrimmerSharesNodeClaimParts(t *testing.T) {
 		t.Errorf("NodeClass references: %p %p %+v", a.Spec.NodeClassRef, b.Spec.NodeClassRef, c.Spec.NodeClassRef)
 	}
 	// Annotations are the object's own (records differ per NodeClaim); their keys are interned.
-	if sameMap(a.Annotations, b.Annotations) || a.Annotations["healthrouter.io/in-place"] != "a" || len(a.Annotations) != 1 || !internedKey(a.Annotations, b.Annotations, "healthrouter.io/in-place") {
+	if sameMap(a.Annotations, b.Annotations) || a.Annotations["healthrouter.io/shadow"] != "a" || len(a.Annotations) != 1 || !internedKey(a.Annotations, b.Annotations, "healthrouter.io/shadow") {
 		t.Errorf("annotations: %v %v", a.Annotations, b.Annotations)
 	}
 }

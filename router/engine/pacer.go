@@ -113,7 +113,7 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 		instances[nc.Name] = cluster.InstanceID(nc.Status.ProviderID)
 		// A node kept through a reboot (a run in progress) is out of service as a drained one is.
 		mem := mems[nc.Name]
-		members[nc.Name] = cluster.Draining(nc, mem) || inplace.Active(nc)
+		members[nc.Name] = cluster.Draining(nc, mem) || inplace.Active(mem)
 		if Impaired(mem) {
 			impaired[nc.Name] = true
 		}

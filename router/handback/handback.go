@@ -200,7 +200,11 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 	for i := range claims.Items {
 		nc := &claims.Items[i]
 		node := byName[nc.Status.NodeName]
-		if st, ok, err := inplace.Read(nc); err == nil && ok && st.Node != "" {
+		var mem record.Memory
+		if hr := mems[nc.Name]; hr != nil {
+			mem = hr.Status.Memory
+		}
+		if st, ok, err := inplace.Read(mem); err == nil && ok && st.Node != "" {
 			runNodes[st.Node] = true
 			if node == nil {
 				node = byName[st.Node]
@@ -304,7 +308,7 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, hr *record.H
 		mem, setErr = hr.Memory()
 	}
 	hasRecords := hr != nil
-	_, hasRun := nc.Annotations[inplace.Annotation]
+	hasRun := len(mem.Run) > 0
 	_, hasShadow := nc.Annotations[shadow.Annotation]
 	hasStamp := mem.Drain != nil
 	if !hasRecords && !hasRun && !hasShadow && !hasStamp {
@@ -334,7 +338,7 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, hr *record.H
 		}
 	}
 	set := mem.Set()
-	st, runOK, runErr := inplace.Read(nc)
+	st, runOK, runErr := inplace.Read(mem)
 	if setErr != nil {
 		it := base
 		it.What, it.Done, it.Problem = WhatRecords, "left as they are: "+setErr.Error()+" (a newer router's? delete healthrecord "+nc.Name+" by hand once read)", true
@@ -423,7 +427,7 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, hr *record.H
 		}
 	}
 	if hasRun && runErr == nil {
-		if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) { inplace.UndoClaim(c) }); err != nil && !apierrors.IsNotFound(err) {
+		if err := h.patchClaim(ctx, nc, func(c *karpv1.NodeClaim) { inplace.UndoClaim(c, st) }); err != nil && !apierrors.IsNotFound(err) {
 			items = append(items, problem(base, WhatRecords, err))
 		}
 	}

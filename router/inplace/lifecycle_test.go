@@ -208,7 +208,9 @@ func TestCancelled(t *testing.T) {
 }
 
 // TestForgedRunLeftAlone: issue 26. A run whose record names another instance or Node than
-// its NodeClaim's own (a forged annotation) reboots, cordons and evicts nothing.
+// its NodeClaim's own reboots, cordons and evicts nothing. Since the store only the router
+// writes the record (TestRunAnnotationIsNotAnOrder: an annotation is nothing); this stays for
+// a record restored from a backup onto another NodeClaim, or a router's bug.
 func TestForgedRunLeftAlone(t *testing.T) {
 	// On 625c04b the first rebooted i-0ffffffffffffffff (not in the cluster); the second sent
 	// the run to its fallback, deleting the NodeClaim.
@@ -222,11 +224,7 @@ func TestForgedRunLeftAlone(t *testing.T) {
 
 func forgedRun(t *testing.T, forged State) {
 	r := newRig(t, rigOpts{})
-	nc := r.claim()
-	nc.Annotations = map[string]string{Annotation: encode(forged)}
-	if err := r.kube.Update(r.ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	r.seedRun(encode(forged))
 	for range 3 {
 		r.pass()
 	}
@@ -262,19 +260,15 @@ func TestNodeRegisteredAgain(t *testing.T) {
 	}
 }
 
-// TestRebootOnlyForAMaintenanceEC2Shows: issue 26 item 3. A run the router did not begin (an
-// annotation written by anyone who may patch NodeClaims), naming the NodeClaim's own instance
-// and Node, for an instance-reboot EC2 does not show: the instance is not rebooted, the run
+// TestRebootOnlyForAMaintenanceEC2Shows: issue 26 item 3. A run in the store for a
+// maintenance EC2 no longer shows (restored from a backup, or a router's bug), naming the
+// NodeClaim's own instance and Node, for an instance-reboot EC2 does not show: the instance is not rebooted, the run
 // ends and gives the Node back, with a Warning and the refused metric.
 func TestRebootOnlyForAMaintenanceEC2Shows(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	forged := State{Version: Version, EventID: "forged", Type: event.ScheduledInstanceReboot, Instance: instance, Node: nodeName,
 		Start: start, Step: StepCordon, Began: t0, StepSince: t0}
-	nc := r.claim()
-	nc.Annotations = map[string]string{Annotation: encode(forged)}
-	if err := r.kube.Update(r.ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	r.seedRun(encode(forged))
 	// EC2 shows an instance-reboot, but not this one (another start), and a completed one at
 	// this start: neither is the maintenance the run is for.
 	r.ec2.shown = []ec2types.InstanceStatusEvent{
@@ -355,6 +349,34 @@ func TestRebootConfirmation(t *testing.T) {
 			}
 			if refused := r.refusedCount(); (refused == 1) != (tt.wantStep == StepDone) {
 				t.Errorf("refused metric %v", refused)
+			}
+		})
+	}
+}
+
+// TestRunAnnotationIsNotAnOrder: issue 36, defect 9. Anyone with `patch nodeclaims` writes a
+// run on the NodeClaim's own instance and Node, in the key routers before the store kept it
+// in, at each of its dangerous steps: on 22df557 the evict step emptied the node, the reboot
+// step rebooted it with its pods on it, and the fallback step deleted the NodeClaim. The run
+// lives in the router's HealthRecord now: the annotation is nothing.
+func TestRunAnnotationIsNotAnOrder(t *testing.T) {
+	for _, step := range []Step{StepEvict, StepReboot, StepFallback} {
+		t.Run(string(step), func(t *testing.T) {
+			r := newRig(t, rigOpts{})
+			forged := State{Version: Version, EventID: "forged", Type: event.ScheduledInstanceReboot, Instance: instance, Node: nodeName,
+				Start: start, Step: step, Began: t0, StepSince: t0}
+			r.ec2.show(scheduled("forged", event.ScheduledInstanceReboot, start))
+			nc := r.claim()
+			nc.Annotations = map[string]string{Annotation: encode(forged)}
+			if err := r.kube.Update(r.ctx, nc); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				r.pass()
+			}
+			if len(r.ec2.calls) != 0 || r.evictor.calls != 0 || r.node().Spec.Unschedulable || len(r.fallback.whys) != 0 {
+				t.Errorf("a run written by someone else acted: %d reboots, %d eviction rounds, cordoned %v, fallbacks %q",
+					len(r.ec2.calls), r.evictor.calls, r.node().Spec.Unschedulable, r.fallback.whys)
 			}
 		})
 	}

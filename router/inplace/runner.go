@@ -2,6 +2,7 @@ package inplace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -34,6 +36,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/record"
 )
 
 // Kubernetes Event reasons, on the NodeClaim and its Node.
@@ -116,6 +119,7 @@ type Fallback func(ctx context.Context, nc *karpv1.NodeClaim, st State, why stri
 type Runner struct {
 	kube     client.Client // writes NodeClaims and Nodes
 	api      client.Reader // reads them fresh: the cache trims Nodes' status and Karpenter's annotations
+	store    *record.Store // the run, in the NodeClaim's HealthRecord
 	evictor  Evictor
 	ec2      RebootAPI
 	clock    clock.Clock
@@ -135,7 +139,7 @@ type Runner struct {
 // NodeClaim's Karpenter annotations are not in the router's cache). reg may be nil.
 func New(kube client.Client, api client.Reader, evict Evictor, ec2 RebootAPI, clk clock.Clock, rec events.EventRecorder, log *slog.Logger,
 	reg prometheus.Registerer, fallback Fallback, opts Options) *Runner {
-	r := &Runner{kube: kube, api: api, evictor: evict, ec2: ec2, clock: clk, recorder: rec, log: log, fallback: fallback, opts: opts.withDefaults(),
+	r := &Runner{kube: kube, api: api, store: record.NewStore(kube, api), evictor: evict, ec2: ec2, clock: clk, recorder: rec, log: log, fallback: fallback, opts: opts.withDefaults(),
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.InPlaceRuns,
 			Help: "Reboots in place that ended, by outcome: done (the node was kept, Ready again) or fallback (the node is replaced through the pool's ordinary drain)."},
 			[]string{metrics.LabelOutcome}),
@@ -181,18 +185,20 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 		if !cur.DeletionTimestamp.IsZero() {
 			return errors.New("the nodeclaim is being deleted")
 		}
-		st, ok, err := Read(cur)
+		st, ok, err := r.run(ctx, cur.Name)
 		if err != nil {
 			return err // a newer router's run, or a damaged one: overwriting it would lose it
 		}
+		prev := ""
 		if ok {
+			prev = encode(st)
 			same := st.EventID == ev.ID || (arn != "" && st.EventARN == arn) || (st.Type == typ && st.Start.Equal(start))
 			switch {
 			case same && !st.Over() && (!st.Start.Equal(start) || !st.End.Equal(end)):
 				already = true
 				r.log.Info("reboot in place rescheduled", "nodeclaim", cur.Name, "event_id", ev.ID, "start", start, "former_start", st.Start)
 				next := r.opts.Postponed(st, start, end, now)
-				return r.patchClaim(ctx, cur, func(a map[string]string) { a[Annotation] = encode(next) })
+				return conflictOnChange(cur.Name, r.write(ctx, cur, prev, next))
 			case same && !st.Over():
 				already = true
 				return nil
@@ -230,10 +236,15 @@ func (r *Runner) Begin(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event
 		st.Protected = cur.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true"
 		st.RepairVetoed = cur.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"
 		begun = st
+		// The run first (what it will add is in it), then the vetoes: a stop between the two
+		// leaves a run that protects its Node (the Node's vetoes are what Karpenter reads) and
+		// undoes only what is there.
+		if err := conflictOnChange(cur.Name, r.write(ctx, cur, prev, st)); err != nil {
+			return err
+		}
 		return r.patchClaim(ctx, cur, func(a map[string]string) {
 			a[karpv1.DoNotDisruptAnnotationKey] = "true"
 			a[karpv1.DoNotRepairAnnotationKey] = "true"
-			a[Annotation] = encode(st)
 		})
 	})
 	if err != nil {
@@ -284,7 +295,7 @@ func (r *Runner) Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Even
 		if err := r.api.Get(ctx, client.ObjectKey{Name: nc.Name}, cur); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		st, ok, err := Read(cur)
+		st, ok, err := r.run(ctx, cur.Name)
 		if err != nil || !ok {
 			return nil // none, or not this router's to change
 		}
@@ -298,7 +309,7 @@ func (r *Runner) Cancel(ctx context.Context, nc *karpv1.NodeClaim, ev event.Even
 			return nil
 		}
 		cancelled, ended = true, next
-		return r.patchClaim(ctx, cur, func(a map[string]string) { a[Annotation] = encode(next) })
+		return conflictOnChange(cur.Name, r.write(ctx, cur, encode(st), next))
 	})
 	if err != nil {
 		return false, fmt.Errorf("cancelling the reboot in place of nodeclaim %s: %w", nc.Name, err)
@@ -340,23 +351,42 @@ func scheduledOf(ev event.Event) (typ event.ScheduledType, start, end time.Time,
 // the leader (controller-runtime's default for controllers).
 func (r *Runner) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("inplace").
-		For(&karpv1.NodeClaim{}, builder.WithPredicates(runChanged())).
+		// The run is in the NodeClaim's HealthRecord (same name); the NodeClaim's deletion
+		// ends what this process tracks of it.
+		For(&record.HealthRecord{}, builder.WithPredicates(runChanged())).
+		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(claimGone())).
 		// SkipNameValidation: the router runs one manager per process, but tests run several.
 		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrentReconciles, SkipNameValidation: ptr.To(true)}).
 		Complete(r)
 }
 
-// runChanged passes a NodeClaim that carries a run when it appears (every one, when the
+// runChanged passes a HealthRecord that holds a run when it appears (every one, when the
 // controller starts: that is how a new leader resumes) and when its run changes.
 func runChanged() predicate.Funcs {
-	run := func(o client.Object) string { return o.GetAnnotations()[Annotation] }
+	run := func(o client.Object) string {
+		if hr, ok := o.(*record.HealthRecord); ok {
+			return string(hr.Status.Run)
+		}
+		return ""
+	}
 	return predicate.Funcs{
 		CreateFunc: func(e ctrlevent.CreateEvent) bool { return run(e.Object) != "" },
 		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
-			return run(e.ObjectNew) != "" && (run(e.ObjectOld) != run(e.ObjectNew) ||
-				e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero())
+			return run(e.ObjectNew) != "" && run(e.ObjectOld) != run(e.ObjectNew)
 		},
 		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true }, // to forget it
+		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
+	}
+}
+
+// claimGone passes a NodeClaim's deletion and its disappearance.
+func claimGone() predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc: func(ctrlevent.CreateEvent) bool { return false },
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true },
 		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
 	}
 }
@@ -373,7 +403,10 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		}
 		return reconcile.Result{}, fmt.Errorf("reading nodeclaim %s: %w", req.Name, err)
 	}
-	st, ok, err := Read(nc)
+	st, ok, err := r.run(ctx, nc.Name)
+	if err != nil && !errors.Is(err, errUnreadableRun) {
+		return reconcile.Result{}, err
+	}
 	if err != nil {
 		// Kept as it is: a newer router's run, or one edited beyond use, is not this one's.
 		r.log.Warn("reboot in place left alone: its record cannot be read", "nodeclaim", nc.Name, "error", err)
@@ -396,8 +429,8 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		r.refused.Inc()
 		log.Warn("reboot in place left alone: its record names another instance or node than its nodeclaim", "claim_instance", id, "claim_node", nc.Status.NodeName)
 		r.post([]runtime.Object{nc}, corev1.EventTypeWarning, ReasonRefused,
-			"the record in %s names instance %q and node %q, but this NodeClaim is instance %q on node %q: left alone, nothing rebooted, cordoned or evicted",
-			Annotation, st.Instance, st.Node, id, nc.Status.NodeName)
+			"the run in healthrecord %s names instance %q and node %q, but this NodeClaim is instance %q on node %q: left alone, nothing rebooted, cordoned or evicted",
+			nc.Name, st.Instance, st.Node, id, nc.Status.NodeName)
 		return reconcile.Result{}, nil
 	}
 	r.track(nc.Name, true)
@@ -663,10 +696,16 @@ func (r *Runner) patchClaim(ctx context.Context, nc *karpv1.NodeClaim, mutate fu
 // new start): the pass's decision is dropped, and the next pass decides from what is there.
 var errRunChanged = errors.New("the run changed meanwhile")
 
-// record writes next over prev on the NodeClaim, and removes do-not-disrupt and
-// do-not-repair when the run is over and added them. After a conflict (another writer changed the NodeClaim) it reads it
-// fresh and writes again, as long as the run there is still prev.
+// record writes next over prev in the NodeClaim's HealthRecord (errRunChanged when the run
+// there is no longer prev), and, when the run is over, removes from the NodeClaim the
+// do-not-disrupt and do-not-repair it added (read fresh after a conflict).
 func (r *Runner) record(ctx context.Context, nc *karpv1.NodeClaim, prev, next State) error {
+	if err := r.write(ctx, nc, encode(prev), next); err != nil {
+		return err
+	}
+	if !next.Over() {
+		return nil
+	}
 	cur := nc
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if cur == nil {
@@ -674,20 +713,61 @@ func (r *Runner) record(ctx context.Context, nc *karpv1.NodeClaim, prev, next St
 			if err := r.api.Get(ctx, client.ObjectKey{Name: nc.Name}, fresh); err != nil {
 				return err
 			}
-			if st, ok, err := Read(fresh); err != nil || !ok || encode(st) != encode(prev) {
-				return errRunChanged
-			}
 			cur = fresh
 		}
 		claim := cur
 		cur = nil
 		return r.patchClaim(ctx, claim, func(a map[string]string) {
-			a[Annotation] = encode(next)
-			if next.Over() {
-				undoClaim(next, a)
-			}
+			delete(a, Annotation) // a router's before the store
+			undoClaim(next, a)
 		})
 	})
+}
+
+// errUnreadableRun marks a run this router cannot read (a newer router's, or damaged).
+var errUnreadableRun = errors.New("a run this router cannot read")
+
+// run reads the NodeClaim's run from its HealthRecord, as the API server holds it.
+func (r *Runner) run(ctx context.Context, name string) (State, bool, error) {
+	mem, err := record.Load(ctx, r.api, name)
+	if errors.Is(err, record.ErrUnreadable) {
+		return State{}, false, fmt.Errorf("%w: %w", errUnreadableRun, err)
+	}
+	if err != nil {
+		return State{}, false, err
+	}
+	st, ok, err := Read(mem)
+	if err != nil {
+		return State{}, false, fmt.Errorf("%w: %w", errUnreadableRun, err)
+	}
+	return st, ok, nil
+}
+
+// write records next as the NodeClaim's run, if the run in its HealthRecord is still prev
+// (encode of the run read; "" for none): errRunChanged otherwise.
+func (r *Runner) write(ctx context.Context, nc *karpv1.NodeClaim, prev string, next State) error {
+	return r.store.Update(ctx, nc, func(m *record.Memory) (bool, error) {
+		cur := ""
+		if st, ok, err := Read(*m); err != nil {
+			return false, fmt.Errorf("%w: %w", errUnreadableRun, err)
+		} else if ok {
+			cur = encode(st)
+		}
+		if cur != prev {
+			return false, errRunChanged
+		}
+		m.Run = json.RawMessage(encode(next))
+		return true, nil
+	})
+}
+
+// conflictOnChange turns errRunChanged into a conflict, for a RetryOnConflict that reads the
+// run again.
+func conflictOnChange(name string, err error) error {
+	if errors.Is(err, errRunChanged) {
+		return apierrors.NewConflict(record.GroupVersion.WithResource(record.Resource).GroupResource(), name, err)
+	}
+	return err
 }
 
 // announce logs a recorded change of the run, and posts the Events of its milestones.

@@ -2,6 +2,7 @@ package inplace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -31,6 +32,8 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/metrics"
+	"github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 )
 
 const (
@@ -225,6 +228,18 @@ func (r *rig) passTo(step Step) {
 	r.t.Fatalf("the run did not reach %s: %s", step, encode(r.state()))
 }
 
+// mem is the router's memory of the rig's NodeClaim, as the API server holds it.
+func (r *rig) mem() record.Memory {
+	r.t.Helper()
+	return recordtest.Memory(r.t, r.kube, r.claim())
+}
+
+// seedRun writes v as the NodeClaim's run, as a router would have.
+func (r *rig) seedRun(v string) {
+	r.t.Helper()
+	recordtest.Seed(r.t, r.kube, r.claim(), record.Memory{Run: json.RawMessage(v)})
+}
+
 func (r *rig) claim() *karpv1.NodeClaim {
 	r.t.Helper()
 	nc := &karpv1.NodeClaim{}
@@ -245,7 +260,7 @@ func (r *rig) node() *corev1.Node {
 
 func (r *rig) state() State {
 	r.t.Helper()
-	st, ok, err := Read(r.claim())
+	st, ok, err := Read(r.mem())
 	if err != nil || !ok {
 		r.t.Fatalf("Read: ok=%v err=%v", ok, err)
 	}
@@ -403,21 +418,17 @@ func TestBeginRefuses(t *testing.T) {
 	ev := scheduled("ev-1", event.ScheduledSystemReboot, start)
 	t.Run("an unreadable run is not overwritten", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
-		nc := r.claim()
-		nc.Annotations = map[string]string{}
-		nc.Annotations[Annotation] = `{"version":2,"event_id":"x","step":"teleport"}`
-		if err := r.kube.Update(r.ctx, nc); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.runner.Begin(r.ctx, nc, ev); err == nil || !strings.Contains(err.Error(), "newer router") {
+		r.seedRun(`{"version":2,"event_id":"x","step":"teleport"}`)
+		before := string(r.mem().Run)
+		if _, err := r.runner.Begin(r.ctx, r.claim(), ev); err == nil || !strings.Contains(err.Error(), "newer router") {
 			t.Errorf("Begin over a newer router's run: %v", err)
 		}
-		if r.claim().Annotations[Annotation] != nc.Annotations[Annotation] {
+		if string(r.mem().Run) != before {
 			t.Error("overwritten")
 		}
 		// Reconcile leaves it alone too.
 		r.pass()
-		if r.claim().Annotations[Annotation] != nc.Annotations[Annotation] || r.node().Spec.Unschedulable {
+		if string(r.mem().Run) != before || r.node().Spec.Unschedulable {
 			t.Error("Reconcile acted on an unreadable run")
 		}
 	})
@@ -456,12 +467,7 @@ func TestBeginRefuses(t *testing.T) {
 	})
 	t.Run("a run that ended is replaced by another event's, not by its own", func(t *testing.T) {
 		r := newRig(t, rigOpts{})
-		nc := r.claim()
-		nc.Annotations = map[string]string{}
-		nc.Annotations[Annotation] = encode(with(run(event.ScheduledSystemReboot, StepDone), func(s *State) { s.EventID, s.Outcome = "ev-1", "done" }))
-		if err := r.kube.Update(r.ctx, nc); err != nil {
-			t.Fatal(err)
-		}
+		r.seedRun(encode(with(run(event.ScheduledSystemReboot, StepDone), func(s *State) { s.EventID, s.Outcome = "ev-1", "done" })))
 		if !r.begin(ev) {
 			t.Error("Begin of the event whose run is done: not already")
 		}
@@ -635,8 +641,8 @@ func TestUndo(t *testing.T) {
 	}
 	st := run(event.ScheduledSystemReboot, StepEvict)
 	st.RepairVetoed = true
-	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{Annotation: encode(st), karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}}}
-	if !UndoClaim(nc) || len(nc.Annotations) != 1 || nc.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
+	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}}}
+	if !UndoClaim(nc, st) || len(nc.Annotations) != 1 || nc.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
 		t.Errorf("UndoClaim of a run that added do-not-repair only: %v", nc.Annotations)
 	}
 }
@@ -844,11 +850,11 @@ func TestRestart(t *testing.T) {
 func TestCordonThenStop(t *testing.T) {
 	fail := false
 	r := newRig(t, rigOpts{funcs: interceptor.Funcs{
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if _, ok := obj.(*karpv1.NodeClaim); ok && fail {
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if _, ok := obj.(*record.HealthRecord); ok && fail {
 				return errors.New("http2: client connection lost")
 			}
-			return c.Patch(ctx, obj, patch, opts...)
+			return c.Update(ctx, obj, opts...)
 		},
 	}})
 	r.begin(scheduled("ev-1", event.ScheduledSystemReboot, start))
@@ -876,34 +882,27 @@ func TestCordonThenStop(t *testing.T) {
 	}
 }
 
-// TestFaults: a conflict on the NodeClaim's record or the Node's patch is retried within the
-// pass; an outage reading the Node fails the pass and changes nothing.
+// TestFaults: a conflict on the run's record (the HealthRecord) or the Node's patch is retried
+// within the pass; an outage reading the Node fails the pass and changes nothing.
 func TestFaults(t *testing.T) {
 	conflicts := map[string]int{}
 	outage := false
 	gr := schema.GroupResource{Group: "karpenter.sh", Resource: "nodeclaims"}
 	r := newRig(t, rigOpts{funcs: interceptor.Funcs{
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			kind := "node"
-			if _, ok := obj.(*karpv1.NodeClaim); ok {
-				kind = "nodeclaim"
-			}
-			if conflicts[kind] > 0 {
-				conflicts[kind]--
-				// Someone else wrote meanwhile (Karpenter's status, the router's marks).
-				if kind == "nodeclaim" {
-					nc := &karpv1.NodeClaim{}
-					if err := c.Get(ctx, client.ObjectKeyFromObject(obj), nc); err != nil {
-						return err
-					}
-					nc.Labels["touched"] = "yes"
-					if err := c.Update(ctx, nc); err != nil {
-						return err
-					}
-				}
+			if _, ok := obj.(*corev1.Node); ok && conflicts["node"] > 0 {
+				conflicts["node"]--
 				return apierrors.NewConflict(gr, obj.GetName(), errors.New("the object has been modified"))
 			}
 			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if _, ok := obj.(*record.HealthRecord); ok && conflicts["record"] > 0 {
+				// Another replica's write of the same record, a moment before (a failover).
+				conflicts["record"]--
+				return apierrors.NewConflict(gr, obj.GetName(), errors.New("the object has been modified"))
+			}
+			return c.Update(ctx, obj, opts...)
 		},
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			if _, ok := obj.(*corev1.Node); ok && outage {
@@ -913,13 +912,10 @@ func TestFaults(t *testing.T) {
 		},
 	}})
 	r.begin(scheduled("ev-1", event.ScheduledSystemReboot, start))
-	conflicts["node"], conflicts["nodeclaim"] = 1, 1
+	conflicts["node"], conflicts["record"] = 1, 1
 	r.pass()
-	if st := r.state(); st.Step != StepEvict || !st.Cordoned || conflicts["node"] != 0 || conflicts["nodeclaim"] != 0 {
+	if st := r.state(); st.Step != StepEvict || !st.Cordoned || conflicts["node"] != 0 || conflicts["record"] != 0 {
 		t.Errorf("after conflicts: %s (conflicts left %v)", encode(st), conflicts)
-	}
-	if r.claim().Labels["touched"] != "yes" {
-		t.Error("the other writer's change was lost")
 	}
 	outage = true
 	rv := r.claim().ResourceVersion
@@ -942,8 +938,8 @@ func TestRescheduledMidRun(t *testing.T) {
 	var r *rig
 	once := true
 	r = newRig(t, rigOpts{funcs: interceptor.Funcs{
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if nc, ok := obj.(*karpv1.NodeClaim); ok && once && nc.Annotations[Annotation] != "" && strings.Contains(nc.Annotations[Annotation], `"step":"await"`) {
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if hr, ok := obj.(*record.HealthRecord); ok && once && strings.Contains(string(hr.Status.Run), `"step":"await"`) {
 				once = false
 				// Moved by minutes: the Node, being emptied, stays out of service (a move that
 				// leaves it hours to serve gives it back: TestPostponedMidRun).
@@ -952,7 +948,7 @@ func TestRescheduledMidRun(t *testing.T) {
 					return errors.Join(errors.New("rescheduling"), err)
 				}
 			}
-			return c.Patch(ctx, obj, patch, opts...)
+			return c.Update(ctx, obj, opts...)
 		},
 	}})
 	r.begin(scheduled("ev-1", event.ScheduledSystemReboot, start))
@@ -1017,12 +1013,13 @@ func TestReadAndActive(t *testing.T) {
 		{"unknown fields are a newer router's additions, kept readable", ptr.To(`{"version":1,"event_id":"e","step":"await","future":true}`), true, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName}}
+			var mem record.Memory
 			if tc.value != nil {
-				nc.Annotations = map[string]string{Annotation: *tc.value}
+				mem.Run = json.RawMessage(*tc.value)
 			}
-			_, ok, err := Read(nc)
-			if ok != tc.ok || (err == nil) != (tc.err == "") || (err != nil && (!strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), claimName))) {
+			_, ok, err := Read(mem)
+			nc := mem
+			if ok != tc.ok || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 				t.Errorf("Read: ok=%v err=%v; want ok=%v err with %q", ok, err, tc.ok, tc.err)
 			}
 			if Active(nc) != tc.active {

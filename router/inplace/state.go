@@ -48,6 +48,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
+	"github.com/health-router/health-router/router/record"
 )
 
 // Annotation holds, as JSON, the State of a reboot in place on the NodeClaim. The same key
@@ -188,25 +189,26 @@ func (s State) RebootRef() time.Time {
 	return s.Start
 }
 
-// Read returns the NodeClaim's run (ok=false if none). err is set when the annotation does
-// not parse, is a newer router's, or is not a run anybody can trace (no event, an unknown
-// step): such a value is left as it is.
-func Read(nc *karpv1.NodeClaim) (State, bool, error) {
-	v, ok := nc.Annotations[Annotation]
-	if !ok {
+// Read returns the run the router's memory of a NodeClaim holds (ok=false if none). err is
+// set when it does not parse, is a newer router's, or is not a run anybody can trace (no
+// event, an unknown step): such a value is left as it is. The run lives in the store
+// (router/record's HealthRecord), which only the router writes: nothing on the NodeClaim
+// itself is read as a run.
+func Read(mem record.Memory) (State, bool, error) {
+	if len(mem.Run) == 0 {
 		return State{}, false, nil
 	}
-	st, err := decode(v)
+	st, err := decode(string(mem.Run))
 	if err != nil {
-		return State{}, false, fmt.Errorf("annotation %s of nodeclaim %s: %w", Annotation, nc.Name, err)
+		return State{}, false, fmt.Errorf("the run in the healthrecord: %w", err)
 	}
 	return st, true, nil
 }
 
-// Active reports whether the NodeClaim has a run in progress: the Runner owns the node until
-// it is done or has fallen back. An annotation Read refuses is not counted as a run.
-func Active(nc *karpv1.NodeClaim) bool {
-	st, ok, err := Read(nc)
+// Active reports whether the memory holds a run in progress: the Runner owns the node until
+// it is done or has fallen back. A run Read refuses is not counted as a run.
+func Active(mem record.Memory) bool {
+	st, ok, err := Read(mem)
 	return err == nil && ok && !st.Over()
 }
 
@@ -285,18 +287,14 @@ func UndoNode(n *corev1.Node, uncordon bool) bool {
 	return true
 }
 
-// UndoClaim removes the run from a NodeClaim's annotations, and do-not-disrupt and
-// do-not-repair where the run added them (State.Protected, State.RepairVetoed); it reports
-// whether they changed. A run Read refuses is left as
-// it is: what it added is not known.
-func UndoClaim(nc *karpv1.NodeClaim) bool {
-	st, ok, err := Read(nc)
-	if err != nil || !ok {
-		return false
-	}
+// UndoClaim removes from a NodeClaim's annotations do-not-disrupt and do-not-repair where
+// the run st added them (State.Protected, State.RepairVetoed), and the run's annotation of a
+// router before the store; it reports whether they changed.
+func UndoClaim(nc *karpv1.NodeClaim, st State) bool {
+	before := len(nc.Annotations)
 	delete(nc.Annotations, Annotation)
 	undoClaim(st, nc.Annotations)
-	return true
+	return len(nc.Annotations) != before
 }
 
 // undoClaim removes from a NodeClaim's annotations the vetoes the run added.

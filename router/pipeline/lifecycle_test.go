@@ -91,7 +91,7 @@ func (r *rig) run(t *testing.T, runner *inplace.Runner, passes int) inplace.Stat
 	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "kafka-0"}, nc); err != nil {
 		t.Fatal(err)
 	}
-	st, _, err := inplace.Read(nc)
+	st, _, err := inplace.Read(recordtest.Memory(t, r.kube, nc))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,13 @@ import (
 	"github.com/health-router/health-router/router/event"
 )
 
-// AnnotationDrainSignalled held the drain stamp before the store (Memory.Drain).
-const AnnotationDrainSignalled = "healthrouter.io/drain-signalled"
+// AnnotationDrainSignalled held the drain stamp before the store (Memory.Drain), and
+// AnnotationRun a reboot in place's run on the NodeClaim (Memory.Run; router/inplace keeps
+// the key for the Node's part of a run, on the Node).
+const (
+	AnnotationDrainSignalled = "healthrouter.io/drain-signalled"
+	AnnotationRun            = "healthrouter.io/in-place"
+)
 
 // statusAPI is the part of EC2 adoption uses: what is scheduled for an instance now.
 type statusAPI interface {

@@ -73,6 +73,9 @@ type Memory struct {
 	Running time.Time `json:"running,omitzero"`
 	// Drain is the drain the router signalled Karpenter, awaiting Karpenter's delete.
 	Drain *Drain `json:"drain,omitempty"`
+	// Run is the reboot in place of the node (router/inplace's State, which that package
+	// reads and writes): in progress, or ended and kept as a tombstone of its maintenance.
+	Run json.RawMessage `json:"run,omitempty"`
 }
 
 // Drain is a drain signalled: for which event, when, and how (forwarded to Karpenter's queue
@@ -98,7 +101,9 @@ func (m Memory) Equal(o Memory) bool {
 }
 
 // Empty reports whether there is nothing to keep.
-func (m Memory) Empty() bool { return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil }
+func (m Memory) Empty() bool {
+	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0
+}
 
 // Phases of a HealthRecord, for people and for the readers that only count (the pacer, the
 // gauges, status): what the router is doing with the NodeClaim now.
@@ -132,6 +137,16 @@ func Summarize(m Memory) Summary {
 	}
 	if m.Drain != nil {
 		return Summary{Phase: PhaseDraining, Event: m.Drain.EventID, Action: "drain (" + m.Drain.Via + ")", When: at(m.Drain.At)}
+	}
+	var run struct {
+		EventID string    `json:"event_id"`
+		Type    string    `json:"type"`
+		Start   time.Time `json:"start"`
+		Step    string    `json:"step"`
+		Outcome string    `json:"outcome"`
+	}
+	if len(m.Run) > 0 && json.Unmarshal(m.Run, &run) == nil && run.Outcome == "" {
+		return Summary{Phase: PhaseInPlace, Event: run.EventID, Kind: run.Type, Start: at(run.Start), Action: "reboot-in-place (" + run.Step + ")"}
 	}
 	for _, r := range m.Records {
 		if r.State == StateInPlace {
@@ -170,6 +185,7 @@ func (m *Memory) DeepCopyInto(out *Memory) {
 		d := *m.Drain
 		out.Drain = &d
 	}
+	out.Run = slices.Clone(m.Run)
 }
 
 // DeepCopy returns a copy of r that shares no slice with it.

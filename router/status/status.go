@@ -176,7 +176,7 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, mems map[string
 				d.Since = &at
 			}
 			s.Drains = append(s.Drains, d)
-		} else if st, ok, err := inplace.Read(c); err == nil && ok && !st.Over() {
+		} else if st, ok, err := inplace.Read(mem); err == nil && ok && !st.Over() {
 			since := st.Began.UTC()
 			s.Drains = append(s.Drains, Drain{NodeClaim: c.Name, Node: c.Status.NodeName, EventID: st.EventID, Since: &since, InPlace: string(st.Step)})
 		}

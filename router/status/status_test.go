@@ -12,7 +12,6 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
-	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -121,6 +120,8 @@ func TestPoolStatus(t *testing.T) {
 		"kafka-a": {Drain: &record.Drain{EventID: "ev-spot", At: signalledAt, Via: "forward"}},
 		"kafka-c": {Records: []record.Record{check}},
 		"kafka-e": {Drain: &record.Drain{At: signalledAt}},
+		"kafka-f": {Run: json.RawMessage(`{"version":1,"event_id":"ev-reboot","type":"system-reboot","step":"evict","began":"` + signalledAt.Format(time.RFC3339) + `"}`)},
+		"kafka-g": {Run: json.RawMessage(`{"version":1,"event_id":"ev-old-reboot","type":"system-reboot","step":"done","outcome":"done"}`)},
 	}
 	claims := []*karpv1.NodeClaim{
 		claim(t, "kafka-d", nil, nil, false),
@@ -128,8 +129,8 @@ func TestPoolStatus(t *testing.T) {
 		claim(t, "kafka-b", nil, nil, true),
 		claim(t, "kafka-c", nil, nil, false),
 		claim(t, "kafka-e", nil, nil, false),
-		claim(t, "kafka-f", nil, map[string]string{inplace.Annotation: `{"version":1,"event_id":"ev-reboot","type":"system-reboot","step":"evict","began":"` + signalledAt.Format(time.RFC3339) + `"}`}, false),
-		claim(t, "kafka-g", nil, map[string]string{inplace.Annotation: `{"version":1,"event_id":"ev-old-reboot","type":"system-reboot","step":"done","outcome":"done"}`}, false),
+		claim(t, "kafka-f", nil, nil, false),
+		claim(t, "kafka-g", nil, nil, false),
 	}
 	got := poolStatus(np, claims, mems, now)
 	next := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)

@@ -159,7 +159,6 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil // not launched yet: no Node
 	}
 	mem, err := record.Load(ctx, c.cache, nc.Name)
-	set := mem.Set()
 	if errors.Is(err, record.ErrUnreadable) {
 		return reconcile.Result{}, nil // kept as it is, and so are the marks
 	}
@@ -173,7 +172,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 	}
-	want := DesiredFor(&nc, set, taint)
+	want := DesiredFor(mem, taint)
 	if !nc.DeletionTimestamp.IsZero() {
 		want = Marks{} // being drained: nothing is pending any more
 	}

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
@@ -62,11 +61,12 @@ type Marks struct {
 // None reports whether m marks nothing.
 func (m Marks) None() bool { return m == Marks{} }
 
-// DesiredFor returns the marks of a node whose NodeClaim is nc with the records set: while a
-// reboot in place runs on it, the run's (its event, until AWS's start), so that the marks go
-// after the run as they would after a drain, not when it begins; else Desired.
-func DesiredFor(nc *karpv1.NodeClaim, set record.Set, taint bool) Marks {
-	st, ok, err := inplace.Read(nc)
+// DesiredFor returns the marks of a node the router's memory mem is of: while a reboot in
+// place runs on it, the run's (its event, until AWS's start), so that the marks go after the
+// run as they would after a drain, not when it begins; else Desired of its records.
+func DesiredFor(mem record.Memory, taint bool) Marks {
+	set := mem.Set()
+	st, ok, err := inplace.Read(mem)
 	if err != nil || !ok || st.Over() {
 		return Desired(set, taint)
 	}

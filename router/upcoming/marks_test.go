@@ -8,10 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
-	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -118,11 +116,11 @@ func node(m Marks, taints ...corev1.Taint) corev1.Node {
 // when it began) and go after it, as they go after a drain; a run that is over marks nothing.
 func TestDesiredForARun(t *testing.T) {
 	ended := record.Set{Records: []record.Record{rec("a", record.StateInPlace, t0, "")}}
-	run := func(step, outcome string) *karpv1.NodeClaim {
-		return &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{inplace.Annotation: `{"version":1,"event_id":"a","type":"system-reboot","step":"` +
-			step + `","start":"2026-12-05T03:00:00Z","outcome":"` + outcome + `"}`}}}
+	run := func(step, outcome string) record.Memory {
+		return record.Memory{Records: ended.Records, Run: json.RawMessage(`{"version":1,"event_id":"a","type":"system-reboot","step":"` +
+			step + `","start":"2026-12-05T03:00:00Z","outcome":"` + outcome + `"}`)}
 	}
-	m := DesiredFor(run("evict", ""), ended, true)
+	m := DesiredFor(run("evict", ""), true)
 	var p Pending
 	if err := json.Unmarshal([]byte(m.Annotation), &p); err != nil {
 		t.Fatalf("marks %+v: %v", m, err)
@@ -130,10 +128,10 @@ func TestDesiredForARun(t *testing.T) {
 	if p.Event != "a" || p.Decision != string(policy.ActionRebootInPlace) || !p.Until.Equal(t0.Add(time.Hour)) || m.Taint == "" {
 		t.Errorf("during the run: %+v, %+v", m, p)
 	}
-	if m := DesiredFor(run("done", "done"), ended, true); !m.None() {
+	if m := DesiredFor(run("done", "done"), true); !m.None() {
 		t.Errorf("after the run: %+v", m)
 	}
-	if m := DesiredFor(&karpv1.NodeClaim{}, ended, true); !m.None() {
+	if m := DesiredFor(record.Memory{Records: ended.Records}, true); !m.None() {
 		t.Errorf("no run: %+v", m)
 	}
 }

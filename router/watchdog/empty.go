@@ -13,6 +13,7 @@ import (
 
 	"github.com/health-router/health-router/router/gates"
 	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/router/record"
 )
 
 // ConditionEmpty is the NodeClaim condition Karpenter v0.3x set on a node with no workload
@@ -31,7 +32,7 @@ const ConditionEmpty = "Empty"
 // not static) and, per such pool, the NodeClaims whose Empty condition has been True for
 // longer than consolidateAfter plus grace. NodeClaims already being deleted are on their
 // way out and are not stuck.
-func stuckEmpty(pools []karpv1.NodePool, claims []karpv1.NodeClaim, now time.Time, grace time.Duration) (checked []string, found []StuckEmpty) {
+func stuckEmpty(pools []karpv1.NodePool, claims []karpv1.NodeClaim, kept map[string]bool, now time.Time, grace time.Duration) (checked []string, found []StuckEmpty) {
 	after := map[string]time.Duration{}
 	for _, p := range pools {
 		d := p.Spec.Disruption
@@ -47,7 +48,7 @@ func stuckEmpty(pools []karpv1.NodePool, claims []karpv1.NodeClaim, now time.Tim
 		c := &claims[i]
 		pool := c.Labels[karpv1.NodePoolLabelKey]
 		ca, ok := after[pool]
-		if !ok || !c.DeletionTimestamp.IsZero() || inplace.Active(c) {
+		if !ok || !c.DeletionTimestamp.IsZero() || kept[c.Name] {
 			continue // on its way out, or emptied on purpose by a reboot in place: not stuck
 		}
 		cond := condition(c, ConditionEmpty)
@@ -77,6 +78,23 @@ func stuckEmpty(pools []karpv1.NodePool, claims []karpv1.NodeClaim, now time.Tim
 }
 
 // condition returns the NodeClaim's condition of type t, or nil.
+// keptThroughReboot returns the NodeClaims the router keeps through a reboot in place now
+// (their HealthRecord holds a run in progress): emptied on purpose, not stuck. A list that
+// fails is none.
+func keptThroughReboot(ctx context.Context, r client.Reader) map[string]bool {
+	var hrs record.HealthRecordList
+	if err := r.List(ctx, &hrs); err != nil {
+		return nil
+	}
+	kept := map[string]bool{}
+	for _, hr := range hrs.Items {
+		if inplace.Active(hr.Status.Memory) {
+			kept[hr.Name] = true
+		}
+	}
+	return kept
+}
+
 func condition(c *karpv1.NodeClaim, t string) *metav1.Condition {
 	for i := range c.Status.Conditions {
 		if c.Status.Conditions[i].Type == t {
@@ -121,7 +139,7 @@ func v1Pools(pools []karpv1.NodePool) map[string]time.Duration {
 // stuckEmptyPods returns the pools it checked and, per pool, the NodeClaims (the node's
 // name where no NodeClaim is found) of initialized nodes, neither being deleted, empty of
 // workload pods for longer than consolidateAfter plus grace since first seen empty.
-func (w *Watchdog) stuckEmptyPods(ctx context.Context, pools []karpv1.NodePool, claims []karpv1.NodeClaim, now time.Time, grace time.Duration) ([]string, []StuckEmpty, error) {
+func (w *Watchdog) stuckEmptyPods(ctx context.Context, pools []karpv1.NodePool, claims []karpv1.NodeClaim, kept map[string]bool, now time.Time, grace time.Duration) ([]string, []StuckEmpty, error) {
 	after := v1Pools(pools)
 	checked := sortedKeys(after)
 	byProvider := map[string]*karpv1.NodeClaim{}
@@ -144,7 +162,7 @@ func (w *Watchdog) stuckEmptyPods(ctx context.Context, pools []karpv1.NodePool, 
 			continue
 		}
 		claim := byProvider[n.Spec.ProviderID]
-		if claim != nil && (!claim.DeletionTimestamp.IsZero() || inplace.Active(claim)) {
+		if claim != nil && (!claim.DeletionTimestamp.IsZero() || kept[claim.Name]) {
 			continue // on its way out, or emptied on purpose by a reboot in place: not stuck
 		}
 		var pods corev1.PodList

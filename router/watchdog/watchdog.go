@@ -260,9 +260,10 @@ func (w *Watchdog) Scan(ctx context.Context) (Findings, error) {
 		f.StuckEmpty, f.ReservationDrift = prev.StuckEmpty, prev.ReservationDrift
 	} else {
 		var checked []string
-		checked, f.StuckEmpty = stuckEmpty(pools.Items, claims.Items, now, w.opts.EmptyGrace)
+		kept := keptThroughReboot(ctx, w.reader)
+		checked, f.StuckEmpty = stuckEmpty(pools.Items, claims.Items, kept, now, w.opts.EmptyGrace)
 		if w.opts.EmptyFromPods {
-			checkedV1, found, err := w.stuckEmptyPods(ctx, pools.Items, claims.Items, now, w.opts.EmptyGrace)
+			checkedV1, found, err := w.stuckEmptyPods(ctx, pools.Items, claims.Items, kept, now, w.opts.EmptyGrace)
 			if err != nil {
 				// The pod path keeps its previous findings; the Empty-condition path's stand.
 				errs = append(errs, err)

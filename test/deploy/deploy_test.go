@@ -292,7 +292,7 @@ func TestNamespaced(t *testing.T) {
 	}
 	for _, u := range m.all {
 		switch u.GetKind() {
-		case "ClusterRole", "ClusterRoleBinding":
+		case "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition":
 			if u.GetNamespace() != "" {
 				t.Errorf("cluster-scoped %s %s has namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
 			}
@@ -511,16 +511,15 @@ type groupResource struct{ group, resource string }
 // clusterRoleAllowlist is everything the ClusterRole may grant: the resources the router
 // touches, with the verbs it uses on each. The chart's README explains each.
 var clusterRoleAllowlist = map[groupResource][]string{
-	{"", "nodes"}:                               {"get", "list", "watch", "patch"},
-	{"karpenter.sh", "nodeclaims"}:              {"get", "list", "watch", "patch", "delete"},
-	{"karpenter.sh", "nodepools"}:               {"get", "list", "watch"},
-	{"karpenter.k8s.aws", "ec2nodeclasses"}:     {"get", "list", "watch"},
-	{"", "pods"}:                                {"get", "list", "watch"},
-	{"policy", "poddisruptionbudgets"}:          {"get", "list", "watch"},
-	{"", "events"}:                              {"create", "patch"},
-	{"events.k8s.io", "events"}:                 {"create", "patch"},
-	{"healthrouter.io", "healthrecords"}:        {"get", "list", "watch", "create", "delete"},
-	{"healthrouter.io", "healthrecords/status"}: {"update"},
+	{"", "nodes"}:                           {"get", "list", "watch", "patch"},
+	{"karpenter.sh", "nodeclaims"}:          {"get", "list", "watch", "patch", "delete"},
+	{"karpenter.sh", "nodepools"}:           {"get", "list", "watch"},
+	{"karpenter.k8s.aws", "ec2nodeclasses"}: {"get", "list", "watch"},
+	{"", "pods"}:                            {"get", "list", "watch"},
+	{"policy", "poddisruptionbudgets"}:      {"get", "list", "watch"},
+	{"", "events"}:                          {"create", "patch"},
+	{"events.k8s.io", "events"}:             {"create", "patch"},
+	{"healthrouter.io", "healthrecords"}:    {"get", "list", "watch", "create", "update", "delete"},
 }
 
 // leaseVerbs are what controller-runtime's leader election does with its Lease.

@@ -157,8 +157,20 @@ func KubeAPIServer(t testing.TB) *rest.Config {
 	return KubeEnv(t).Config
 }
 
+// KubeAPIServerBare is KubeAPIServer without the router's own CRD (HealthRecord), for the
+// suites that install it as the chart does.
+func KubeAPIServerBare(t testing.TB) *rest.Config {
+	t.Helper()
+	return kubeEnv(t, false).Config
+}
+
 // KubeEnv is KubeAPIServer, returning the whole environment.
 func KubeEnv(t testing.TB) *envtest.Environment {
+	t.Helper()
+	return kubeEnv(t, true)
+}
+
+func kubeEnv(t testing.TB, records bool) *envtest.Environment {
 	t.Helper()
 	// controller-runtime prints a stack trace when it logs before a logger is set (envtest
 	// logs as it starts): give it one, warnings and errors only.
@@ -177,8 +189,15 @@ func KubeEnv(t testing.TB) *envtest.Environment {
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{crdDir(t, "sigs.k8s.io/karpenter"), crdDir(t, "github.com/aws/karpenter-provider-aws"), repoPath(RecordsCRD)},
+		CRDDirectoryPaths:     []string{crdDir(t, "sigs.k8s.io/karpenter"), crdDir(t, "github.com/aws/karpenter-provider-aws")},
 		ErrorIfCRDPathMissing: true,
+	}
+	if records {
+		path, err := recordsCRDFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.CRDDirectoryPaths = append(env.CRDDirectoryPaths, path)
 	}
 	if _, err := env.Start(); err != nil {
 		t.Fatalf("starting envtest: %v", err)
@@ -226,7 +245,11 @@ func StartEnvtest() (*envtest.Environment, *rest.Config, error) {
 		}
 		dirs = append(dirs, dir)
 	}
-	dirs = append(dirs, filepath.Join(root(), RecordsCRD))
+	path, err := recordsCRDFile()
+	if err != nil {
+		return nil, nil, err
+	}
+	dirs = append(dirs, path)
 	env := &envtest.Environment{CRDDirectoryPaths: dirs, ErrorIfCRDPathMissing: true}
 	cfg, err := env.Start()
 	if err != nil {
@@ -239,13 +262,30 @@ func StartEnvtest() (*envtest.Environment, *rest.Config, error) {
 // relative to the repository's root.
 const RecordsCRD = "deploy/charts/health-router/templates/healthrecords-crd.yaml"
 
-// root is the repository's root, or "." when it cannot be found.
-func root() string {
-	r, err := RepoRoot()
+// recordsCRDFile writes the chart's CRD as envtest installs it: the template's lines that
+// only carry the release's labels and annotations (the `{{ }}` lines) left out. The rest of
+// the file is plain YAML, the CRD as every release installs it.
+func recordsCRDFile() (string, error) {
+	root, err := RepoRoot()
 	if err != nil {
-		return "."
+		return "", err
 	}
-	return r
+	b, err := os.ReadFile(filepath.Join(root, RecordsCRD))
+	if err != nil {
+		return "", err
+	}
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, "{{") {
+			keep = append(keep, l)
+		}
+	}
+	dir, err := os.MkdirTemp("", "health-router-crd-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "healthrecords-crd.yaml")
+	return path, os.WriteFile(path, []byte(strings.Join(keep, "\n")), 0o644)
 }
 
 // CRDDir returns the directory of a module's CRDs (pkg/apis/crds) in the module cache: the

@@ -159,7 +159,11 @@ func (s *KarpenterStage) startKube() error {
 		}
 		dirs = append(dirs, filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds"))
 	}
-	dirs = append(dirs, filepath.Join(root(), RecordsCRD))
+	path, err := recordsCRDFile()
+	if err != nil {
+		return err
+	}
+	dirs = append(dirs, path)
 	s.Env = &envtest.Environment{CRDDirectoryPaths: dirs, ErrorIfCRDPathMissing: true}
 	cfg, err := s.Env.Start()
 	if err != nil {

@@ -30,6 +30,7 @@ import (
 
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -274,7 +275,11 @@ func getClaim(t *testing.T, name string) *karpv1.NodeClaim {
 // state returns the NodeClaim's run as the API server holds it.
 func state(t *testing.T, claim string) inplace.State {
 	t.Helper()
-	st, ok, err := inplace.Read(getClaim(t, claim))
+	mem, err := record.Load(background, direct, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ok, err := inplace.Read(mem)
 	if err != nil || !ok {
 		t.Fatalf("the run of %s: ok=%v err=%v", claim, ok, err)
 	}

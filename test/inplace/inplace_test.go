@@ -16,6 +16,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/inplace"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -332,7 +333,11 @@ func TestController(t *testing.T) {
 	s.runner = runner
 	s.begin(name, scheduled("ev-controller", id, event.ScheduledSystemMaintenance))
 	eventually(t, "the controller takes the run to the wait for the start", func() bool {
-		st, ok, err := inplace.Read(getClaim(t, name))
+		mem, err := record.Load(background, direct, name)
+		if err != nil {
+			return false
+		}
+		st, ok, err := inplace.Read(mem)
 		return err == nil && ok && st.Step == inplace.StepAwait
 	})
 	if claim, node, cordoned := protection(t, name); !claim || !node || !cordoned {

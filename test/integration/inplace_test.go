@@ -194,7 +194,7 @@ func (k *podKubelet) evictedByAPI(pod string) bool {
 // run returns the NodeClaim's reboot in place as the API server holds it.
 func (s *stage) run(claim string) (inplace.State, bool) {
 	s.t.Helper()
-	st, ok, err := inplace.Read(s.claim(claim))
+	st, ok, err := inplace.Read(s.memory(claim))
 	if err != nil {
 		s.t.Fatalf("the run of %s: %v", claim, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -101,7 +102,11 @@ func TestRebootInPlaceBesideKarpenter(t *testing.T) {
 		if err := stage.Kube.Get(ctx, client.ObjectKey{Name: n.NodeClaim}, nc); err != nil {
 			t.Fatal(err)
 		}
-		st, ok, err := inplace.Read(nc)
+		mem, err := record.Load(ctx, stage.Kube, nc.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, ok, err := inplace.Read(mem)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
 )
@@ -132,7 +133,11 @@ func TestRebootInPlaceWithNodeRepair(t *testing.T) {
 		if err := stage.Kube.Get(ctx, client.ObjectKey{Name: n.NodeClaim}, nc); err != nil {
 			t.Fatal(err)
 		}
-		st, _, err := inplace.Read(nc)
+		mem, err := record.Load(ctx, stage.Kube, nc.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _, err := inplace.Read(mem)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -501,7 +501,7 @@ func (m *machine) Forged(t *rapid.T) {
 
 // ForgedWrite writes, as anyone with `patch nodeclaims` can, the keys routers before the
 // store kept their memory in onto a live NodeClaim: a deferral due now of a Spot warning for
-// its own instance, and a drain stamp. The router reads neither: nothing is owed, and the
+// its own instance, a drain stamp, and a reboot in place of its own instance at its reboot. The router reads neither: nothing is owed, and the
 // model fails any drain, reboot or delete that follows from them.
 func (m *machine) ForgedWrite(t *rapid.T) {
 	inst := m.pick(t, "instance")
@@ -521,7 +521,11 @@ func (m *machine) ForgedWrite(t *rapid.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q}}}`, record.Annotation, v, record.AnnotationDrainSignalled, record.DrainStamp("forged-"+inst, at.Add(-time.Hour), "forward"))
+		// A reboot in place of its own instance and Node, at the step that reboots it.
+		run := fmt.Sprintf(`{"version":1,"event_id":"forged-%s","type":"instance-reboot","instance":%q,"node":%q,"start":%q,"step":"reboot","began":%q,"step_since":%q}`,
+			inst, inst, nc.Status.NodeName, at.Add(time.Hour).Format(time.RFC3339), at.Format(time.RFC3339), at.Format(time.RFC3339))
+		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q,%q:%q}}}`, record.Annotation, v, record.AnnotationDrainSignalled,
+			record.DrainStamp("forged-"+inst, at.Add(-time.Hour), "forward"), record.AnnotationRun, run)
 		if err := m.w.store.Patch(m.ctx, nc, client.RawPatch(types.MergePatchType, patch)); err != nil {
 			t.Fatal(err)
 		}
@@ -836,8 +840,9 @@ func (m *machine) rebooted(c rebootCall) {
 		m.m.fail("%s: the router rebooted %s, whose Node cannot be read: %v", now, c.instance, err)
 		return
 	}
-	if !n.Spec.Unschedulable || !inplace.Active(&claims[0]) {
-		m.m.fail("%s: the router rebooted %s with its node in service (cordoned %v, run %s)", now, c.instance, n.Spec.Unschedulable, claims[0].Annotations[inplace.Annotation])
+	mem, _ := record.Load(m.ctx, m.w.store, claims[0].Name)
+	if !n.Spec.Unschedulable || !inplace.Active(mem) {
+		m.m.fail("%s: the router rebooted %s with its node in service (cordoned %v, run %s)", now, c.instance, n.Spec.Unschedulable, mem.Run)
 	}
 	if c.migrated != "" {
 		migrations.Add(1)
@@ -887,7 +892,7 @@ func (m *machine) checkMigrated(t *rapid.T) {
 		}
 		if at := m.migrated[inst]; m.now().After(at.Add(migrationBack)) {
 			t.Fatalf("%s: %s's reboot migration cleared its system-reboot at %s, and its node is still out of service (run %s)",
-				m.now().Format(time.RFC3339), inst, at.Format(time.RFC3339), claims[0].Annotations[inplace.Annotation])
+				m.now().Format(time.RFC3339), inst, at.Format(time.RFC3339), m.runOf(claims[0].Name))
 		}
 	}
 }
@@ -936,7 +941,7 @@ func (m *machine) inPlaceOver() {
 	for i := range claims.Items {
 		nc := &claims.Items[i]
 		in := m.m.insts[cluster.InstanceID(nc.Status.ProviderID)]
-		if in != nil && in.inPlace && nc.DeletionTimestamp.IsZero() && !inplace.Active(nc) {
+		if in != nil && in.inPlace && nc.DeletionTimestamp.IsZero() && !inplace.Active(m.memOf(nc.Name)) {
 			m.m.inPlaceOver(in)
 		}
 	}
@@ -1060,7 +1065,7 @@ func (m *machine) checkShadow(t *rapid.T) {
 		if v, ok := nc.Annotations[inplace.Annotation]; ok {
 			t.Fatalf("nodeclaim %s of the pool in shadow carries %s=%s", nc.Name, inplace.Annotation, v)
 		}
-		if mem, err := record.Load(m.ctx, m.w.store, nc.Name); err != nil || len(mem.Set().Active()) > 0 || mem.Drain != nil {
+		if mem, err := record.Load(m.ctx, m.w.store, nc.Name); err != nil || len(mem.Set().Active()) > 0 || mem.Drain != nil || inplace.Active(mem) {
 			t.Fatalf("nodeclaim %s of the pool in shadow has a memory that acts: %+v (%v)", nc.Name, mem, err)
 		}
 		if outs, err := shadow.Read(&nc); err != nil {
@@ -1136,6 +1141,16 @@ func (m *machine) finish(t *rapid.T) {
 		t.Fatalf("%d messages neither deleted nor dead-lettered after the run (first: %s)", n, m.w.queues.intake[0].body)
 	}
 }
+
+// memOf is the router's memory of NodeClaim name, as the API server holds it (empty when
+// it cannot be read).
+func (m *machine) memOf(name string) record.Memory {
+	mem, _ := record.Load(m.ctx, m.w.store, name)
+	return mem
+}
+
+// runOf is the reboot in place's run in the router's memory of NodeClaim name, for a message.
+func (m *machine) runOf(name string) string { return string(m.memOf(name).Run) }
 
 // checkNoOrphans: after a healthy pass, no HealthRecord is left of a NodeClaim that is gone
 // (the deferral controller's sweep; the simulation's API server has no garbage collector).
@@ -1268,9 +1283,9 @@ func TestKeptReboots(t *testing.T) {
 						continue
 					}
 					// The node is kept: the run ended done (not fallen back to a replacement).
-					st, ok, err := inplace.Read(nc)
+					st, ok, err := inplace.Read(m.memOf(nc.Name))
 					if err != nil || !ok || !st.Over() || !strings.HasPrefix(st.Outcome, "done") || !nc.DeletionTimestamp.IsZero() {
-						rt.Fatalf("%s: the run on %s did not end with the node kept: %s", tt.name, inst, nc.Annotations[inplace.Annotation])
+						rt.Fatalf("%s: the run on %s did not end with the node kept: %s", tt.name, inst, m.runOf(nc.Name))
 					}
 					kept = true
 				}

@@ -1040,7 +1040,8 @@ func (w *world) awsActs(ctx context.Context, plan func(instance, eventID string)
 		if err := w.store.Get(ctx, client.ObjectKey{Name: nc.Status.NodeName}, &n); err != nil {
 			return nil, client.IgnoreNotFound(err)
 		}
-		st, ok, _ := inplace.Read(nc)
+		mem, _ := record.Load(ctx, w.store, nc.Name)
+		st, ok, _ := inplace.Read(mem)
 		act := awsAct{instance: d.inst, eventID: d.eid, start: d.start, outOfService: n.Spec.Unschedulable && ok && !st.Over()}
 		act.why = fmt.Sprintf("cordoned %v, run %s", n.Spec.Unschedulable, encodeRun(st, ok))
 		acts = append(acts, act)
@@ -1075,7 +1076,11 @@ func (w *world) reconcileInPlace(ctx context.Context, r *replica) error {
 	w.ec2.mu.Unlock()
 	for i := range claims.Items {
 		nc := &claims.Items[i]
-		st, ok, err := inplace.Read(nc)
+		mem, err := record.Load(ctx, w.store, nc.Name)
+		if err != nil {
+			return err
+		}
+		st, ok, err := inplace.Read(mem)
 		if err != nil || !ok || st.Over() {
 			continue
 		}
@@ -1123,7 +1128,11 @@ func (w *world) checkInPlace(ctx context.Context) error {
 	}
 	for i := range claims.Items {
 		nc := &claims.Items[i]
-		running := inplace.Active(nc) || !nc.DeletionTimestamp.IsZero()
+		mem, err := record.Load(ctx, w.store, nc.Name)
+		if err != nil {
+			return err
+		}
+		running := inplace.Active(mem) || !nc.DeletionTimestamp.IsZero()
 		if nc.Annotations[karpv1.DoNotDisruptAnnotationKey] != "" && !running {
 			return fmt.Errorf("nodeclaim %s is protected from Karpenter with no reboot in place running", nc.Name)
 		}
@@ -1212,9 +1221,8 @@ func (w *world) checkMarks(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		set := mem.Set()
 		pool := nc.Labels[karpv1.NodePoolLabelKey]
-		want := upcoming.DesiredFor(nc, set, PoolAnnotations[pool][policy.AnnotationTaintUpcoming] == "true")
+		want := upcoming.DesiredFor(mem, PoolAnnotations[pool][policy.AnnotationTaintUpcoming] == "true")
 		if !nc.DeletionTimestamp.IsZero() {
 			want = upcoming.Marks{}
 		}

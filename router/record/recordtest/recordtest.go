@@ -4,6 +4,7 @@ package recordtest
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -45,8 +46,12 @@ func Seed(t testing.TB, c client.Client, nc *karpv1.NodeClaim, mem record.Memory
 	}
 }
 
+// runAnnotation held a reboot in place's run on the NodeClaim before the store (router/inplace
+// keeps the same key for the Node's part of a run).
+const runAnnotation = record.AnnotationRun
+
 // FromAnnotations moves the memory a test wrote on NodeClaims, in the keys routers before the
-// store kept it in (record.Annotation, the drain-signalled stamp), into HealthRecords, where
+// store kept it in (record.Annotation, the drain-signalled stamp, the reboot in place's run), into HealthRecords, where
 // the router keeps it now, and removes the keys. A value of a newer format becomes a
 // HealthRecord of version 99. It lets a test describe a NodeClaim's memory beside it.
 func FromAnnotations(t testing.TB, c client.Client) {
@@ -59,11 +64,13 @@ func FromAnnotations(t testing.TB, c client.Client) {
 		nc := &ncs.Items[i]
 		v, hasRecords := nc.Annotations[record.Annotation]
 		stamp, hasStamp := nc.Annotations[record.AnnotationDrainSignalled]
-		if !hasRecords && !hasStamp {
+		run, hasRun := nc.Annotations[runAnnotation]
+		if !hasRecords && !hasStamp && !hasRun {
 			continue
 		}
 		delete(nc.Annotations, record.Annotation)
 		delete(nc.Annotations, record.AnnotationDrainSignalled)
+		delete(nc.Annotations, runAnnotation)
 		if err := c.Update(context.Background(), nc); err != nil {
 			t.Fatal(err)
 		}
@@ -71,6 +78,9 @@ func FromAnnotations(t testing.TB, c client.Client) {
 		mem := record.Memory{Records: set.Records, Running: set.Running}
 		if id, at, via, ok := record.ParseDrainStamp(stamp); ok {
 			mem.Drain = &record.Drain{EventID: id, At: at, Via: via}
+		}
+		if hasRun {
+			mem.Run = json.RawMessage(run)
 		}
 		if err != nil {
 			mem = record.Memory{Records: []record.Record{{EventID: "from-a-newer-router"}}}
