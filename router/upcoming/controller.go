@@ -21,7 +21,6 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
-	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -63,14 +62,13 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(c)
 }
 
+// recordsChanged passes a NodeClaim whose deletion begins: its marks go (what the router
+// keeps of it, its records and its run, is its HealthRecord, watched on its own).
 func recordsChanged() predicate.Funcs {
-	// A reboot in place's run (the records are in the HealthRecord, watched on their own):
-	// the marks follow both.
-	records := func(o client.Object) string { return o.GetAnnotations()[inplace.Annotation] }
 	return predicate.Funcs{
-		CreateFunc: func(e ctrlevent.CreateEvent) bool { return records(e.Object) != "" },
+		CreateFunc: func(ctrlevent.CreateEvent) bool { return false },
 		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
-			return records(e.ObjectOld) != records(e.ObjectNew) || e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
 		},
 		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return false }, // the Node goes with it
 		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
