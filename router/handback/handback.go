@@ -309,7 +309,8 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, hr *record.H
 	}
 	hasRecords := hr != nil
 	hasRun := len(mem.Run) > 0
-	_, hasShadow := nc.Annotations[shadow.Annotation]
+	_, oldShadow := nc.Annotations[shadow.Annotation]
+	hasShadow := len(mem.Shadow) > 0 || oldShadow
 	hasStamp := mem.Drain != nil
 	if !hasRecords && !hasRun && !hasShadow && !hasStamp {
 		return nil

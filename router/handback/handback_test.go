@@ -500,7 +500,7 @@ func TestHandback(t *testing.T) {
 		name:    "would-be outcomes of a shadow pool and the ledger go",
 		pending: PendingDrop,
 		objs: func(t *testing.T) []client.Object {
-			return []client.Object{claim(t, "s", nil, nil, map[string]string{shadow.Annotation: shadow.Encode([]shadow.Outcome{{EventID: "ev-s", State: shadow.State}})}),
+			return []client.Object{claim(t, "s", nil, nil, map[string]string{shadow.Annotation: string(shadow.Encode([]shadow.Outcome{{EventID: "ev-s", State: shadow.State}}))}),
 				&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "health-router", Name: shadow.DefaultLedgerName}}}
 		},
 		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {

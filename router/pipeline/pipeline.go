@@ -370,7 +370,7 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 	log := p.log.With("event_id", ev.ID, "kind", ev.Kind, "instance", id)
 	shadowed := p.shadowed(resolved)
 	switch {
-	case shadowed && redecide == "" && p.shadowRecorded(resolved.NodeClaim, ev, log):
+	case shadowed && redecide == "" && p.shadowRecorded(ctx, resolved.NodeClaim, ev, log):
 		return "", true, nil
 	case !shadowed && redecide == "" && p.skip(ev, resolved.NodeClaim, p.memory(ctx, resolved.NodeClaim), log):
 		return "", true, nil
@@ -683,8 +683,8 @@ func (p *Pipeline) shadowed(res cluster.Resolved) bool {
 // shadowRecorded reports whether ev's would-be outcome is recorded on the NodeClaim already.
 // Unlike skip, a NodeClaim Karpenter is draining is decided: that is the comparison a shadow
 // run exists for.
-func (p *Pipeline) shadowRecorded(nc *karpv1.NodeClaim, ev event.Event, log *slog.Logger) bool {
-	outs, _ := shadow.Read(nc) // unreadable: decided, and the write says why it cannot record
+func (p *Pipeline) shadowRecorded(ctx context.Context, nc *karpv1.NodeClaim, ev event.Event, log *slog.Logger) bool {
+	outs, _ := shadow.Read(p.memory(ctx, nc)) // unreadable: decided, and the write says why it cannot record
 	if shadow.Recorded(outs, ev) {
 		log.Debug("shadow outcome recorded already", "nodeclaim", nc.Name)
 		p.metrics.AlreadyRecorded.Inc()

@@ -39,6 +39,11 @@ func routerWrites(t *testing.T, r *rig) []string {
 		if !nc.DeletionTimestamp.IsZero() {
 			out = append(out, nc.Name+": deleted")
 		}
+		// The router's memory holds nothing but would-be outcomes (and what a close ends).
+		mem := recordtest.Memory(t, r.kube, &nc)
+		if len(mem.Set().Active()) > 0 || mem.Drain != nil || len(mem.Run) > 0 {
+			out = append(out, nc.Name+": memory acts")
+		}
 	}
 	var nodes corev1.NodeList
 	if err := r.kube.List(context.Background(), &nodes); err != nil {
@@ -64,7 +69,7 @@ func shadowOf(t *testing.T, r *rig, name string) []shadow.Outcome {
 	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: name}, nc); err != nil {
 		t.Fatal(err)
 	}
-	outs, err := shadow.Read(nc)
+	outs, err := shadow.Read(recordtest.Memory(t, r.kube, nc))
 	if err != nil {
 		t.Fatal(err)
 	}

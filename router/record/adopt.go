@@ -26,6 +26,9 @@ import (
 const (
 	AnnotationDrainSignalled = "healthrouter.io/drain-signalled"
 	AnnotationRun            = "healthrouter.io/in-place"
+	// AnnotationShadow held a pool in shadow's would-be outcomes (Memory.Shadow): told only,
+	// never adopted; removed at an upgrade.
+	AnnotationShadow = "healthrouter.io/shadow"
 )
 
 // statusAPI is the part of EC2 adoption uses: what is scheduled for an instance now.
@@ -62,10 +65,11 @@ func Adopt(ctx context.Context, kube client.Client, api client.Reader, ec2API st
 	var old []*karpv1.NodeClaim
 	for i := range claims.Items {
 		a := claims.Items[i].Annotations
-		if _, ok := a[Annotation]; ok {
-			old = append(old, &claims.Items[i])
-		} else if _, ok := a[AnnotationDrainSignalled]; ok {
-			old = append(old, &claims.Items[i])
+		for _, k := range []string{Annotation, AnnotationDrainSignalled, AnnotationShadow} {
+			if _, ok := a[k]; ok {
+				old = append(old, &claims.Items[i])
+				break
+			}
 		}
 	}
 	if len(old) == 0 {
@@ -130,7 +134,7 @@ func Adopt(ctx context.Context, kube client.Client, api client.Reader, ec2API st
 func removeOldKeys(ctx context.Context, kube client.Client, nc *karpv1.NodeClaim) error {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": nc.ResourceVersion,
-		"annotations":     map[string]any{Annotation: nil, AnnotationDrainSignalled: nil},
+		"annotations":     map[string]any{Annotation: nil, AnnotationDrainSignalled: nil, AnnotationShadow: nil},
 	}})
 	if err != nil {
 		return err

@@ -76,6 +76,9 @@ type Memory struct {
 	// Run is the reboot in place of the node (router/inplace's State, which that package
 	// reads and writes): in progress, or ended and kept as a tombstone of its maintenance.
 	Run json.RawMessage `json:"run,omitempty"`
+	// Shadow is the would-be outcomes of a pool in shadow (router/shadow's, which that
+	// package reads and writes): told, never acted on.
+	Shadow json.RawMessage `json:"shadow,omitempty"`
 }
 
 // Drain is a drain signalled: for which event, when, and how (forwarded to Karpenter's queue
@@ -102,7 +105,7 @@ func (m Memory) Equal(o Memory) bool {
 
 // Empty reports whether there is nothing to keep.
 func (m Memory) Empty() bool {
-	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0
+	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0 && len(m.Shadow) == 0
 }
 
 // Phases of a HealthRecord, for people and for the readers that only count (the pacer, the
@@ -111,6 +114,7 @@ const (
 	PhaseDraining = "Draining" // a drain is signalled, Karpenter has not deleted the NodeClaim yet
 	PhaseInPlace  = "InPlace"  // an event is carried out by a reboot in place
 	PhaseDeferred = "Deferred" // an event waits (for a window, a check, a gate)
+	PhaseShadow   = "Shadow"   // would-be outcomes of a pool in shadow only: nothing is done
 	PhaseIdle     = "Idle"     // only ended records, kept to recognise late duplicates
 )
 
@@ -162,6 +166,9 @@ func Summarize(m Memory) Summary {
 		}
 		return Summary{Phase: PhaseDeferred, Event: first.EventID, Kind: string(first.Kind), Start: at(first.Start), Action: action, When: at(first.Until)}
 	}
+	if len(m.Shadow) > 0 {
+		return Summary{Phase: PhaseShadow, Action: "none (shadow)"}
+	}
 	return Summary{Phase: PhaseIdle}
 }
 
@@ -186,6 +193,7 @@ func (m *Memory) DeepCopyInto(out *Memory) {
 		out.Drain = &d
 	}
 	out.Run = slices.Clone(m.Run)
+	out.Shadow = slices.Clone(m.Shadow)
 }
 
 // DeepCopy returns a copy of r that shares no slice with it.

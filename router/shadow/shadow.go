@@ -23,15 +23,14 @@ import (
 	"slices"
 	"time"
 
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
-
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
 
-// Annotation holds a NodeClaim's would-be outcomes.
-const Annotation = policy.Prefix + "shadow"
+// Annotation held a NodeClaim's would-be outcomes in routers before the store: they are in
+// its HealthRecord now (record.Memory.Shadow).
+const Annotation = record.AnnotationShadow
 
 // Version is the annotation's format.
 const Version = 1
@@ -66,29 +65,25 @@ type claimValue struct {
 // ErrUnreadable marks an annotation this router cannot read (a newer router's, or damaged).
 var ErrUnreadable = errors.New("shadow outcomes this router cannot read")
 
-// Read returns the NodeClaim's would-be outcomes.
-func Read(nc *karpv1.NodeClaim) ([]Outcome, error) {
-	if nc == nil {
-		return nil, nil
-	}
-	v, ok := nc.Annotations[Annotation]
-	if !ok || v == "" {
+// Read returns the would-be outcomes the router's memory of a NodeClaim holds.
+func Read(mem record.Memory) ([]Outcome, error) {
+	if len(mem.Shadow) == 0 {
 		return nil, nil
 	}
 	var cv claimValue
-	if err := json.Unmarshal([]byte(v), &cv); err != nil {
-		return nil, fmt.Errorf("%w: annotation %s of nodeclaim %s: %v", ErrUnreadable, Annotation, nc.Name, err)
+	if err := json.Unmarshal(mem.Shadow, &cv); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnreadable, err)
 	}
 	if cv.Version != Version {
-		return nil, fmt.Errorf("%w: annotation %s of nodeclaim %s has version %d, this router writes %d", ErrUnreadable, Annotation, nc.Name, cv.Version, Version)
+		return nil, fmt.Errorf("%w: version %d, this router writes %d", ErrUnreadable, cv.Version, Version)
 	}
 	return cv.Outcomes, nil
 }
 
-// Encode writes outcomes as the annotation's value.
-func Encode(outs []Outcome) string {
+// Encode writes outcomes as the memory's value.
+func Encode(outs []Outcome) json.RawMessage {
 	b, _ := json.Marshal(claimValue{Version: Version, Outcomes: outs}) // plain fields: cannot fail
-	return string(b)
+	return b
 }
 
 // Recorded reports whether ev's would-be outcome is recorded among outs: a redelivery (its

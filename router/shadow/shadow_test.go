@@ -27,6 +27,7 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 )
 
 var now = time.Date(2026, 11, 21, 14, 2, 0, 0, time.UTC)
@@ -79,8 +80,7 @@ func TestAddKeepsNewest(t *testing.T) {
 
 func TestReadRefusesOtherVersions(t *testing.T) {
 	for _, v := range []string{`{"version":2,"outcomes":[]}`, `not json`} {
-		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "a", Annotations: map[string]string{Annotation: v}}}
-		if _, err := Read(nc); err == nil {
+		if _, err := Read(record.Memory{Shadow: json.RawMessage(v)}); err == nil {
 			t.Errorf("%s: read", v)
 		}
 	}
@@ -165,12 +165,13 @@ func TestWatcher(t *testing.T) {
 	drains := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "d"}, []string{"nodepool"})
 	w := NewWatcher(kube, l, drains)
 	deleting := metav1.NewTime(now.Add(time.Minute))
-	claim := func(name string, ann bool, del *metav1.Time) *karpv1.NodeClaim {
+	claim := func(name string, outcomes bool, del *metav1.Time) (*karpv1.NodeClaim, record.Memory) {
 		nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{karpv1.NodePoolLabelKey: "kafka"}, DeletionTimestamp: del}}
-		if ann {
-			nc.Annotations = map[string]string{Annotation: Encode(nil)}
+		var mem record.Memory
+		if outcomes {
+			mem.Shadow = Encode(nil)
 		}
-		return nc
+		return nc, mem
 	}
 	l.Add(entry("kafka-1", "ev-1", now))
 	l.Add(entry("kafka-2", "ev-1", now))

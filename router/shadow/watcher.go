@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/record"
 )
 
 // Watcher notes in the ledger when a NodeClaim with a would-be outcome begins deleting: what
@@ -32,12 +34,10 @@ func NewWatcher(reader client.Reader, ledger *Ledger, drains *prometheus.Counter
 	return &Watcher{reader: reader, ledger: ledger, drains: drains, seen: map[string]bool{}}
 }
 
-// SetupWithManager watches the NodeClaims that carry would-be outcomes.
+// SetupWithManager watches the NodeClaims being deleted (Reconcile reads whether the router
+// keeps would-be outcomes for them).
 func (w *Watcher) SetupWithManager(mgr ctrl.Manager) error {
-	has := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		_, ok := o.GetAnnotations()[Annotation]
-		return ok && !o.GetDeletionTimestamp().IsZero()
-	})
+	has := predicate.NewPredicateFuncs(func(o client.Object) bool { return !o.GetDeletionTimestamp().IsZero() })
 	return ctrl.NewControllerManagedBy(mgr).Named("shadow").
 		For(&karpv1.NodeClaim{}, builder.WithPredicates(has)).
 		// SkipNameValidation: the router runs one manager per process, but tests run several.
@@ -56,13 +56,18 @@ func (w *Watcher) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	w.Observe(nc)
+	mem, err := record.Load(ctx, w.reader, nc.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	w.Observe(nc, mem)
 	return reconcile.Result{}, nil
 }
 
-// Observe notes nc's deletion if it carries would-be outcomes and is deleting.
-func (w *Watcher) Observe(nc *karpv1.NodeClaim) {
-	if _, ok := nc.Annotations[Annotation]; !ok || nc.DeletionTimestamp.IsZero() {
+// Observe notes nc's deletion if the router keeps would-be outcomes for it (mem) and it is
+// deleting.
+func (w *Watcher) Observe(nc *karpv1.NodeClaim, mem record.Memory) {
+	if len(mem.Shadow) == 0 || nc.DeletionTimestamp.IsZero() {
 		return
 	}
 	w.ledger.KarpenterActed(nc.Name, nc.DeletionTimestamp.Time)

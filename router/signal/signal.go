@@ -450,8 +450,8 @@ func (s *Signaller) Defer(ctx context.Context, ev event.Event, d policy.Decision
 func (s *Signaller) Shadow(ctx context.Context, ev event.Event, d policy.Decision, res cluster.Resolved, quiet bool) (recorded bool, err error) {
 	out := shadow.OutcomeOf(ev, d, s.clock.Now())
 	if res.NodeClaim != nil {
-		err = s.update(ctx, res.NodeClaim, func(nc *karpv1.NodeClaim) (bool, error) {
-			outs, err := shadow.Read(nc)
+		err = s.store.Update(ctx, res.NodeClaim, func(m *record.Memory) (bool, error) {
+			outs, err := shadow.Read(*m)
 			if err != nil {
 				return false, err
 			}
@@ -459,7 +459,7 @@ func (s *Signaller) Shadow(ctx context.Context, ev event.Event, d policy.Decisio
 				return false, nil
 			}
 			recorded = true
-			nc.Annotations[shadow.Annotation] = shadow.Encode(shadow.Add(outs, out))
+			m.Shadow = shadow.Encode(shadow.Add(outs, out))
 			return true, nil
 		})
 		if err != nil {

@@ -107,7 +107,8 @@ func TestAdoption(t *testing.T) {
 		if stage.Kube.Get(ctx, client.ObjectKey{Name: first.NodeClaim}, nc) != nil {
 			return false
 		}
-		outs, _ := shadow.Read(nc)
+		mem, _ := record.Load(ctx, stage.Kube, nc.Name)
+		outs, _ := shadow.Read(mem)
 		return len(outs) == 1
 	})
 	if deleting, _ := claimState(t, first.NodeClaim); deleting {

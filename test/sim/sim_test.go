@@ -1068,7 +1068,7 @@ func (m *machine) checkShadow(t *rapid.T) {
 		if mem, err := record.Load(m.ctx, m.w.store, nc.Name); err != nil || len(mem.Set().Active()) > 0 || mem.Drain != nil || inplace.Active(mem) {
 			t.Fatalf("nodeclaim %s of the pool in shadow has a memory that acts: %+v (%v)", nc.Name, mem, err)
 		}
-		if outs, err := shadow.Read(&nc); err != nil {
+		if outs, err := shadow.Read(m.memOf(nc.Name)); err != nil {
 			t.Fatalf("nodeclaim %s: %v", nc.Name, err)
 		} else {
 			shadowOutcomes.Add(int64(len(outs) - m.shadowSeen[nc.Name]))

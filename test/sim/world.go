@@ -814,7 +814,8 @@ func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 	// The shadow ledger: what Karpenter did with the NodeClaims of would-be outcomes, and
 	// the leader's flush (a failed one keeps its notes for the next).
 	for i := range claims.Items {
-		r.watcher.Observe(&claims.Items[i])
+		mem, _ := record.Load(ctx, w.store, claims.Items[i].Name)
+		r.watcher.Observe(&claims.Items[i], mem)
 	}
 	_ = r.ledger.Flush(ctx)
 	// The EC2 event windows of the pools that ask, and their instances' tags (an error is a
