@@ -31,7 +31,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -201,24 +200,12 @@ func (c *Controller) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		// The router's memory of a NodeClaim is its HealthRecord of the same name; a NodeClaim
 		// deleting or gone ends it (the sweep, where the garbage collector has not).
 		For(&record.HealthRecord{}).
-		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(deleting())).
+		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(record.ClaimEnds())).
 		WatchesRawSource(source.Channel(c.wake, &handler.EnqueueRequestForObject{})).
 		// SkipNameValidation: the router runs one manager per process, but tests, drills and
 		// the bench run several routers in one process, each with this controller.
 		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrentReconciles, SkipNameValidation: ptr.To(true)}).
 		Complete(c)
-}
-
-// deleting passes a NodeClaim's deletion and its disappearance: its HealthRecord's end.
-func deleting() predicate.Funcs {
-	return predicate.Funcs{
-		CreateFunc: func(ctrlevent.CreateEvent) bool { return false },
-		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
-			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
-		},
-		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true },
-		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
-	}
 }
 
 // Deferred returns the number of active deferrals, for the gauge.

@@ -354,7 +354,7 @@ func (r *Runner) SetupWithManager(mgr ctrl.Manager) error {
 		// The run is in the NodeClaim's HealthRecord (same name); the NodeClaim's deletion
 		// ends what this process tracks of it.
 		For(&record.HealthRecord{}, builder.WithPredicates(runChanged())).
-		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(claimGone())).
+		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(record.ClaimEnds())).
 		// SkipNameValidation: the router runs one manager per process, but tests run several.
 		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrentReconciles, SkipNameValidation: ptr.To(true)}).
 		Complete(r)
@@ -375,18 +375,6 @@ func runChanged() predicate.Funcs {
 			return run(e.ObjectNew) != "" && run(e.ObjectOld) != run(e.ObjectNew)
 		},
 		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true }, // to forget it
-		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
-	}
-}
-
-// claimGone passes a NodeClaim's deletion and its disappearance.
-func claimGone() predicate.Funcs {
-	return predicate.Funcs{
-		CreateFunc: func(ctrlevent.CreateEvent) bool { return false },
-		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
-			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
-		},
-		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true },
 		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 )
 
@@ -177,4 +179,17 @@ func newHealthRecord(nc *karpv1.NodeClaim) *HealthRecord {
 		}}
 	}
 	return hr
+}
+
+// ClaimEnds passes a NodeClaim's deletion beginning and its disappearance: the end of its
+// HealthRecord (the controllers that watch HealthRecords watch NodeClaims through it).
+func ClaimEnds() predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc: func(ctrlevent.CreateEvent) bool { return false },
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return true },
+		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
+	}
 }
