@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -175,6 +176,11 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
+	}
+	// The router's memory is its HealthRecords: without the CRD it could record nothing (every
+	// deferral and drain would fail and be retried, then dead-lettered). Said once, at start.
+	if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: record.Group, Kind: record.Kind}, record.APIVersion); err != nil {
+		return fmt.Errorf("the API server does not serve %s, the router's memory (install or upgrade the chart, which installs the CRD): %w", record.CRDName, err)
 	}
 	if o.CalendarBindAddress != "" {
 		// Every replica serves it, from its own cache (read on each request).

@@ -28,6 +28,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/component-base/featuregate"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -36,6 +38,7 @@ import (
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -188,6 +191,7 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 		return r
 	}
 	d.rbac(ctx, &r, c.Namespace)
+	d.store(ctx, &r)
 	d.gates(ctx, &r, c)
 	d.karpenterVersion(ctx, &r, c)
 	d.pools(ctx, &r, c.Shadow)
@@ -763,6 +767,24 @@ var rbacNeeds = []authv1.ResourceAttributes{
 	{Verb: "list", Resource: "pods"}, {Verb: "watch", Resource: "pods"},
 	{Verb: "list", Group: "policy", Resource: "poddisruptionbudgets"}, {Verb: "watch", Group: "policy", Resource: "poddisruptionbudgets"},
 	{Verb: "create", Group: "events.k8s.io", Resource: "events"},
+	{Verb: "list", Group: record.Group, Resource: record.Resource}, {Verb: "watch", Group: record.Group, Resource: record.Resource},
+	{Verb: "create", Group: record.Group, Resource: record.Resource}, {Verb: "update", Group: record.Group, Resource: record.Resource},
+	{Verb: "delete", Group: record.Group, Resource: record.Resource},
+}
+
+// store checks that the API server serves the router's memory (the HealthRecord CRD, which the
+// chart installs and upgrades): without it the router can record nothing, and refuses to run.
+func (d *Doctor) store(ctx context.Context, r *Report) {
+	var hrs record.HealthRecordList
+	err := d.kube.List(ctx, &hrs, client.Limit(1))
+	switch {
+	case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
+		*r = append(*r, Item{Fail, "store", "the API server does not serve " + record.CRDName + ": the router can record nothing", "install or upgrade the chart (deploy/charts/health-router), which installs the CRD"})
+	case err != nil:
+		*r = append(*r, Item{Unknown, "store", fmt.Sprintf("cannot list %s: %v", record.CRDName, err), ""})
+	default:
+		*r = append(*r, Item{OK, "store", record.CRDName + " is served (kubectl get healthrecords)", ""})
+	}
 }
 
 // rbac asks the API server, as the router, whether it may do what it does.
