@@ -108,7 +108,7 @@ func installWithHelmValues(t *testing.T, values, queueURL string) {
 	t.Helper()
 	// envtest logs through controller-runtime; without a logger it prints a stack trace.
 	ctrl.SetLogger(logr.Discard())
-	cfg := harness.KubeAPIServer(t)
+	cfg := harness.KubeAPIServerBare(t) // the chart installs the router's own CRD
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
 	kc.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
