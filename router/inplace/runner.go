@@ -28,7 +28,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -351,10 +350,11 @@ func scheduledOf(ev event.Event) (typ event.ScheduledType, start, end time.Time,
 // the leader (controller-runtime's default for controllers).
 func (r *Runner) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("inplace").
-		// The run is in the NodeClaim's HealthRecord (same name); the NodeClaim's deletion
-		// ends what this process tracks of it.
+		// The run is in the NodeClaim's HealthRecord (same name). No watch of NodeClaims: a
+		// pass reads the NodeClaim from the API server, and every deletion in a burst of Spot
+		// reclaims would cost two uncached reads; the run's own requeue and its record's
+		// deletion with the NodeClaim end what this process tracks.
 		For(&record.HealthRecord{}, builder.WithPredicates(runChanged())).
-		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(record.ClaimEnds())).
 		// SkipNameValidation: the router runs one manager per process, but tests run several.
 		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrentReconciles, SkipNameValidation: ptr.To(true)}).
 		Complete(r)
