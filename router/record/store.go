@@ -152,8 +152,12 @@ func (s *Store) Update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*M
 	})
 }
 
-// Delete removes the memory of the NodeClaim named name (its NodeClaim is gone).
+// Delete removes the memory of the NodeClaim named name (its NodeClaim is gone). A record
+// the cache does not hold costs no request: most NodeClaims have none.
 func (s *Store) Delete(ctx context.Context, name string) error {
+	if err := s.kube.Get(ctx, client.ObjectKey{Name: name}, &HealthRecord{}); apierrors.IsNotFound(err) || isNoStore(err) {
+		return nil
+	}
 	err := s.kube.Delete(ctx, &HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	if apierrors.IsNotFound(err) || isNoStore(err) {
 		return nil
