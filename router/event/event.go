@@ -115,6 +115,10 @@ type Event struct {
 	// the earliest when it moved more than once; zero when it did not. A report of that start
 	// is the same maintenance, sent before the move.
 	MovedFrom time.Time `json:"movedFrom,omitzero"`
+	// RunsAgain says why a stopping or stopped state change is over: EC2 shows the instance
+	// running (or pending) again, so it is a stop/start reported late, or a forged stop. Set
+	// by the pipeline per instance, after asking EC2.
+	RunsAgain string `json:"runsAgain,omitempty"`
 
 	// Body is the event exactly as received, for forwarding to Karpenter.
 	Body []byte `json:"-"`

@@ -473,12 +473,28 @@ func (p *Pipeline) plausible(ev event.Event, res cluster.Resolved, log *slog.Log
 // and holding its drain for EC2 (a retry with backoff) drains nothing before it goes; a forged
 // event acted on while EC2 is down drains one node through Karpenter, gracefully, and the
 // pool's urgent-drain breaker bounds how many (healthrouter.io/urgent-drain-max).
+//
+// A stopping or stopped state change is asked about too: taken at its word it drains the node
+// (Karpenter's behaviour) or holds it for restart-grace. EC2 showing the instance running or
+// pending again says the stop is over (a stop/start whose `stopping` arrived after its
+// `running`, which the router does not keep for a pool with nothing deferred) or never was:
+// RunsAgain is set and the event is ignored. EC2 not answering leaves it as claimed: the node
+// is drained as Karpenter would, and unconfirmed says so.
 func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, res cluster.Resolved, log *slog.Logger) (_ event.Event, unconfirmed string) {
-	if p.states == nil || ev.Kind != event.KindStateChange || !ev.Urgent() || !res.Found() {
+	stop := ev.Kind == event.KindStateChange && (ev.State == event.StateStopping || ev.State == event.StateStopped)
+	if p.states == nil || ev.Kind != event.KindStateChange || !(ev.Urgent() || stop) || !res.Found() {
 		return ev, ""
 	}
 	state, err := p.instanceState(ctx, id)
 	switch {
+	case stop && err == nil && (state == ec2types.InstanceStateNameRunning || state == ec2types.InstanceStateNamePending):
+		p.metrics.StateConfirmations.WithLabelValues(StateContradicted).Inc()
+		ev.RunsAgain = fmt.Sprintf("EC2 shows it %s", state)
+		log.Info("stop contradicted by EC2: ignored", "state", ev.State, "ec2_state", state)
+		return ev, ""
+	case stop && err == nil:
+		p.metrics.StateConfirmations.WithLabelValues(StateConfirmed).Inc()
+		return ev, ""
 	case err != nil:
 		p.metrics.StateConfirmations.WithLabelValues(StateUnavailable).Inc()
 		log.Warn("urgent state change not confirmed: EC2 did not answer; acted on as claimed", "state", ev.State, "error", err)

@@ -169,6 +169,9 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 			d.Cancel = true
 			return d.with(ActionIgnore, "instance is running: a deferred stop of it is cancelled (a stop/start, not a loss)")
 		case event.StateStopping, event.StateStopped:
+			if ev.RunsAgain != "" {
+				return d.with(ActionIgnore, "instance was %s at %s, but %s: the stop is over, or never was", ev.State, stamp(ev.Time), ev.RunsAgain)
+			}
 			if !tg.RunningSince.IsZero() && !ev.Time.After(tg.RunningSince) {
 				return d.with(ActionIgnore, "instance was %s at %s but has been running since %s: the stop is over (its event arrived late)", ev.State, stamp(ev.Time), stamp(tg.RunningSince))
 			}

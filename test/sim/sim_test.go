@@ -467,6 +467,14 @@ func (m *machine) StopStart(t *rapid.T) {
 		return effect{before: f}
 	}
 	withRun := rapid.Bool().Draw(t, "runs again")
+	// EC2 shows what happened by now, whatever order the messages come in: a stop/start runs
+	// (the stop, read after it, is over), a stop alone is stopped.
+	m.w.ec2.mu.Lock()
+	if m.w.ec2.stopped == nil {
+		m.w.ec2.stopped = map[string]bool{}
+	}
+	m.w.ec2.stopped[inst] = !withRun
+	m.w.ec2.mu.Unlock()
 	if rapid.Bool().Draw(t, "running first") && withRun {
 		m.send(run, effect(event.StateRunning, runAt))
 		m.send(stop, effect(event.StateStopped, stopAt))

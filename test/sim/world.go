@@ -276,6 +276,9 @@ type ec2Status struct {
 	clock    *clocktesting.FakeClock
 	events   map[string][]ec2types.InstanceStatusEvent
 	impaired map[string]time.Time
+	// stopped is each instance a stop (with no start after it) left stopped: EC2 shows it
+	// stopped; every other instance runs.
+	stopped  map[string]bool
 	down     bool
 	rebooted []string // instances RebootInstances asked for, since the last pass
 	// onMove observes every move EC2 accepted (mu held).
@@ -376,8 +379,12 @@ func (e *ec2Status) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeIn
 			InstanceStatus: &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusOk},
 			SystemStatus:   &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusOk}}
 		if aws.ToBool(in.IncludeAllInstances) {
-			// Every instance the simulation names runs: a shutting-down it is sent is forged.
+			// Every instance the simulation names runs, but for one a stop left stopped: a
+			// shutting-down it is sent is forged, and a stop followed by a start is over.
 			st.InstanceState = &ec2types.InstanceState{Name: ec2types.InstanceStateNameRunning}
+			if e.stopped[id] {
+				st.InstanceState.Name = ec2types.InstanceStateNameStopped
+			}
 		}
 		if since, ok := e.impaired[id]; ok {
 			st.SystemStatus = &ec2types.InstanceStatusSummary{Status: ec2types.SummaryStatusImpaired,
