@@ -188,7 +188,7 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
 			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
 			Item{Unknown, CheckKarpenterVersion, "no cluster connection; the router assumes Karpenter " + c.KarpenterVersion.String(), "run doctor with a kubeconfig or in the router's pod"})
-		return r
+		return inShadow(r, c.Shadow)
 	}
 	d.rbac(ctx, &r, c.Namespace)
 	d.store(ctx, &r)
@@ -196,6 +196,29 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	d.karpenterVersion(ctx, &r, c)
 	d.pools(ctx, &r, c.Shadow)
 	d.eventWindowPools(ctx, &r, c)
+	return inShadow(r, c.Shadow)
+}
+
+// inShadow judges Karpenter's own handling as a router in shadow needs it (after takeover and
+// mode have read the items as the takeover's steps): Karpenter's rules feeding its queue and
+// its instance-status poller are what acts on the events until the takeover (docs/runbook.md
+// steps 1-3), so they pass; either gone fails, as nobody acts on what it would have.
+func inShadow(r Report, shadow bool) Report {
+	if !shadow {
+		return r
+	}
+	for i, it := range r {
+		if it.Check != CheckKarpenterRules && it.Check != CheckKarpenterInstanceStatus {
+			continue
+		}
+		switch it.Status {
+		case Fail:
+			r[i] = Item{OK, it.Check, "Karpenter's own handling is on, as it should be while the router is in shadow: " + it.Detail, ""}
+		case OK:
+			r[i] = Item{Fail, it.Check, "Karpenter's own handling is (partly) off while the router is in shadow, so nobody acts on the events it would have: " + it.Detail,
+				"take the router out of shadow first, then finish the takeover (docs/runbook.md step 4), or give Karpenter its rules and ec2:DescribeInstanceStatus back"}
+		}
+	}
 	return r
 }
 
@@ -551,10 +574,9 @@ func mode(r Report, routerShadow bool, inShadow []string, pools int) Item {
 	case routerShadow:
 		return Item{OK, CheckMode, "shadow (--shadow): every pool's events are decided and recorded, none carried out; Karpenter acts. Compare with health-router status --shadow", ""}
 	case len(inShadow) > 0 && karpenterOff:
-		return Item{Fail, CheckMode, fmt.Sprintf("active, with NodePool(s) %s in shadow (healthrouter.io/mode=shadow) while Karpenter's own handling is off: their events are lost", strings.Join(inShadow, ", ")),
-			"remove healthrouter.io/mode=shadow from them (or set it to active) now that the router has taken over"}
+		return Item{OK, CheckMode, fmt.Sprintf("active; in shadow (healthrouter.io/mode=shadow): %s (their policy recorded as would-be, Karpenter's behaviour carried out by the router, since Karpenter's own handling is off: health-router status --shadow)", strings.Join(inShadow, ", ")), ""}
 	case len(inShadow) > 0:
-		return Item{OK, CheckMode, fmt.Sprintf("active; in shadow (healthrouter.io/mode=shadow): %s (decided and recorded, nothing carried out: health-router status --shadow)", strings.Join(inShadow, ", ")), ""}
+		return Item{OK, CheckMode, fmt.Sprintf("active; in shadow (healthrouter.io/mode=shadow): %s (their policy recorded as would-be, Karpenter's behaviour carried out by the router and by Karpenter while its own handling is on: health-router status --shadow)", strings.Join(inShadow, ", ")), ""}
 	}
 	return Item{OK, CheckMode, fmt.Sprintf("active: the router carries out the outcomes of all %d NodePool(s)", pools), ""}
 }
@@ -584,8 +606,13 @@ func takeover(r *Report, shadow bool) {
 	case karpenter == OK && router == Fail:
 		*r = append(*r, Item{Fail, CheckTakeover, "lossy: Karpenter no longer polls instance status and the router does not either, so impaired instances are not replaced and scheduled events EventBridge misses are not acted on",
 			"fix the router's instance-status poller (above)"})
-	case rules == Fail || karpenter == Fail || router == Fail:
-		*r = append(*r, Item{Fail, CheckTakeover, "incomplete: see the failed checks above", "deny Karpenter's role ec2:DescribeInstanceStatus, remove its rules, and let the router poll"})
+	case router == Fail:
+		*r = append(*r, Item{Fail, CheckTakeover, "incomplete: the router does not poll instance status (above)", "fix the router's instance-status poller, then deny Karpenter's role ec2:DescribeInstanceStatus and remove its rules"})
+	case rules == Fail || karpenter == Fail:
+		// Both act on each event Karpenter still gets: a drain twice is one drain, and nothing
+		// is acted on by neither (docs/runbook.md step 4 orders it so).
+		*r = append(*r, Item{Warn, CheckTakeover, "in progress: Karpenter's own handling still acts beside the router (its rules or its instance-status poller, above), so it drains at once what it gets, whatever the pools' policies say",
+			"finish the takeover: deny Karpenter's role ec2:DescribeInstanceStatus, then remove its rules (docs/runbook.md step 4)"})
 	default:
 		*r = append(*r, Item{Unknown, CheckTakeover, "cannot tell: some checks above could not be made", "pass --karpenter-queue-url and --karpenter-role-arn"})
 	}

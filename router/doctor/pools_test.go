@@ -81,7 +81,9 @@ func TestMode(t *testing.T) {
 		{"--shadow with Karpenter's handling off: events lost", karpenterOff, true, nil, Fail, "lost"},
 		{"--shadow with only Karpenter's rules gone", rulesOnly, true, nil, Fail, "lost"},
 		{"a pool in shadow beside Karpenter", karpenterOn, false, []string{"kafka"}, OK, "kafka"},
-		{"a pool left in shadow after the takeover", karpenterOff, false, []string{"kafka"}, Fail, "kafka"},
+		// After the takeover the router carries out Karpenter's behaviour for it (defect 14:
+		// "their events are lost", and they were).
+		{"a pool in shadow after the takeover", karpenterOff, false, []string{"kafka"}, OK, "Karpenter's behaviour carried out by the router"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,12 +106,45 @@ func TestTakeoverInShadow(t *testing.T) {
 	}
 	r = append(Report{}, on...)
 	takeover(&r, false)
+	if last := r[len(r)-1]; last.Status != Warn || !strings.Contains(last.Detail, "in progress") {
+		t.Errorf("active beside Karpenter's handling (runbook step 4b): %+v, want the takeover in progress", last)
+	}
+	r = Report{{Status: Fail, Check: CheckKarpenterRules}, {Status: OK, Check: CheckKarpenterInstanceStatus}, {Status: Fail, Check: CheckRouterInstanceStatus}}
+	takeover(&r, false)
 	if last := r[len(r)-1]; last.Status != Fail {
-		t.Errorf("active beside Karpenter's handling: %+v, want the takeover incomplete", last)
+		t.Errorf("active, Karpenter's poller denied and the router's off: %+v, want lossy", last)
 	}
 	r = Report{{Status: OK, Check: CheckKarpenterRules}, {Status: Fail, Check: CheckKarpenterInstanceStatus}}
 	takeover(&r, true)
 	if last := r[len(r)-1]; last.Status != Fail {
 		t.Errorf("a takeover begun in shadow: %+v", last)
+	}
+}
+
+// TestShadowExpectsKarpenter (issue 38, item 9): in shadow, Karpenter's rules and its
+// instance-status poller are what acts on the events, as the runbook says until step 4: doctor
+// passes them (it failed them, said "delete those rules" and exited 1); either gone fails.
+func TestShadowExpectsKarpenter(t *testing.T) {
+	tests := []struct {
+		name   string
+		shadow bool
+		rules  Status // as the check found Karpenter's rules: Fail when they still feed its queue
+		want   Status
+		detail string
+	}{
+		{"shadow, Karpenter's rules there", true, Fail, OK, "as it should be while the router is in shadow"},
+		{"shadow, Karpenter's rules gone", true, OK, Fail, "nobody acts"},
+		{"active, Karpenter's rules there", false, Fail, Fail, "rules still feed"},
+		{"active, Karpenter's rules gone", false, OK, OK, "only the router"},
+		{"shadow, rules not checked", true, Unknown, Unknown, "not checked"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			detail := map[Status]string{Fail: "rules still feed Karpenter's queue directly", OK: "no rule feeds Karpenter's queue directly: only the router does", Unknown: "not checked"}[tt.rules]
+			r := inShadow(Report{{Status: tt.rules, Check: CheckKarpenterRules, Detail: detail}, {Status: OK, Check: CheckIntakeQueue}}, tt.shadow)
+			if r[0].Status != tt.want || !strings.Contains(r[0].Detail, tt.detail) || r[1].Status != OK {
+				t.Errorf("%+v, want %s with %q", r, tt.want, tt.detail)
+			}
+		})
 	}
 }

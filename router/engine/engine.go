@@ -313,7 +313,8 @@ func (e *Engine) FreeDrains(ctx context.Context, pool string, now time.Time) (n 
 		return 0, false, err
 	}
 	p := policy.FromAnnotations(np.Annotations)
-	if p.MaxConcurrentDrains == nil {
+	if p.MaxConcurrentDrains == nil || p.Shadow {
+		// A pool in shadow paces nothing: the router decides for it as Karpenter would.
 		return 0, false, nil
 	}
 	n, err = e.pacer.free(ctx, pool, now, p.DrainLimit)

@@ -80,7 +80,7 @@ func NewRouter(reg prometheus.Registerer, deferred func() float64) *Router {
 			Name: GateHolds, Help: "Drains held by a gate (a PodDisruptionBudget at zero, a matching alert firing or Alertmanager unreachable under hold, an impaired-instance repair over the pool's cut-off, an urgent drain over the pool's urgent-drain breaker), by gate (pdb, alerts, repair-cutoff, urgent-breaker).",
 		}, []string{LabelGate}),
 		ShadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: ShadowDecisions, Help: "Would-be outcomes of pools in shadow (healthrouter.io/mode=shadow, or --shadow), by kind, action and nodepool: decided and recorded, nothing carried out.",
+			Name: ShadowDecisions, Help: "Would-be outcomes of pools in shadow (healthrouter.io/mode=shadow, or --shadow), by kind, action and nodepool: decided and recorded; under --shadow nothing is carried out, a pool in shadow on an active router gets Karpenter's behaviour.",
 		}, []string{LabelKind, LabelAction, LabelNodePool}),
 		ShadowKarpenter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: ShadowKarpenter, Help: "NodeClaims with a would-be outcome of a pool in shadow that began deleting meanwhile (Karpenter's own handling drained them), by nodepool: health-router status --shadow pairs each with what the router would have done.",

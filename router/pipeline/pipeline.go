@@ -362,22 +362,88 @@ func (p *Pipeline) Redecide(ctx context.Context, nc *karpv1.NodeClaim, rec recor
 // (carryOut), and tell of it. recorded is true when the instance's outcome was recorded
 // before (nothing was decided). redecide is the event ID of the due deferral being decided
 // again ("" for an event received).
+//
+// A pool in shadow (healthrouter.io/mode=shadow) on an active router has its would-be outcome
+// recorded, and Karpenter's own behaviour carried out for it: after the takeover nobody else
+// hears of its events (Karpenter's rules are gone), so recording alone would lose them. The
+// router stands in for Karpenter there: the event is decided as for a pool with no annotation
+// (drain at once, through Karpenter's queue in forward mode, with the replacement checks and
+// the PodDisruptionBudget gate every drain gets). Only --shadow, before the takeover, records
+// and carries out nothing: Karpenter's own rules still feed it then.
 func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk *summary, redecide string, out *policy.Decision) (policy.Action, bool, error) {
 	resolved, err := p.engine.Resolve(ctx, id)
 	if err != nil {
 		return "", false, err
 	}
 	log := p.log.With("event_id", ev.ID, "kind", ev.Kind, "instance", id)
-	shadowed := p.shadowed(resolved)
 	switch {
-	case shadowed && redecide == "" && p.shadowRecorded(ctx, resolved.NodeClaim, ev, log):
-		return "", true, nil
-	case !shadowed && redecide == "" && p.skip(ev, resolved.NodeClaim, p.memory(ctx, resolved.NodeClaim), log):
+	case !p.shadowed(resolved):
+		return p.act(ctx, ev, id, resolved, bulk, redecide, out, log)
+	case p.shadowAll:
+		return p.observe(ctx, ev, id, resolved, bulk, redecide, true, out, log)
+	}
+	if redecide == "" {
+		if _, _, err := p.observe(ctx, ev, id, resolved, bulk, "", false, nil, log); err != nil {
+			return "", false, err
+		}
+	}
+	return p.act(ctx, ev, id, StandIn(resolved), bulk, redecide, out, log.With("stand_in", true))
+}
+
+// StandIn is res as Karpenter's own handling decides it: its NodePool without the router's
+// annotations (a copy; the cache's object is not changed). It is how the router acts for a
+// pool in shadow once Karpenter's rules no longer feed Karpenter.
+func StandIn(res cluster.Resolved) cluster.Resolved {
+	if res.NodePool == nil {
+		return res
+	}
+	np := res.NodePool.DeepCopy()
+	for k := range np.Annotations {
+		if strings.HasPrefix(k, policy.Prefix) {
+			delete(np.Annotations, k)
+		}
+	}
+	res.NodePool = np
+	return res
+}
+
+// observe decides ev for a pool in shadow and records its would-be outcome, carrying nothing
+// out. owner is true under --shadow, where nothing else acts for the router: a close then ends
+// what the router holds, and a due deferral of before the shadow is dropped (Karpenter's own
+// handling decides). A pool in shadow on an active router leaves both to act, which stands
+// in for Karpenter.
+func (p *Pipeline) observe(ctx context.Context, ev event.Event, id string, resolved cluster.Resolved, bulk *summary, redecide string, owner bool, out *policy.Decision, log *slog.Logger) (policy.Action, bool, error) {
+	if redecide == "" && p.shadowRecorded(ctx, resolved.NodeClaim, ev, log) {
 		return "", true, nil
 	}
 	ev = p.plausible(ev, resolved, log)
 	ev, unconfirmed := p.confirmState(ctx, ev, id, resolved, log)
-	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", shadowed, log)
+	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", true, log)
+	if err != nil || skipped {
+		return "", skipped, err
+	}
+	if o.Decision.Cancel && owner {
+		if o, err = p.confirmClose(ctx, ev, id, o, log); err != nil {
+			return "", false, err
+		}
+	}
+	if unconfirmed != "" {
+		o.Decision.Warnings = append(o.Decision.Warnings, unconfirmed)
+	}
+	if out != nil {
+		*out = o.Decision
+	}
+	return p.shadow(ctx, ev, o, redecide, bulk.quiet, owner, log)
+}
+
+// act decides ev for the instance and carries the outcome out (see instance).
+func (p *Pipeline) act(ctx context.Context, ev event.Event, id string, resolved cluster.Resolved, bulk *summary, redecide string, out *policy.Decision, log *slog.Logger) (policy.Action, bool, error) {
+	if redecide == "" && p.skip(ev, resolved.NodeClaim, p.memory(ctx, resolved.NodeClaim), log) {
+		return "", true, nil
+	}
+	ev = p.plausible(ev, resolved, log)
+	ev, unconfirmed := p.confirmState(ctx, ev, id, resolved, log)
+	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", false, log)
 	if err != nil || skipped {
 		return "", skipped, err
 	}
@@ -385,15 +451,6 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		if o, err = p.confirmClose(ctx, ev, id, o, log); err != nil {
 			return "", false, err
 		}
-	}
-	if shadowed {
-		if unconfirmed != "" {
-			o.Decision.Warnings = append(o.Decision.Warnings, unconfirmed)
-		}
-		if out != nil {
-			*out = o.Decision
-		}
-		return p.shadow(ctx, ev, o, redecide, bulk.quiet, log)
 	}
 	// An urgent drain (a plausible Spot or reservation interruption, a Capacity Block's end, a
 	// shutting-down EC2 confirmed) is not read again: no record changes its decision (it skips
@@ -711,14 +768,15 @@ func (p *Pipeline) shadowRecorded(ctx context.Context, nc *karpv1.NodeClaim, ev 
 
 // shadow records the would-be outcome of a shadow pool's decision and carries nothing out:
 // no drain, deferral, reboot, mark or pod notice (the webhook is told what would have been
-// done). A close still reaches the actions begun before the pool went into shadow (ending
-// them is the safe side), and a deferral of that time coming due is dropped: the pool's events
-// are Karpenter's now.
-func (p *Pipeline) shadow(ctx context.Context, ev event.Event, o engine.Outcome, redecide string, quiet bool, log *slog.Logger) (policy.Action, bool, error) {
+// done). Under --shadow (owner), a close still reaches the actions begun before the router went
+// into shadow (ending them is the safe side), and a deferral of that time coming due is
+// dropped: the events are Karpenter's own handling's now. A pool in shadow on an active router
+// leaves both to the decision the router carries out for Karpenter (see instance).
+func (p *Pipeline) shadow(ctx context.Context, ev event.Event, o engine.Outcome, redecide string, quiet, owner bool, log *slog.Logger) (policy.Action, bool, error) {
 	d := o.Decision
 	p.engine.Unreserve(d.NodePool, d.NodeClaim) // nothing is signalled: no pacing slot is held
 	ilog := log.With("node", d.Node, "nodepool", d.NodePool, "action", d.Action)
-	if d.Cancel {
+	if d.Cancel && owner {
 		// A close ends what the router holds, in shadow too (a deferral written before the
 		// pool went to shadow would come due once it is active again): the held runs and
 		// drains, and the deferrals. A NodeClaim with no active record gets no write.
@@ -731,7 +789,7 @@ func (p *Pipeline) shadow(ctx context.Context, ev event.Event, o engine.Outcome,
 			}
 		}
 	}
-	if redecide != "" && o.Resolved.NodeClaim != nil {
+	if redecide != "" && o.Resolved.NodeClaim != nil && owner {
 		if err := p.signal.Drop(ctx, o.Resolved.NodeClaim, redecide, "its pool is in shadow now: nothing is carried out, Karpenter's own handling decides"); err != nil {
 			return "", false, err
 		}

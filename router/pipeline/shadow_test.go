@@ -76,34 +76,28 @@ func shadowOf(t *testing.T, r *rig, name string) []shadow.Outcome {
 	return outs
 }
 
-// TestShadowCarriesNothingOut: a pool in shadow decides as usual (drain, defer by its window)
-// and records each would-be outcome; nothing is drained, deferred, marked or notified, and a
-// redelivery records nothing twice.
+// TestShadowCarriesNothingOut: under --shadow (before the takeover: Karpenter's own rules
+// still feed it) every pool decides as usual (drain, defer by its window) and records each
+// would-be outcome; nothing is drained, deferred, marked or notified, and a redelivery records
+// nothing twice.
 func TestShadowCarriesNothingOut(t *testing.T) {
-	shadowed := map[string]string{policy.AnnotationMode: policy.ModeShadow}
-	deferring := map[string]string{policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer",
-		policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h"}
+	deferring := map[string]string{policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h"}
 	tests := []struct {
-		name    string
-		pools   map[string]map[string]string
-		claims  map[string]int
-		all     bool
-		ev      func() (string, func() []string)
-		want    policy.Action
-		wantAt  time.Time
-		claimed bool // the outcome is on a NodeClaim
+		name   string
+		pools  map[string]map[string]string
+		claims map[string]int
+		want   policy.Action
+		wantAt time.Time
 	}{
-		{name: "a retirement in a shadow pool would drain", pools: map[string]map[string]string{"web": shadowed}, claims: map[string]int{"web": 1},
-			want: policy.ActionDrain, wantAt: now, claimed: true},
-		{name: "a retirement in a deferring shadow pool would defer to the window", pools: map[string]map[string]string{"kafka": deferring}, claims: map[string]int{"kafka": 1},
-			want: policy.ActionDefer, wantAt: time.Date(2026, 11, 21, 2, 0, 0, 0, time.UTC).AddDate(0, 0, 7), claimed: true},
-		{name: "--shadow: an active pool is in shadow too", pools: map[string]map[string]string{"web": nil}, claims: map[string]int{"web": 1}, all: true,
-			want: policy.ActionDrain, wantAt: now, claimed: true},
+		{name: "a retirement in a pool with no annotation would drain", pools: map[string]map[string]string{"web": nil}, claims: map[string]int{"web": 1},
+			want: policy.ActionDrain, wantAt: now},
+		{name: "a retirement in a deferring pool would defer to the window", pools: map[string]map[string]string{"kafka": deferring}, claims: map[string]int{"kafka": 1},
+			want: policy.ActionDefer, wantAt: time.Date(2026, 11, 21, 2, 0, 0, 0, time.UTC).AddDate(0, 0, 7)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t, tt.pools, tt.claims)
-			r.p.WithShadow(tt.all, nil)
+			r.p.WithShadow(true, nil)
 			ev := retirement("ret-1", now.Add(10*24*time.Hour), instanceID(0))
 			res, err := r.p.Process(context.Background(), ev)
 			if err != nil {
@@ -138,21 +132,79 @@ func TestShadowCarriesNothingOut(t *testing.T) {
 	}
 }
 
+// TestShadowPoolStandsInForKarpenter (issue 36, defect 14): a pool put in shadow
+// (healthrouter.io/mode=shadow) on an active router, after the takeover: Karpenter's rules no
+// longer feed Karpenter, so an event only recorded as would-be is acted on by nobody. The
+// router records the pool's would-be outcome and carries out Karpenter's behaviour (a pool with
+// no annotation) for it: the node is drained for a retirement at once, whatever the pool's
+// window would have done; a rebalance recommendation is only told, as Karpenter does.
+func TestShadowPoolStandsInForKarpenter(t *testing.T) {
+	deferring := map[string]string{policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer",
+		policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h", policy.AnnotationMaxConcurrentDrains: "1"}
+	tests := []struct {
+		name      string
+		ev        event.Event
+		would     policy.Action
+		carried   policy.Action
+		wantDrain bool
+	}{
+		{name: "a retirement: would defer to the window, drained as Karpenter would", ev: retirement("ret-1", now.Add(10*24*time.Hour), instanceID(0)),
+			would: policy.ActionDefer, carried: policy.ActionDrain, wantDrain: true},
+		{name: "a Spot warning: drained at once", ev: spot("spot-1", instanceID(0)), would: policy.ActionDrain, carried: policy.ActionDrain, wantDrain: true},
+		{name: "a stop: Karpenter's drain", ev: stateChange("stop-1", instanceID(0), event.StateStopped, now), would: policy.ActionDefer, carried: policy.ActionDrain, wantDrain: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, map[string]map[string]string{"kafka": deferring}, map[string]int{"kafka": 1})
+			res, err := r.p.Process(context.Background(), tt.ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Actions[tt.carried] != 1 {
+				t.Fatalf("carried out %+v, want one %s", res.Actions, tt.carried)
+			}
+			nc := r.claims(t)[0]
+			if deleted := !nc.DeletionTimestamp.IsZero(); deleted != tt.wantDrain {
+				t.Errorf("NodeClaim deleted %v, want %v", deleted, tt.wantDrain)
+			}
+			outs := shadowOf(t, r, nc.Name)
+			if len(outs) != 1 || outs[0].Action != tt.would {
+				t.Errorf("would-be outcomes %+v, want one %s", outs, tt.would)
+			}
+			if got := testutil.ToFloat64(r.m.ShadowDecisions.WithLabelValues(string(tt.ev.Kind), string(tt.would), "kafka")); got != 1 {
+				t.Errorf("shadow decisions metric = %v", got)
+			}
+			// A redelivery: nothing recorded or carried out twice.
+			res, err = r.p.Process(context.Background(), tt.ev)
+			// An urgent drain goes through again; the signaller finds it draining already.
+			if err != nil || (!tt.ev.Urgent() && len(res.Actions) != 0) {
+				t.Fatalf("redelivery: %+v, %v", res, err)
+			}
+			if outs := shadowOf(t, r, nc.Name); len(outs) != 1 {
+				t.Errorf("redelivery recorded again: %+v", outs)
+			}
+		})
+	}
+}
+
 // TestShadowDecidesWhileKarpenterDrains: in shadow Karpenter acts on the same event, often
 // first; a NodeClaim it is deleting is still decided (and recorded), where an active pool
-// skips it.
+// skips it. A pool in shadow on an active router records it too, and skips carrying it out.
 func TestShadowDecidesWhileKarpenterDrains(t *testing.T) {
-	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer"}}, map[string]int{"web": 1})
-	nc := r.claims(t)[0]
-	if err := r.kube.Delete(context.Background(), &nc); err != nil { // Karpenter's own handling, first
-		t.Fatal(err)
-	}
-	res, err := r.p.Process(context.Background(), retirement("ret-1", now.Add(19*24*time.Hour), instanceID(0)))
-	if err != nil || res.Actions[policy.ActionDefer] != 1 {
-		t.Fatalf("%+v, %v", res, err)
-	}
-	if outs := shadowOf(t, r, nc.Name); len(outs) != 1 || outs[0].Action != policy.ActionDefer {
-		t.Fatalf("would-be outcomes %+v", outs)
+	for _, all := range []bool{true, false} {
+		r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer"}}, map[string]int{"web": 1})
+		r.p.WithShadow(all, nil)
+		nc := r.claims(t)[0]
+		if err := r.kube.Delete(context.Background(), &nc); err != nil { // Karpenter's own handling, first
+			t.Fatal(err)
+		}
+		res, err := r.p.Process(context.Background(), retirement("ret-1", now.Add(19*24*time.Hour), instanceID(0)))
+		if err != nil || (all && res.Actions[policy.ActionDefer] != 1) || (!all && (len(res.Actions) != 0 || res.AlreadyRecorded != 1)) {
+			t.Fatalf("--shadow=%v: %+v, %v", all, res, err)
+		}
+		if outs := shadowOf(t, r, nc.Name); len(outs) != 1 || outs[0].Action != policy.ActionDefer {
+			t.Fatalf("--shadow=%v: would-be outcomes %+v", all, outs)
+		}
 	}
 }
 
@@ -186,44 +238,51 @@ func (d *countingDrainer) Cancel(context.Context, string, nodedrain.Drain) (bool
 	return false, nil
 }
 
-// TestShadowDropsDeferralComingDue: a deferral recorded while the pool was active, coming due
-// after the pool went into shadow, is dropped (its outcome recorded as would-be), not drained:
-// the pool's events are Karpenter's now.
-func TestShadowDropsDeferralComingDue(t *testing.T) {
-	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationAction: "defer"}}, map[string]int{"web": 1})
-	ev := retirement("ret-1", now.Add(3*24*time.Hour), instanceID(0))
-	if _, err := r.p.Process(context.Background(), ev); err != nil {
-		t.Fatal(err)
-	}
-	nc := r.claims(t)[0]
-	recs := recordtest.Records(t, r.kube, &nc)
-	if len(recs) != 1 || !recs[0].Active() {
-		t.Fatalf("records %+v", recs)
-	}
-	np := &karpv1.NodePool{}
-	if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "web"}, np); err != nil {
-		t.Fatal(err)
-	}
-	np.Annotations = map[string]string{policy.AnnotationMode: policy.ModeShadow}
-	if err := r.kube.Update(context.Background(), np); err != nil {
-		t.Fatal(err)
-	}
-	d, err := r.p.Redecide(context.Background(), &nc, recs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Action != policy.ActionDrain {
-		t.Fatalf("would-be action %s, want drain (no deferral in the pool's policy now)", d.Action)
-	}
-	after := r.claims(t)[0]
-	if !after.DeletionTimestamp.IsZero() {
-		t.Fatal("drained in shadow")
-	}
-	if len(recordtest.Records(t, r.kube, &after)) != 0 {
-		t.Errorf("the deferral stays: %+v", recordtest.Records(t, r.kube, &after))
-	}
-	if outs := shadowOf(t, r, after.Name); len(outs) != 1 {
-		t.Errorf("would-be outcomes %+v", outs)
+// TestShadowDeferralComingDue: a deferral recorded while the pool was active, coming due
+// after it went into shadow. Under --shadow (Karpenter's rules feed it again) it is dropped
+// (its outcome recorded as would-be), not drained. A pool in shadow on an active router is the
+// router's to act for, as Karpenter would: the node is drained (defect 14: dropped, the
+// maintenance was left to nobody).
+func TestShadowDeferralComingDue(t *testing.T) {
+	for _, all := range []bool{true, false} {
+		r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationAction: "defer"}}, map[string]int{"web": 1})
+		ev := retirement("ret-1", now.Add(3*24*time.Hour), instanceID(0))
+		if _, err := r.p.Process(context.Background(), ev); err != nil {
+			t.Fatal(err)
+		}
+		nc := r.claims(t)[0]
+		recs := recordtest.Records(t, r.kube, &nc)
+		if len(recs) != 1 || !recs[0].Active() {
+			t.Fatalf("records %+v", recs)
+		}
+		np := &karpv1.NodePool{}
+		if err := r.kube.Get(context.Background(), client.ObjectKey{Name: "web"}, np); err != nil {
+			t.Fatal(err)
+		}
+		np.Annotations = map[string]string{policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer"}
+		if err := r.kube.Update(context.Background(), np); err != nil {
+			t.Fatal(err)
+		}
+		r.p.WithShadow(all, nil)
+		d, err := r.p.Redecide(context.Background(), &nc, recs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Under --shadow the decision is the would-be one (the pool's policy: defer); on an
+		// active router the one carried out (Karpenter's behaviour: drain).
+		if want := map[bool]policy.Action{true: policy.ActionDefer, false: policy.ActionDrain}[all]; d.Action != want {
+			t.Fatalf("--shadow=%v: action %s, want %s", all, d.Action, want)
+		}
+		after := r.claims(t)[0]
+		if drained := !after.DeletionTimestamp.IsZero(); drained == all {
+			t.Fatalf("--shadow=%v: drained %v", all, drained)
+		}
+		if active := recordtest.Set(t, r.kube, &after).Active(); len(active) != 0 {
+			t.Errorf("--shadow=%v: the deferral stays active: %+v", all, active)
+		}
+		if outs := shadowOf(t, r, after.Name); all && len(outs) != 1 {
+			t.Errorf("would-be outcomes %+v", outs)
+		}
 	}
 }
 

@@ -222,7 +222,7 @@ func OneLine(p policy.Policy) string {
 	var parts []string
 	if p.Shadow {
 		// First: nothing of the rest is carried out (health-router status --shadow).
-		parts = append(parts, "SHADOW: decided and recorded, nothing carried out (status --shadow)")
+		parts = append(parts, "SHADOW: its policy recorded as would-be, Karpenter's behaviour carried out (status --shadow)")
 	}
 	if p.Default != "" {
 		parts = append(parts, string(p.Default))

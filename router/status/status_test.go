@@ -84,7 +84,7 @@ func TestOneLine(t *testing.T) {
 			policy.AnnotationMaxConcurrentDrains: "20%",
 		}, "defer (spot-interruption=ignore, scheduled-change.system-reboot=drain); no window; drain-lead 6h0m0s; restart-grace 15m0s; max-concurrent-drains 20%"},
 		{map[string]string{policy.AnnotationMode: policy.ModeShadow, policy.AnnotationAction: "defer"},
-			"SHADOW: decided and recorded, nothing carried out (status --shadow); defer; no window; drain-lead 1h0m0s; restart-grace 15m0s; drains unlimited"},
+			"SHADOW: its policy recorded as would-be, Karpenter's behaviour carried out (status --shadow); defer; no window; drain-lead 1h0m0s; restart-grace 15m0s; drains unlimited"},
 	} {
 		if got := OneLine(policy.FromAnnotations(tc.ann)); got != tc.want {
 			t.Errorf("OneLine(%v)\n got %s\nwant %s", tc.ann, got, tc.want)

@@ -91,8 +91,16 @@ func nodeChanged() predicate.Funcs {
 	}
 }
 
+// Taints reports whether a pool with these annotations taints its nodes with an upcoming
+// maintenance (healthrouter.io/taint-upcoming): never while it is in shadow, where its policy is
+// only recorded.
+func Taints(annotations map[string]string) bool {
+	p := policy.FromAnnotations(annotations)
+	return p.TaintUpcoming && !p.Shadow
+}
+
 func taintSettingChanged() predicate.Funcs {
-	setting := func(o client.Object) string { return o.GetAnnotations()[policy.AnnotationTaintUpcoming] }
+	setting := func(o client.Object) bool { return Taints(o.GetAnnotations()) }
 	return predicate.Funcs{
 		CreateFunc:  func(ctrlevent.CreateEvent) bool { return false }, // its NodeClaims come with their own events
 		UpdateFunc:  func(e ctrlevent.UpdateEvent) bool { return setting(e.ObjectOld) != setting(e.ObjectNew) },
@@ -165,7 +173,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		var np karpv1.NodePool
 		switch err := c.cache.Get(ctx, client.ObjectKey{Name: pool}, &np); {
 		case err == nil:
-			taint = policy.FromAnnotations(np.Annotations).TaintUpcoming
+			taint = Taints(np.Annotations)
 		case !apierrors.IsNotFound(err):
 			return reconcile.Result{}, err
 		}

@@ -135,3 +135,23 @@ func TestDesiredForARun(t *testing.T) {
 		t.Errorf("no run: %+v", m)
 	}
 }
+
+// TestTaints: a pool taints its nodes with an upcoming maintenance only when it asks and is
+// not in shadow (its policy is then only recorded; the router acts for it as Karpenter would).
+func TestTaints(t *testing.T) {
+	tests := []struct {
+		name string
+		ann  map[string]string
+		want bool
+	}{
+		{"no annotation", nil, false},
+		{"taint-upcoming", map[string]string{policy.AnnotationTaintUpcoming: "true"}, true},
+		{"taint-upcoming in shadow", map[string]string{policy.AnnotationTaintUpcoming: "true", policy.AnnotationMode: policy.ModeShadow}, false},
+		{"taint-upcoming, mode active", map[string]string{policy.AnnotationTaintUpcoming: "true", policy.AnnotationMode: policy.ModeActive}, true},
+	}
+	for _, tt := range tests {
+		if got := Taints(tt.ann); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

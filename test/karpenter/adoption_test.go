@@ -70,15 +70,26 @@ func router(t *testing.T, o options.Run) (stop func()) {
 //  1. the router in shadow (--shadow) beside Karpenter's own handling: both get the same AWS
 //     Health event, Karpenter drains the node at once, the router records that it would have
 //     deferred it to the pool's window; the shadow report pairs the two;
-//  2. the takeover: Karpenter's rules no longer feed it (the event goes to the intake only),
-//     the router active: it defers the next event, marks the node, and Karpenter does nothing;
+//  2. the takeover, in the runbook's order (step 4): (a) the router active while Karpenter's
+//     rules still feed it: an event sent to both queues is acted on by both, Karpenter draining
+//     at once; (c) Karpenter's rules gone (the event goes to the intake only): the router
+//     defers the next event, marks the node, and Karpenter does nothing; a pool in shadow
+//     (healthrouter.io/mode=shadow) then gets Karpenter's behaviour from the router: its event,
+//     sent to the intake only, is forwarded and Karpenter drains the node (issue 36, defect 14:
+//     recorded only, it was acted on by nobody);
 //  3. the way back: the router stopped, handback drains what is pending through Karpenter's
 //     queue (Karpenter acts on it) and leaves no state of the router behind.
 func TestAdoption(t *testing.T) {
 	ctx := context.Background()
 	pool := "adopt"
 	window := map[string]string{policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "4h"}
-	nodes := launch(t, map[string]map[string]string{pool: window}, map[string]int{pool: 2})[pool]
+	shadowPool := "adopt-shadow"
+	inShadow := map[string]string{policy.AnnotationMode: policy.ModeShadow}
+	for k, v := range window {
+		inShadow[k] = v
+	}
+	launched := launch(t, map[string]map[string]string{pool: window, shadowPool: inShadow}, map[string]int{pool: 3, shadowPool: 1})
+	nodes := launched[pool]
 	if err := stage.Kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: adoptionNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
@@ -145,10 +156,18 @@ func TestAdoption(t *testing.T) {
 	}
 	stopShadow()
 
-	// 2. The takeover: the router acts; Karpenter hears only from it.
+	// 2. The takeover. (a) The router leaves shadow while Karpenter's rules still feed it: each
+	// event reaches both, and both act (a drain twice is one drain).
 	active := base
 	active.QueueURL = queue(t, "adopt-intake")
 	stopActive := router(t, active)
+	both := nodes[2]
+	bothBody := healthBody("adopt-both", start, both.Instance)
+	send(t, active.QueueURL, bothBody)
+	sent = send(t, stage.QueueURL, bothBody)
+	expectKarpenterActed(t, both, sent)
+
+	// (c) Karpenter's rules gone: the router acts; Karpenter hears only from it.
 	second := nodes[1]
 	send(t, active.QueueURL, healthBody("adopt-2", start, second.Instance))
 	eventually(t, "the router defers the second event to the window and marks the node", 30*time.Second, func() bool {
@@ -164,6 +183,11 @@ func TestAdoption(t *testing.T) {
 	if deleting, _ := claimState(t, second.NodeClaim); deleting {
 		t.Fatal("Karpenter drained a node the router deferred")
 	}
+	// A pool in shadow after the takeover: nobody but the router hears of its events, and it
+	// stands in for Karpenter (the would-be deferral recorded, the drain forwarded).
+	shadowNode := launched[shadowPool][0]
+	sent = send(t, active.QueueURL, healthBody("adopt-shadow", start, shadowNode.Instance))
+	expectKarpenterActed(t, shadowNode, sent)
 	// The router still runs: handback refuses (it would write its state again behind it).
 	if _, err := app.Handback(ctx, options.Handback{Pending: handback.PendingDrain, Namespace: adoptionNamespace, LeaderElectionID: base.LeaderElectionID,
 		ConfirmTimeout: time.Second}, stage.Rest); !errors.Is(err, handback.ErrRouterRunning) {

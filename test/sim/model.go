@@ -90,9 +90,11 @@ type instance struct {
 }
 
 type model struct {
-	insts  map[string]*instance
-	maints []*maintenance
-	errs   []string
+	insts map[string]*instance
+	// shadowActive: ShadowMode has the pool in shadow out of shadow now.
+	shadowActive bool
+	maints       []*maintenance
+	errs         []string
 	// life counts the leaderships: a crash or a failover starts a new one, with a memory of
 	// its own.
 	life int
@@ -246,8 +248,13 @@ func (in *instance) runningAfter(at time.Time) bool {
 
 // cause returns why a drain of in at now is allowed, or "" when nothing allows it.
 func (m *model) cause(in *instance, now time.Time) string {
-	if in.pool == PoolBatch || in.pool == PoolShadow {
-		return "" // shadow: nothing is ever carried out
+	if in.pool == PoolBatch {
+		return ""
+	}
+	if in.pool == PoolShadow {
+		// Karpenter's behaviour, which the router carries out for it (in shadow), or a
+		// deferral to its window (active): web's causes bound both.
+		return m.webCause(in)
 	}
 	if in.pool == "" {
 		// The managed node group's node under --unmanaged-nodes=cordon-drain: Karpenter's
@@ -285,6 +292,9 @@ func (m *model) drained(in *instance, now time.Time) {
 	}
 	cause := m.cause(in, now)
 	in.drained, in.drainReason = now, cause
+	if in.pool == PoolShadow && !m.shadowActive {
+		standInDrains.Add(1)
+	}
 	switch {
 	case cause == "":
 		m.fail("%s: %s drained at %s without cause (ignore pool, before its window and deadline minus drain-lead, a stop that ran again, or nothing told)", now.Format(time.RFC3339), in.id, in.pool)
@@ -313,7 +323,7 @@ func (m *model) drained(in *instance, now time.Time) {
 		if n >= webUrgentMax*leaders {
 			m.fail("%s: %s drained for a Spot warning with %d of web's urgent drains within %s (urgent-drain-max %d, %d leadership(s))", now.Format(time.RFC3339), in.id, n, policy.UrgentWindow, webUrgentMax, leaders)
 		}
-	case cause == "impaired":
+	case cause == "impaired" && in.pool != PoolShadow: // its cut-off is of its own size
 		if n := m.inFlight(in.pool, in.id, "impaired"); n >= webCutoff*m.deciders(now) {
 			m.fail("%s: impaired %s replaced with %d repairs of %s in flight (cut-off %d)", now.Format(time.RFC3339), in.id, n, in.pool, webCutoff)
 		}
@@ -411,7 +421,7 @@ func (m *model) inFlight(pool, except, reason string) int {
 func (m *model) lost(now time.Time) {
 	for _, mt := range m.maints {
 		in := m.insts[mt.inst]
-		if mt.state != stateActive || in == nil || in.pool == PoolBatch || in.pool == PoolShadow || in.pool == "" || now.Before(mt.start) {
+		if mt.state != stateActive || in == nil || in.pool == PoolBatch || in.pool == "" || now.Before(mt.start) {
 			continue
 		}
 		if mt.known.After(mt.start.Add(-drainLead - 2*tick)) {

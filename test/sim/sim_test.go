@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -61,6 +62,10 @@ var forgedWrites atomic.Int64
 // system-reboot; sqsFailures the batches whose deletes and sends SQS failed after it handed
 // them out.
 var migrations, sqsFailures atomic.Int64
+
+// modeSwitches counts the shadow pool's switches between shadow and active; standInDrains
+// the drains the router carried out for it in shadow, as Karpenter would.
+var modeSwitches, standInDrains atomic.Int64
 
 // tiedCloses counts the closes decided at once with a report of their maintenance under
 // another key, sent no earlier (the model's stateTied).
@@ -540,6 +545,30 @@ func (m *machine) ForgedWrite(t *rapid.T) {
 		forgedWrites.Add(1)
 		return
 	}
+}
+
+// ShadowMode takes the pool in shadow out of shadow (an active policy of its own) or puts it
+// back, as its owner trying a policy does: what the router holds for it carries over both ways
+// (a deferral of the active time comes due in shadow and is carried out as Karpenter would; a
+// close in shadow ends it, and it is not drained once active again).
+func (m *machine) ShadowMode(t *rapid.T) {
+	active := rapid.Bool().Draw(t, "active")
+	ann := PoolAnnotations[PoolShadow]
+	if active {
+		ann = PoolShadowActive
+	}
+	np := &karpv1.NodePool{}
+	if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: PoolShadow}, np); err != nil {
+		t.Fatal(err)
+	}
+	if m.m.shadowActive != active {
+		modeSwitches.Add(1)
+	}
+	np.Annotations = maps.Clone(ann)
+	if err := m.w.store.Update(m.ctx, np); err != nil {
+		t.Fatal(err)
+	}
+	m.m.shadowActive = active
 }
 
 // Storm sends Spot warnings for every live node of one pool at once, as a Spot capacity
@@ -1058,10 +1087,11 @@ func (m *machine) checkWindows(t *rapid.T, settled bool) {
 	}
 }
 
-// checkShadow: nothing a pool in shadow holds is ever acted on: the router's memory of its
-// NodeClaims holds no active record, drain or reboot in place (whatever anyone wrote on the
-// NodeClaims themselves: ForgedWrite), and they are not deleted by the router (the model fails any drain
-// of them); its Nodes are neither cordoned nor marked. Its would-be outcomes are counted.
+// checkShadow: what the router carries out for the pool in shadow is Karpenter's behaviour, in
+// either mode it is in now or was: its memory never holds a reboot in place, and a deferral
+// only by a gate or, while active, its window (whatever anyone wrote on the NodeClaims
+// themselves: ForgedWrite); its Nodes are never cordoned, tainted or rebooted in place (the
+// model judges its drains, and fails any move at EC2). Its would-be outcomes are counted.
 func (m *machine) checkShadow(t *rapid.T) {
 	var claims karpv1.NodeClaimList
 	if err := m.w.store.List(m.ctx, &claims); err != nil {
@@ -1071,8 +1101,16 @@ func (m *machine) checkShadow(t *rapid.T) {
 		if nc.Labels[karpv1.NodePoolLabelKey] != PoolShadow {
 			continue
 		}
-		if mem, err := record.Load(m.ctx, m.w.store, nc.Name); err != nil || len(mem.Set().Active()) > 0 || mem.Drain != nil || inplace.Active(mem) {
-			t.Fatalf("nodeclaim %s of the pool in shadow has a memory that acts: %+v (%v)", nc.Name, mem, err)
+		mem, err := record.Load(m.ctx, m.w.store, nc.Name)
+		if err != nil || inplace.Active(mem) {
+			t.Fatalf("nodeclaim %s of the pool in shadow has a reboot in place: %+v (%v)", nc.Name, mem, err)
+		}
+		for _, r := range mem.Set().Active() {
+			switch r.Hold {
+			case policy.HoldPDB, policy.HoldAlerts, policy.HoldUrgentBreaker, policy.HoldRepairCutoff, policy.HoldWindow, policy.HoldDeadline, policy.HoldRestartGrace:
+			default:
+				t.Fatalf("nodeclaim %s of the pool in shadow holds %s by %q", nc.Name, r.EventID, r.Hold)
+			}
 		}
 		if outs, err := shadow.Read(m.memOf(nc.Name)); err != nil {
 			t.Fatalf("nodeclaim %s: %v", nc.Name, err)
@@ -1084,8 +1122,8 @@ func (m *machine) checkShadow(t *rapid.T) {
 		if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: nc.Status.NodeName}, &n); err != nil {
 			continue
 		}
-		if n.Spec.Unschedulable || !upcoming.Current(&n).None() || n.Annotations[inplace.Annotation] != "" {
-			t.Fatalf("node %s of the pool in shadow is cordoned or marked: %v %v", n.Name, n.Spec.Unschedulable, n.Annotations)
+		if n.Spec.Unschedulable || upcoming.Current(&n).Taint != "" || n.Annotations[inplace.Annotation] != "" {
+			t.Fatalf("node %s of the pool in shadow is cordoned, tainted or rebooted in place: %v %v", n.Name, n.Spec.Unschedulable, n.Annotations)
 		}
 	}
 }
@@ -1196,7 +1234,8 @@ func TestSimulation(t *testing.T) {
 			"drains of the unmanaged node":               unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load(),
 			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load(),
 			"batches SQS failed after handing them out": sqsFailures.Load(), "closes sent as an open update resolving the instance": resolvedUpdates.Load(),
-			"forged writes of the old memory keys": forgedWrites.Load()} {
+			"forged writes of the old memory keys": forgedWrites.Load(), "switches of the pool in shadow to active and back": modeSwitches.Load(),
+			"drains carried out for the pool in shadow, as Karpenter would": standInDrains.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}
@@ -1218,7 +1257,7 @@ func TestSimulation(t *testing.T) {
 		actions := map[string]func(*rapid.T){
 			"Health": m.Health, "Poller": m.Poller, "StopStart": m.StopStart, "Spot": m.Spot, "Storm": m.Storm, "Forged": m.Forged, "ForgedWrite": m.ForgedWrite, "Impair": m.Impair,
 			"Duplicate": m.Duplicate, "Deliver": m.Deliver, "Poll": m.Poll, "Faults": m.Faults, "Karpenter": m.Karpenter,
-			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover, "Migration": m.Migration,
+			"Advance": m.Advance, "Crash": m.Crash, "Failover": m.Failover, "Migration": m.Migration, "ShadowMode": m.ShadowMode,
 		}
 		names := make([]string, 0, len(actions))
 		for n := range actions {

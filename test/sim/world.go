@@ -75,9 +75,11 @@ const (
 	PoolKafka = "kafka" // defer to a Saturday window, one drain at a time; scheduled events moved into the window; system reboots kept in place
 	PoolWeb   = "web"   // Karpenter's behaviour; repair cut-off 20%
 	PoolBatch = "batch" // ignore everything
-	// PoolShadow has kafka's policy in shadow (healthrouter.io/mode=shadow): everything is
-	// decided and recorded as would-be, nothing carried out: no drain, deferral record, move
-	// at EC2, reboot in place, mark or cordon, ever.
+	// PoolShadow has kafka's policy in shadow (healthrouter.io/mode=shadow) on the active
+	// router: everything is decided and recorded as would-be, and Karpenter's behaviour carried
+	// out for it (Karpenter's rules no longer feed it): no deferral to the window, move at EC2,
+	// reboot in place, taint or cordon, ever; drains as web's. ShadowMode switches it to an
+	// active policy of its own (PoolShadowActive) and back.
 	PoolShadow = "shadow"
 )
 
@@ -100,6 +102,13 @@ var PoolAnnotations = map[string]map[string]string{
 		policy.AnnotationMaxConcurrentDrains: "1", policy.AnnotationDrainLead: "1h", policy.AnnotationTaintUpcoming: "true", policy.AnnotationReschedule: "true",
 		policy.ScheduledActionKey(event.ScheduledSystemReboot): string(policy.ActionRebootInPlace), policy.AnnotationEventWindow: "true"},
 }
+
+// PoolShadowActive is the shadow pool's annotations while ShadowMode has it active: a deferral
+// to the window, nothing kafka's policy does at EC2 or in place (the model judges the pool's
+// drains as web's in either mode: a maintenance, a Spot warning, a stop or an impairment
+// allows one, a closed maintenance never).
+var PoolShadowActive = map[string]string{policy.AnnotationAction: "defer", policy.AnnotationWindowSchedule: "0 2 * * 6", policy.AnnotationWindowDuration: "6h",
+	policy.AnnotationDrainLead: "1h"}
 
 // PoolSize is the number of nodes each pool keeps (Karpenter replaces what it drains).
 const PoolSize = 5
@@ -1186,11 +1195,20 @@ func (w *world) reconcileMarks(ctx context.Context) error {
 	for _, hr := range hrs.Items {
 		recordVersion[hr.Name] = hr.ResourceVersion
 	}
+	var pools karpv1.NodePoolList
+	if err := w.store.List(ctx, &pools); err != nil {
+		return err
+	}
+	taints := map[string]bool{}
+	for _, np := range pools.Items {
+		taints[np.Name] = upcoming.Taints(np.Annotations)
+	}
 	r := w.leader
 	for _, nc := range claims.Items {
 		// The watch: only a NodeClaim, its HealthRecord or its Node that changed since its
-		// last pass (a new leader starts with none seen, as its informers list everything).
-		version := nc.ResourceVersion + "/" + recordVersion[nc.Name] + "/" + nodeVersion[nc.Status.NodeName]
+		// last pass, or its pool's taint setting (a new leader starts with none seen, as its
+		// informers list everything).
+		version := nc.ResourceVersion + "/" + recordVersion[nc.Name] + "/" + nodeVersion[nc.Status.NodeName] + "/" + strconv.FormatBool(taints[nc.Labels[karpv1.NodePoolLabelKey]])
 		if r.marked[nc.Name] == version {
 			continue
 		}
@@ -1229,13 +1247,16 @@ func (w *world) checkMarks(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		pool := nc.Labels[karpv1.NodePoolLabelKey]
-		want := upcoming.DesiredFor(mem, PoolAnnotations[pool][policy.AnnotationTaintUpcoming] == "true")
+		np := &karpv1.NodePool{}
+		if err := w.store.Get(ctx, client.ObjectKey{Name: nc.Labels[karpv1.NodePoolLabelKey]}, np); err != nil {
+			return err
+		}
+		want := upcoming.DesiredFor(mem, upcoming.Taints(np.Annotations))
 		if !nc.DeletionTimestamp.IsZero() {
 			want = upcoming.Marks{}
 		}
 		if got := upcoming.Current(&n); got != want {
-			return fmt.Errorf("node %s (pool %s) carries %+v, its records call for %+v", n.Name, pool, got, want)
+			return fmt.Errorf("node %s (pool %s) carries %+v, its records call for %+v", n.Name, np.Name, got, want)
 		}
 	}
 	var nodes corev1.NodeList
