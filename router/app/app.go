@@ -337,22 +337,30 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		// A window changes when AWS acts: in shadow nothing is carried out, windows included.
 		log.Warn("--event-windows is ignored under --shadow: no EC2 event window is kept while the router only records")
 	}
+	ew := eventwindow.New(mgr.GetClient(), ec2Client, mgr.GetEventRecorder("health-router"), clk, log.With("component", "eventwindow"), reg, o.ClusterName).
+		WithInPlaceLead(inplace.Options{}.PrepareLead())
 	if o.EventWindows && !o.Shadow {
 		// Pools annotated healthrouter.io/event-window=true get an EC2 event window of their
 		// maintenance window; their instances are tagged as their NodeClaims appear (leader only).
-		ew := eventwindow.New(mgr.GetClient(), ec2Client, mgr.GetEventRecorder("health-router"), clk, log.With("component", "eventwindow"), reg, o.ClusterName).
-			WithInPlaceLead(inplace.Options{}.PrepareLead())
 		if err := ew.SetupWithManager(mgr); err != nil {
 			return err
 		}
+	} else if err := mgr.Add(leaderRunnable(ew.Cleanup)); err != nil {
+		// The feature off still owns what it left: the windows an earlier router created are
+		// deleted, not left in EC2 with nobody keeping them.
+		return err
 	}
-	var drainer *nodedrain.Drainer
+	// The drainer always runs: with --unmanaged-nodes other than cordon-drain no drain begins,
+	// but one an earlier router began is carried to its end (a close still ends it).
+	drainer := nodedrain.New(mgr.GetClient(), mgr.GetAPIReader(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"),
+		nodedrain.Options{Off: o.UnmanagedNodes != policy.UnmanagedCordonDrain})
+	if err := mgr.Add(drainer); err != nil { // leader only
+		return err
+	}
 	if o.UnmanagedNodes == policy.UnmanagedCordonDrain {
-		drainer = nodedrain.New(mgr.GetClient(), mgr.GetAPIReader(), cs, clk, mgr.GetEventRecorder("health-router"), log.With("component", "nodedrain"), nodedrain.Options{})
-		if err := mgr.Add(drainer); err != nil { // leader only
-			return err
-		}
 		pipe.WithNodeDrainer(drainer)
+	} else {
+		pipe.WithNodeDrainerHeld(drainer)
 	}
 	if o.WebhookURL != "" {
 		n, err := notify.New(notify.Options{URL: o.WebhookURL, Template: o.WebhookTemplate, Headers: o.WebhookHeaders, Cluster: o.ClusterName},
@@ -411,9 +419,7 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		p := poller.New(ec2Client, poller.NewClusterInstances(mgr.GetCache()), pipe, clk, log.With("component", "poller"), reg,
 			poller.Options{Interval: o.InstanceStatusInterval, Account: account, Region: awsCfg.Region}).WithHeldImpaired(deferrals).
 			WithImpairedReport(eng.ReportImpaired) // the repair cut-off counts every impaired instance
-		if drainer != nil {
-			p.WithHeldImpaired(drainer) // an unmanaged Node cordoned for its impairment
-		}
+		p.WithHeldImpaired(drainer)        // an unmanaged Node cordoned for its impairment
 		if err := mgr.Add(p); err != nil { // leader only
 			return err
 		}

@@ -86,6 +86,9 @@ const (
 	// tagBatch is how many instances one CreateTags call names (EC2 takes up to 1,000
 	// resource IDs a call, and recommends smaller batches).
 	tagBatch = 200
+	// cleanupTries bounds Cleanup's passes while EC2 does not answer (with the backoff, about
+	// an hour): an endpoint that never serves the calls (an EC2 stand-in) is not asked forever.
+	cleanupTries = 7
 )
 
 // What a failed call means; every error the manager's calls return wraps one of them.
@@ -138,8 +141,12 @@ type Manager struct {
 	known    map[string][]window
 	knownAt  time.Time
 	describe backoff // of DescribeInstanceEventWindows
-	retry    map[string]backoff
-	told     map[string]string // pool -> the problem last told in an Event
+	// describeErr is the last DescribeInstanceEventWindows failure (nil after a success), and
+	// describeLevel the level it is logged at (a warning for Cleanup's).
+	describeErr   error
+	describeLevel slog.Level
+	retry         map[string]backoff
+	told          map[string]string // pool -> the problem last told in an Event
 	// instances are the instances tagged so far, with the tag's value; missing the ones EC2
 	// did not know yet, and when to try them again.
 	instances map[string]string
@@ -169,7 +176,7 @@ func New(kube client.Reader, api ec2API, recorder events.EventRecorder, clk cloc
 			[]string{metrics.LabelResult}),
 		tagged: prometheus.NewCounter(prometheus.CounterOpts{Name: metrics.EventWindowTagged,
 			Help: "Instances the router tagged healthrouter.io/event-window=<cluster>/<pool>, the target of their pool's EC2 event window, as their NodeClaims appeared."}),
-		known: map[string][]window{}, retry: map[string]backoff{}, told: map[string]string{},
+		known: map[string][]window{}, retry: map[string]backoff{}, told: map[string]string{}, describeLevel: slog.LevelError,
 		instances: map[string]string{}, missing: map[string]time.Time{},
 	}
 	reg.MustRegister(m.results, m.tagged)
@@ -239,9 +246,10 @@ func (m *Manager) refresh(ctx context.Context) bool {
 		page, err := pages.NextPage(ctx)
 		if err != nil {
 			err = classify(err)
+			m.describeErr = err
 			m.results.WithLabelValues(result(err)).Inc()
 			m.describe = m.after(m.describe, "")
-			m.log.Error("describing the cluster's EC2 event windows", "err", err, "retry_at", m.describe.next)
+			m.log.Log(context.Background(), m.describeLevel, "describing the cluster's EC2 event windows", "err", err, "retry_at", m.describe.next)
 			return false
 		}
 		for _, w := range page.InstanceEventWindows {
@@ -255,8 +263,59 @@ func (m *Manager) refresh(ctx context.Context) bool {
 			known[pool] = append(known[pool], fromEC2(w))
 		}
 	}
-	m.known, m.knownAt, m.describe = known, now, backoff{}
+	m.known, m.knownAt, m.describe, m.describeErr = known, now, backoff{}, nil
 	return true
+}
+
+// Cleanup is the manager of a router with the feature off (--event-windows=false, or
+// --shadow): the windows an earlier router of this cluster created and left would keep AWS
+// scheduling into the pools' windows with nobody keeping them in line with the pools. It
+// deletes them (a warning, and health_router_event_windows_total{result="deleted"}), and ends
+// once EC2 shows none, or refuses to show them (this router was never granted the feature, so
+// no router of it created any; said once). A failure is tried again with the manager's backoff.
+func (m *Manager) Cleanup(ctx context.Context) error {
+	m.mu.Lock()
+	m.describeLevel = slog.LevelWarn
+	m.mu.Unlock()
+	for try := 1; ; try++ {
+		done := m.cleanupPass(ctx)
+		if done || ctx.Err() != nil {
+			return nil
+		}
+		if try == cleanupTries {
+			m.log.Warn("event windows are off; the windows an earlier router of this cluster may have left could not be checked: EC2 did not answer; they are checked again at the next start", "tries", try)
+			return nil
+		}
+		wait := m.clk.NewTimer(max(m.Next().Sub(m.clk.Now()), time.Second))
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return nil
+		case <-wait.C():
+		}
+	}
+}
+
+// cleanupPass deletes every window of this cluster once; it reports whether none is left.
+func (m *Manager) cleanupPass(ctx context.Context) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.knownAt = time.Time{} // EC2 is asked each pass: nothing else keeps the windows now
+	if !m.refresh(ctx) {
+		if errors.Is(m.describeErr, ErrRefused) {
+			m.log.Info("event windows are off; EC2 refuses to list event windows, so none was left by an earlier router of this cluster", "err", m.describeErr)
+			return true
+		}
+		return false
+	}
+	if len(m.known) == 0 {
+		return true
+	}
+	for _, pool := range slices.Sorted(maps.Keys(m.known)) {
+		m.log.Warn("event windows are off (--event-windows=false, or --shadow): deleting the EC2 event window an earlier router created for the pool", "nodepool", pool, "windows", len(m.known[pool]))
+	}
+	m.windows(ctx, nil)
+	return len(m.known) == 0
 }
 
 // windows brings EC2's windows in line with want.

@@ -565,3 +565,62 @@ func TestReconcile(t *testing.T) {
 		t.Errorf("Reconcile = %+v, %v; want back after %s", res, err, RetryBase)
 	}
 }
+
+// TestCleanup (issue 36, defect 2): a router restarted with the feature off (--event-windows
+// off, or --shadow) beside the windows an earlier one created. They were left in EC2, kept by
+// nobody; Cleanup deletes this cluster's (not another's) and ends once none is left. Retried
+// while EC2 fails, for a bounded time; ended at once where EC2 refuses to list windows (never
+// granted, none made).
+func TestCleanup(t *testing.T) {
+	tests := []struct {
+		name     string
+		fail     int
+		denied   bool
+		wantLeft int // this cluster's windows left
+	}{
+		{name: "deleted", wantLeft: 0},
+		{name: "EC2 fails twice: deleted once it answers", fail: 2, wantLeft: 0},
+		{name: "EC2 refuses to list: ended, nothing deleted", denied: true, wantLeft: 2},
+		{name: "EC2 never answers: ended after its tries, nothing deleted", fail: 1000, wantLeft: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, api := harness.NewEC2EventWindows(t)
+			on := newFixture(t, api, "prod", pool("kafka", asks("0 2 * * 6", "4h")), pool("web", asks("0 3 * * 0", "4h")))
+			on.pass(t)
+			other := newFixture(t, api, "stage", pool("kafka", asks("0 2 * * 6", "4h")))
+			other.pass(t)
+			// The restart, with the feature off: the pools still ask, nothing keeps them.
+			off := newFixture(t, api, "prod", pool("kafka", asks("0 2 * * 6", "4h")), pool("web", asks("0 3 * * 0", "4h")))
+			srv.Fail = tt.fail
+			if tt.denied {
+				srv.Denied = map[string]bool{"DescribeInstanceEventWindows": true}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- off.m.Cleanup(ctx) }()
+			for {
+				select {
+				case err := <-done:
+					if err != nil || ctx.Err() != nil {
+						t.Fatalf("Cleanup: %v (%v)", err, ctx.Err())
+					}
+					left := 0
+					for _, ws := range byPool(srv, "prod") {
+						left += len(ws)
+					}
+					if left != tt.wantLeft || len(byPool(srv, "stage")["kafka"]) != 1 {
+						t.Errorf("left %d of prod's windows (want %d), stage's %v", left, tt.wantLeft, byPool(srv, "stage"))
+					}
+					if want := float64(2 - tt.wantLeft); off.count(ResultDeleted) != want {
+						t.Errorf("deleted %v, want %v", off.count(ResultDeleted), want)
+					}
+					return
+				case <-time.After(10 * time.Millisecond):
+					off.clk.Step(RetryBase) // the backoff passes
+				}
+			}
+		})
+	}
+}

@@ -41,6 +41,10 @@ const (
 	// maintenance was cancelled, or AWS completed a reboot): the router uncordoned the Node
 	// if it had cordoned it.
 	ReasonNodeDrainEnded = "HealthEventNodeDrainEnded"
+	// ReasonNodeDrainFeatureOff (Warning): the router runs without
+	// --unmanaged-nodes=cordon-drain, and the Node carries a drain an earlier router began: it
+	// is carried to its end (a close still ends it), and no new one begins.
+	ReasonNodeDrainFeatureOff = "HealthEventNodeDrainFeatureOff"
 )
 
 // Drain is what Begin records: the event a Node is drained for. To Cancel it is the closing
@@ -85,6 +89,10 @@ type Options struct {
 	EvictTimeout time.Duration
 	// PerPass is how many Nodes one pass works on, at once.
 	PerPass int
+	// Off says the router does not begin drains (--unmanaged-nodes is not cordon-drain): the
+	// drainer still carries the ones an earlier router began to their end, each told once with
+	// a Warning (ReasonNodeDrainFeatureOff).
+	Off bool
 }
 
 func (o Options) withDefaults() Options {
@@ -115,6 +123,8 @@ type Drainer struct {
 	// lastTried is when this process last worked on each Node, so that each pass starts with
 	// the drains it has waited on longest.
 	lastTried map[string]time.Time
+	// warned are the drains (node/event) told as carried on with the feature off.
+	warned map[string]bool
 }
 
 // New returns a Drainer. kube reads Nodes (a cache will do: the passes list them from there)
@@ -122,7 +132,7 @@ type Drainer struct {
 // cache trims or may not show yet (its cordon, its status, a record just written); cs lists
 // the pods of a Node and evicts them.
 func New(kube client.Client, api client.Reader, cs kubernetes.Interface, clk clock.WithTicker, rec events.EventRecorder, log *slog.Logger, opts Options) *Drainer {
-	return &Drainer{kube: kube, api: api, cs: cs, clock: clk, recorder: rec, log: log, opts: opts.withDefaults(), lastTried: map[string]time.Time{}}
+	return &Drainer{kube: kube, api: api, cs: cs, clock: clk, recorder: rec, log: log, opts: opts.withDefaults(), lastTried: map[string]time.Time{}, warned: map[string]bool{}}
 }
 
 // NeedLeaderElection reports true: two routers draining the same Node would double the
@@ -469,6 +479,22 @@ func (d *Drainer) ended(node *corev1.Node, rec Record, why string) {
 	d.log.Info("node drain ended", "node", node.Name, "event_id", rec.EventID, "why", why, "uncordoned", rec.Cordoned)
 }
 
+// featureOff tells, once per drain, that a drain an earlier router began is carried to its end
+// by a router that begins none.
+func (d *Drainer) featureOff(node *corev1.Node, rec Record) {
+	key := node.Name + "/" + rec.EventID
+	d.mu.Lock()
+	told := d.warned[key]
+	d.warned[key] = true
+	d.mu.Unlock()
+	if told {
+		return
+	}
+	d.recorder.Eventf(node, nil, corev1.EventTypeWarning, ReasonNodeDrainFeatureOff, eventAction,
+		"%s (%s): --unmanaged-nodes is not cordon-drain in this router, but an earlier one began this drain: it is carried to its end (a close still ends it); no new drain begins", rec.Kind, rec.EventID)
+	d.log.Warn("unmanaged-node drain carried on with cordon-drain off", "node", node.Name, "event_id", rec.EventID)
+}
+
 // Forget removes the record and uncordons the Node, if the router cordoned it; no-op without
 // a record. It reads the Node fresh, not from the cache: a cancellation can follow Begin
 // closely, before the cache shows the record, and "no record" would then leave the Node
@@ -527,6 +553,9 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 		}
 		if !ok || rec.Finished() {
 			continue
+		}
+		if d.opts.Off {
+			d.featureOff(n, rec)
 		}
 		todo = append(todo, pending{node: n.Name, rec: rec})
 		byName[n.Name] = n

@@ -248,6 +248,14 @@ func (p *Pipeline) WithNotifier(n Notifier, cluster string) *Pipeline {
 	return p
 }
 
+// WithNodeDrainerHeld gives the pipeline the drains in progress of --unmanaged-nodes=cordon-drain
+// turned off: a close or a `running` still reaches them, and the drainer carries them to their
+// end, but no new drain begins. A feature turned off still owns what it left.
+func (p *Pipeline) WithNodeDrainerHeld(d NodeDrainer) *Pipeline {
+	p.holders = append(p.holders, nodeDrainHolder{d})
+	return p
+}
+
 // WithNodeDrainer gives the pipeline what drains nodes Karpenter does not manage.
 func (p *Pipeline) WithNodeDrainer(d NodeDrainer) *Pipeline {
 	p.nodes = d

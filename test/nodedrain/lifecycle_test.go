@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -333,5 +334,54 @@ func TestLateStopAfterARepeatedClose(t *testing.T) {
 	already, err := s.drainer.Begin(s.ctx, getNode(t, "reclose-a"), nodedrain.Drain{EventID: "stop-1", Key: "stop-1", Kind: "state-change", EventTime: stopped})
 	if err != nil || !already || getNode(t, "reclose-a").Spec.Unschedulable {
 		t.Fatalf("a stop older than the running: already=%v err=%v cordoned=%v, want it taken as over", already, err, getNode(t, "reclose-a").Spec.Unschedulable)
+	}
+}
+
+// TestFeatureOffCarriesTheDrainOn (issue 36, defect 2): a router restarted without
+// --unmanaged-nodes=cordon-drain beside a drain an earlier router began. The drainer still
+// runs (it did not: the Node stayed cordoned with its pods on it for good): it carries the
+// drain to its end, with one Warning, and a close still ends a drain it holds.
+func TestFeatureOffCarriesTheDrainOn(t *testing.T) {
+	on := newSetup(t, nodedrain.Options{})
+	const ns = "feature-off"
+	newNamespace(t, ns)
+	newNode(t, "off-1", false)
+	newNode(t, "off-2", false)
+	web := map[string]string{"app": "web"}
+	rs := replicaSet(t, ns, "web-off", web)
+	newPod(t, ns, "web-off-a", "off-1", podOpts{owner: rs, labels: web})
+	startKubelet(t, ns)
+	on.begin("off-1", "ev-off", t0.Add(2*time.Minute))
+	dr := nodedrain.Drain{EventID: "ev-off-2", Key: "arn:health/off-2", Match: "system-reboot@2026-03-08T02:00:00Z", Kind: "scheduled-change"}
+	if _, err := on.drainer.Begin(on.ctx, getNode(t, "off-2"), dr); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cache shows the second drain", func() bool { return cached(t, "off-2").Annotations[nodedrain.AnnotationNodeDrain] != "" })
+
+	// The restart, with the feature off.
+	off := newSetup(t, nodedrain.Options{Off: true})
+	off.pass()
+	if got := podState(t, ns, "web-off-a"); got != "gone" {
+		t.Errorf("pod web-off-a: %s, want gone (the drain carried on)", got)
+	}
+	if rec, _ := record(t, "off-1"); !rec.Finished() {
+		t.Errorf("record after the pass: %+v", rec)
+	}
+	off.pass()
+	warnings := 0
+	for _, e := range off.events() {
+		if strings.HasPrefix(e, "Warning "+nodedrain.ReasonNodeDrainFeatureOff+" ") {
+			warnings++
+		}
+	}
+	if warnings != 2 {
+		t.Errorf("%d %s warnings over two passes, want one per drain (2)", warnings, nodedrain.ReasonNodeDrainFeatureOff)
+	}
+	closing := nodedrain.Drain{EventID: "poll-closed", Key: "instance-event-9", Match: dr.Match, Kind: "scheduled-change"}
+	if ended, err := off.drainer.Cancel(off.ctx, "off-2", closing); err != nil || !ended {
+		t.Fatalf("the close with the feature off: ended=%v err=%v", ended, err)
+	}
+	if n := getNode(t, "off-2"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
+		t.Errorf("after the close: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
 	}
 }
