@@ -10,7 +10,6 @@ import (
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/gates"
-	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -113,7 +112,7 @@ func (p *pacer) refresh(ctx context.Context, pool string, pp *poolPace, now time
 		instances[nc.Name] = cluster.InstanceID(nc.Status.ProviderID)
 		// A node kept through a reboot (a run in progress) is out of service as a drained one is.
 		mem := mems[nc.Name]
-		members[nc.Name] = cluster.Draining(nc, mem) || inplace.Active(mem)
+		members[nc.Name] = !nc.DeletionTimestamp.IsZero() || mem.OutOfService()
 		if Impaired(mem) {
 			impaired[nc.Name] = true
 		}

@@ -108,6 +108,39 @@ func (m Memory) Empty() bool {
 	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0 && len(m.Shadow) == 0
 }
 
+// RunView is what the readers of a reboot in place that do not run it (the marks, the pacer,
+// status, the watchdog) need of it: its event, the event's type and AWS's start, its step and
+// when it began. The runner owns the rest (router/inplace).
+type RunView struct {
+	EventID string    `json:"event_id"`
+	Type    string    `json:"type"`
+	Start   time.Time `json:"start"`
+	Step    string    `json:"step"`
+	Began   time.Time `json:"began"`
+	Outcome string    `json:"outcome"`
+}
+
+// RunInProgress returns the reboot in place m holds while it is not over. A run that does not
+// parse is none here (the runner says why, and keeps it).
+func (m Memory) RunInProgress() (RunView, bool) {
+	var run RunView
+	if len(m.Run) == 0 || json.Unmarshal(m.Run, &run) != nil || run.EventID == "" || run.Outcome != "" {
+		return RunView{}, false
+	}
+	return run, true
+}
+
+// OutOfService reports whether m holds an action that has the node out of service: a drain
+// signalled to Karpenter, or a reboot in place under way. The pacer counts both as drains in
+// flight.
+func (m Memory) OutOfService() bool {
+	switch Summarize(m).Phase {
+	case PhaseDraining, PhaseInPlace:
+		return true
+	}
+	return false
+}
+
 // Phases of a HealthRecord, for people and for the readers that only count (the pacer, the
 // gauges, status): what the router is doing with the NodeClaim now.
 const (
@@ -142,14 +175,7 @@ func Summarize(m Memory) Summary {
 	if m.Drain != nil {
 		return Summary{Phase: PhaseDraining, Event: m.Drain.EventID, Action: "drain (" + m.Drain.Via + ")", When: at(m.Drain.At)}
 	}
-	var run struct {
-		EventID string    `json:"event_id"`
-		Type    string    `json:"type"`
-		Start   time.Time `json:"start"`
-		Step    string    `json:"step"`
-		Outcome string    `json:"outcome"`
-	}
-	if len(m.Run) > 0 && json.Unmarshal(m.Run, &run) == nil && run.Outcome == "" {
+	if run, ok := m.RunInProgress(); ok {
 		return Summary{Phase: PhaseInPlace, Event: run.EventID, Kind: run.Type, Start: at(run.Start), Action: "reboot-in-place (" + run.Step + ")"}
 	}
 	for _, r := range m.Records {

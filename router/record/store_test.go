@@ -173,12 +173,20 @@ func TestSummarize(t *testing.T) {
 		{"the earliest deferral", Memory{Records: []Record{{EventID: "late", State: StateDeferred, Until: until.Add(time.Hour)}, {EventID: "soon", State: StateDeferred, Until: until}}}, PhaseDeferred, "soon"},
 		{"a reboot in place", Memory{Records: []Record{{EventID: "r", State: StateInPlace}, {EventID: "d", State: StateDeferred, Until: until}}}, PhaseInPlace, "r"},
 		{"a drain wins", Memory{Records: []Record{{EventID: "d", State: StateDeferred, Until: until}}, Drain: &Drain{EventID: "x", At: t0, Via: "forward"}}, PhaseDraining, "x"},
+		{"a run in progress", Memory{Run: []byte(`{"version":1,"event_id":"run-1","type":"system-reboot","step":"evict"}`), Records: []Record{{EventID: "d", State: StateDeferred, Until: until}}}, PhaseInPlace, "run-1"},
+		{"a run over", Memory{Run: []byte(`{"version":1,"event_id":"run-1","step":"done","outcome":"done"}`)}, PhaseIdle, ""},
+		{"a run that does not parse", Memory{Run: []byte(`{"event_id":`)}, PhaseIdle, ""},
+		{"shadow outcomes only", Memory{Shadow: []byte(`{"version":1}`)}, PhaseShadow, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := Summarize(tt.mem)
 			if s.Phase != tt.phase || s.Event != tt.event {
 				t.Errorf("summary %+v, want phase %s event %q", s, tt.phase, tt.event)
+			}
+			// The pacer counts a node out of service in exactly these two phases.
+			if out := tt.mem.OutOfService(); out != (tt.phase == PhaseDraining || tt.phase == PhaseInPlace) {
+				t.Errorf("OutOfService %v in phase %s", out, tt.phase)
 			}
 		})
 	}

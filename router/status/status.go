@@ -17,7 +17,6 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
-	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -176,7 +175,7 @@ func poolStatus(np *karpv1.NodePool, claims []*karpv1.NodeClaim, mems map[string
 				d.Since = &at
 			}
 			s.Drains = append(s.Drains, d)
-		} else if st, ok, err := inplace.Read(mem); err == nil && ok && !st.Over() {
+		} else if st, ok := mem.RunInProgress(); ok {
 			since := st.Began.UTC()
 			s.Drains = append(s.Drains, Drain{NodeClaim: c.Name, Node: c.Status.NodeName, EventID: st.EventID, Since: &since, InPlace: string(st.Step)})
 		}

@@ -25,7 +25,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/health-router/health-router/router/event"
-	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/policy"
 	"github.com/health-router/health-router/router/record"
 )
@@ -66,8 +65,8 @@ func (m Marks) None() bool { return m == Marks{} }
 // run as they would after a drain, not when it begins; else Desired of its records.
 func DesiredFor(mem record.Memory, taint bool) Marks {
 	set := mem.Set()
-	st, ok, err := inplace.Read(mem)
-	if err != nil || !ok || st.Over() {
+	st, ok := mem.RunInProgress()
+	if !ok {
 		return Desired(set, taint)
 	}
 	p := Pending{Kind: string(event.KindScheduledChange), Event: st.EventID, Decision: string(policy.ActionRebootInPlace), Until: st.Start.UTC(),

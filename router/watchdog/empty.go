@@ -12,7 +12,6 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/gates"
-	"github.com/health-router/health-router/router/inplace"
 	"github.com/health-router/health-router/router/record"
 )
 
@@ -88,7 +87,7 @@ func keptThroughReboot(ctx context.Context, r client.Reader) map[string]bool {
 	}
 	kept := map[string]bool{}
 	for _, hr := range hrs.Items {
-		if inplace.Active(hr.Status.Memory) {
+		if _, running := hr.Status.Memory.RunInProgress(); running {
 			kept[hr.Name] = true
 		}
 	}
