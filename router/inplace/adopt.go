@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/event"
@@ -44,14 +43,13 @@ type Adopted struct{ Kept, Ended, Restarted, Removed int }
 // adopted, the keys stay for the next try.
 func AdoptRuns(ctx context.Context, kube client.Client, api client.Reader, ec2API statusAPI, clk clock.PassiveClock, log *slog.Logger) (Adopted, error) {
 	var res Adopted
-	var claims karpv1.NodeClaimList
-	if err := api.List(ctx, &claims); err != nil {
-		return res, fmt.Errorf("listing nodeclaims: %w", err)
+	claims, err := record.WithOldKeys(ctx, api, record.AnnotationRun)
+	if err != nil {
+		return res, err
 	}
 	store := record.NewStore(kube, api)
 	now := clk.Now()
-	for i := range claims.Items {
-		nc := &claims.Items[i]
+	for _, nc := range claims {
 		v, ok := nc.Annotations[record.AnnotationRun]
 		if !ok {
 			continue

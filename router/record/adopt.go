@@ -12,6 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +32,40 @@ const (
 	// never adopted; removed at an upgrade.
 	AnnotationShadow = "healthrouter.io/shadow"
 )
+
+// adoptPage is how many NodeClaims one list of WithOldKeys asks for.
+const adoptPage = 500
+
+// WithOldKeys returns the NodeClaims that carry any of keys, read from api (the API server:
+// the router's cache drops the old keys). It lists their metadata only, a page at a time, and
+// reads in full only the few that carry a key: at a start among 100,000 NodeClaims a full list
+// decoded every spec and status, twice (deferrals and runs), beside the first events' work.
+func WithOldKeys(ctx context.Context, api client.Reader, keys ...string) ([]*karpv1.NodeClaim, error) {
+	var out []*karpv1.NodeClaim
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "karpenter.sh", Version: "v1", Kind: "NodeClaimList"})
+	for {
+		if err := api.List(ctx, list, client.Limit(adoptPage), client.Continue(list.Continue)); err != nil {
+			return nil, fmt.Errorf("listing nodeclaims: %w", err)
+		}
+		for _, m := range list.Items {
+			if !slices.ContainsFunc(keys, func(k string) bool { _, ok := m.Annotations[k]; return ok }) {
+				continue
+			}
+			nc := &karpv1.NodeClaim{}
+			switch err := api.Get(ctx, client.ObjectKey{Name: m.Name}, nc); {
+			case apierrors.IsNotFound(err):
+				continue // gone meanwhile: nothing to adopt
+			case err != nil:
+				return nil, fmt.Errorf("reading nodeclaim %s: %w", m.Name, err)
+			}
+			out = append(out, nc)
+		}
+		if list.Continue == "" {
+			return out, nil
+		}
+	}
+}
 
 // statusAPI is the part of EC2 adoption uses: what is scheduled for an instance now.
 type statusAPI interface {
@@ -58,22 +94,9 @@ type Adoption struct {
 // kube writes; api reads from the API server (the router's cache drops the old keys).
 func Adopt(ctx context.Context, kube client.Client, api client.Reader, ec2API statusAPI, clk clock.PassiveClock, log *slog.Logger) (Adoption, error) {
 	var res Adoption
-	var claims karpv1.NodeClaimList
-	if err := api.List(ctx, &claims); err != nil {
-		return res, fmt.Errorf("listing nodeclaims: %w", err)
-	}
-	var old []*karpv1.NodeClaim
-	for i := range claims.Items {
-		a := claims.Items[i].Annotations
-		for _, k := range []string{Annotation, AnnotationDrainSignalled, AnnotationShadow} {
-			if _, ok := a[k]; ok {
-				old = append(old, &claims.Items[i])
-				break
-			}
-		}
-	}
-	if len(old) == 0 {
-		return res, nil
+	old, err := WithOldKeys(ctx, api, Annotation, AnnotationDrainSignalled, AnnotationShadow)
+	if err != nil || len(old) == 0 {
+		return res, err
 	}
 	store := NewStore(kube, api)
 	// What EC2 schedules now, for the instances with deferrals to adopt.

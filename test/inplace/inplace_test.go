@@ -347,3 +347,22 @@ func TestController(t *testing.T) {
 		t.Errorf("the router rebooted for a system event: %d calls", n)
 	}
 }
+
+// TestOldKeysListedByMetadata: the adoption at start finds the NodeClaims that carry a key of
+// the router's memory before the store through the API server's metadata-only list, and reads
+// only those in full (a full list of every NodeClaim, twice, was the start's cost at scale).
+func TestOldKeysListedByMetadata(t *testing.T) {
+	machine(t, "old-keys-a", "i-0000000000000a0a1")
+	machine(t, "old-keys-b", "i-0000000000000a0a2")
+	machine(t, "old-keys-c", "i-0000000000000a0a3")
+	nc := getClaim(t, "old-keys-b")
+	nc.Annotations = map[string]string{record.AnnotationRun: `{"version":1}`}
+	must(t, direct.Update(background, nc))
+	got, err := record.WithOldKeys(background, direct, record.AnnotationRun, record.Annotation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Name != "old-keys-b" || got[0].Status.ProviderID == "" {
+		t.Fatalf("nodeclaims with old keys: %+v, want old-keys-b read in full", got)
+	}
+}
