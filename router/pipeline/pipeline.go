@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -97,10 +98,14 @@ type Pipeline struct {
 	holders   []Holder           // every action that holds state: a close reaches each
 	states    InstanceStates     // nil: an urgent state change is taken at its word
 	stateOf   singleflight.Group // one DescribeInstanceStatus at a time per instance (a shutting-down and its terminated arrive together)
-	fresh     client.Reader
-	cluster   string
-	shadowAll bool           // --shadow: every pool's outcomes only recorded
-	ledger    *shadow.Ledger // nil: would-be outcomes only on the NodeClaims
+	// unconfirmed is the first try of each urgent state change EC2 did not answer about
+	// (event/instance), for StateConfirmWait.
+	unconfirmedMu sync.Mutex
+	unconfirmed   map[string]time.Time
+	fresh         client.Reader
+	cluster       string
+	shadowAll     bool           // --shadow: every pool's outcomes only recorded
+	ledger        *shadow.Ledger // nil: would-be outcomes only on the NodeClaims
 }
 
 // WithShadow has the pipeline record the would-be outcomes of pools in shadow in ledger (nil:
@@ -425,7 +430,10 @@ func (p *Pipeline) observe(ctx context.Context, ev event.Event, id string, resol
 		return "", true, nil
 	}
 	ev = p.plausible(ev, resolved, log)
-	ev, unconfirmed := p.confirmState(ctx, ev, id, resolved, log)
+	ev, unconfirmed, err := p.confirmState(ctx, ev, id, resolved, log)
+	if err != nil {
+		return "", false, err
+	}
 	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", true, log)
 	if err != nil || skipped {
 		return "", skipped, err
@@ -450,7 +458,10 @@ func (p *Pipeline) act(ctx context.Context, ev event.Event, id string, resolved 
 		return "", true, nil
 	}
 	ev = p.plausible(ev, resolved, log)
-	ev, unconfirmed := p.confirmState(ctx, ev, id, resolved, log)
+	ev, unconfirmed, err := p.confirmState(ctx, ev, id, resolved, log)
+	if err != nil {
+		return "", false, err
+	}
 	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", false, log)
 	if err != nil || skipped {
 		return "", skipped, err
@@ -532,12 +543,15 @@ func (p *Pipeline) plausible(ev event.Event, res cluster.Resolved, log *slog.Log
 // warning. EC2 showing it in any other state, or no longer knowing it
 // (InvalidInstanceID.NotFound: terminated a while ago), confirms it.
 //
-// EC2 not answering (throttled, down, or the call refused) does not lose the event: it is
-// acted on as claimed, and unconfirmed says so for the decision's warnings. That is the safe
-// side for the case that matters: an instance really shutting down is gone within minutes,
-// and holding its drain for EC2 (a retry with backoff) drains nothing before it goes; a forged
-// event acted on while EC2 is down drains one node through Karpenter, gracefully, and the
-// pool's urgent-drain breaker bounds how many (healthrouter.io/urgent-drain-max).
+// EC2 not answering (throttled or down) holds the event for a bounded time: the message stays
+// and is tried again, for StateConfirmWait from this router's first try. EC2's throttling is
+// per account, so anyone in it can make EC2 unanswered at will, and a forged shutting-down
+// taken at its word then drains at once, past pacing and gates. Past the bound it is acted on
+// as claimed, and unconfirmed says so for the decision's warnings: an instance really shutting
+// down is gone within minutes, and holding its drain longer would drain nothing before it
+// goes; a forged event acted on then drains one node through Karpenter, gracefully, and the
+// pool's urgent-drain breaker bounds how many (healthrouter.io/urgent-drain-max). EC2 refusing
+// the call (a missing grant) does not heal by waiting: acted on as claimed at once.
 //
 // A stopping or stopped state change is asked about too: taken at its word it drains the node
 // (Karpenter's behaviour) or holds it for restart-grace. EC2 showing the instance running or
@@ -545,12 +559,47 @@ func (p *Pipeline) plausible(ev event.Event, res cluster.Resolved, log *slog.Log
 // `running`, which the router does not keep for a pool with nothing deferred) or never was:
 // RunsAgain is set and the event is ignored. EC2 not answering leaves it as claimed: the node
 // is drained as Karpenter would, and unconfirmed says so.
-func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, res cluster.Resolved, log *slog.Logger) (_ event.Event, unconfirmed string) {
+func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, res cluster.Resolved, log *slog.Logger) (_ event.Event, unconfirmed string, _ error) {
 	stop := ev.Kind == event.KindStateChange && (ev.State == event.StateStopping || ev.State == event.StateStopped)
 	if p.states == nil || ev.Kind != event.KindStateChange || !(ev.Urgent() || stop) || !res.Found() {
-		return ev, ""
+		return ev, "", nil
 	}
 	state, err := p.instanceState(ctx, id)
+	if err != nil && !stop && awscalls.Classify(err) != awscalls.Denied {
+		if since, waiting := p.unconfirmedFor(ev.ID + "/" + id); waiting {
+			p.metrics.StateConfirmations.WithLabelValues(StateUnavailable).Inc()
+			return ev, "", fmt.Errorf("the %s state of %s is not confirmed: EC2 did not answer (tried again until %s, then acted on as claimed): %w",
+				ev.State, id, since.Add(StateConfirmWait).UTC().Format(time.RFC3339), err)
+		}
+	}
+	ev, unconfirmed = p.stateOutcome(ev, stop, state, err, log)
+	return ev, unconfirmed, nil
+}
+
+// StateConfirmWait is how long an urgent state change EC2 does not answer about is tried
+// again before it is acted on as claimed (see confirmState).
+const StateConfirmWait = 90 * time.Second
+
+// unconfirmedFor notes the first try of key (event/instance) without an answer from EC2, and
+// reports whether it is still within StateConfirmWait of it. Notes older than ten waits are
+// forgotten as new ones come.
+func (p *Pipeline) unconfirmedFor(key string) (since time.Time, waiting bool) {
+	now := p.clock.Now()
+	p.unconfirmedMu.Lock()
+	defer p.unconfirmedMu.Unlock()
+	if p.unconfirmed == nil {
+		p.unconfirmed = map[string]time.Time{}
+	}
+	maps.DeleteFunc(p.unconfirmed, func(_ string, at time.Time) bool { return now.Sub(at) > 10*StateConfirmWait })
+	since, ok := p.unconfirmed[key]
+	if !ok {
+		since, p.unconfirmed[key] = now, now
+	}
+	return since, now.Sub(since) < StateConfirmWait
+}
+
+// stateOutcome applies EC2's answer (state, or err) about ev's instance: see confirmState.
+func (p *Pipeline) stateOutcome(ev event.Event, stop bool, state ec2types.InstanceStateName, err error, log *slog.Logger) (_ event.Event, unconfirmed string) {
 	switch {
 	case stop && err == nil && (state == ec2types.InstanceStateNameRunning || state == ec2types.InstanceStateNamePending):
 		p.metrics.StateConfirmations.WithLabelValues(StateContradicted).Inc()
@@ -562,7 +611,7 @@ func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, 
 		return ev, ""
 	case err != nil:
 		p.metrics.StateConfirmations.WithLabelValues(StateUnavailable).Inc()
-		log.Warn("urgent state change not confirmed: EC2 did not answer; acted on as claimed", "state", ev.State, "error", err)
+		log.Warn("state change not confirmed: EC2 did not answer; acted on as claimed", "state", ev.State, "error", err)
 		return ev, fmt.Sprintf("the %s state was not confirmed with EC2 (%v): acted on as claimed, the instance may be going away", ev.State, err)
 	case state == ec2types.InstanceStateNameRunning || state == ec2types.InstanceStateNamePending:
 		p.metrics.StateConfirmations.WithLabelValues(StateContradicted).Inc()

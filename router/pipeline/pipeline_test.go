@@ -616,6 +616,7 @@ func TestStateConfirmation(t *testing.T) {
 		ec2        string              // what EC2 shows; "" for an instance EC2 does not know
 		fail       int
 		denied     bool
+		retried    bool // the first try is an error (the message stays), the one after StateConfirmWait decides
 		wantAction policy.Action
 		wantResult string
 		wantWarn   string
@@ -628,7 +629,9 @@ func TestStateConfirmation(t *testing.T) {
 			wantWarn: "a shutting-down state change for an instance EC2 shows running: not trusted as urgent"},
 		{name: "terminated, EC2 shows it pending", state: event.StateTerminated, ec2: "pending", wantAction: policy.ActionDefer, wantResult: StateContradicted,
 			wantWarn: "a terminated state change for an instance EC2 shows pending"},
-		{name: "EC2 fails: acted on as claimed", state: event.StateShuttingDown, ec2: "running", fail: 1, wantAction: policy.ActionDrain, wantResult: StateUnavailable,
+		// Issue 38 item 4: EC2 unanswered (anyone in the account can throttle it) holds the
+		// event for StateConfirmWait, then it is acted on as claimed.
+		{name: "EC2 fails: retried, then acted on as claimed", state: event.StateShuttingDown, ec2: "running", fail: 1, retried: true, wantAction: policy.ActionDrain, wantResult: StateUnavailable,
 			wantWarn: "the shutting-down state was not confirmed with EC2"},
 		{name: "EC2 refuses: acted on as claimed", state: event.StateTerminated, ec2: "running", denied: true, wantAction: policy.ActionDrain, wantResult: StateUnavailable,
 			wantWarn: "UnauthorizedOperation"},
@@ -649,21 +652,34 @@ func TestStateConfirmation(t *testing.T) {
 			var d policy.Decision
 			ev := stateChange("sc", instanceID(0), tt.state, now)
 			_, _, err := r.p.instance(context.Background(), ev, instanceID(0), newSummary(false), "", &d)
+			tries := 1
+			if tt.retried {
+				if err == nil || !strings.Contains(err.Error(), "EC2 did not answer") {
+					t.Fatalf("first try while EC2 does not answer: %v (%s), want it retried", err, d.Action)
+				}
+				if deleting := !r.claims(t)[0].DeletionTimestamp.IsZero(); deleting {
+					t.Fatal("drained on the first try while EC2 does not answer")
+				}
+				r.p.clock.(*clocktesting.FakeClock).Step(StateConfirmWait)
+				srv.Fail = tt.fail
+				_, _, err = r.p.instance(context.Background(), ev, instanceID(0), newSummary(false), "", &d)
+				tries = 2
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			if d.Action != tt.wantAction {
 				t.Errorf("action %s (%s), want %s", d.Action, d.Reason, tt.wantAction)
 			}
-			if got := testutil.ToFloat64(r.m.StateConfirmations.WithLabelValues(tt.wantResult)); got != 1 {
-				t.Errorf("state confirmations{result=%s} = %v", tt.wantResult, got)
+			if got := testutil.ToFloat64(r.m.StateConfirmations.WithLabelValues(tt.wantResult)); got != float64(tries) {
+				t.Errorf("state confirmations{result=%s} = %v, want %d", tt.wantResult, got, tries)
 			}
 			warnings := strings.Join(d.Warnings, "; ")
 			if strings.Contains(warnings, "EC2") != (tt.wantWarn != "") || !strings.Contains(warnings, tt.wantWarn) {
 				t.Errorf("warnings %q, want %q", warnings, tt.wantWarn)
 			}
 			_, _, asked, includeAll := srv.Stats()
-			if len(asked) != 1 || !includeAll[0] {
+			if len(asked) != tries || !includeAll[0] {
 				t.Errorf("DescribeInstanceStatus calls %v (IncludeAllInstances %v), want one with all instances", asked, includeAll)
 			}
 			// The instance-status findings and running/stopped changes are not asked about.
@@ -672,7 +688,7 @@ func TestStateConfirmation(t *testing.T) {
 			if _, err := r2.p.Process(context.Background(), stateChange("run", instanceID(0), event.StateRunning, now)); err != nil {
 				t.Fatal(err)
 			}
-			if calls, _, _, _ := srv.Stats(); calls != 1 {
+			if calls, _, _, _ := srv.Stats(); calls != tries {
 				t.Errorf("%d DescribeInstanceStatus calls; a running state change needs none", calls)
 			}
 		})
