@@ -185,9 +185,9 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	}
 	takeover(&r, c.Shadow)
 	if d.kube == nil {
-		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
-			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
-			Item{Unknown, CheckKarpenterVersion, "no cluster connection; the router assumes Karpenter " + c.KarpenterVersion.String(), "run doctor with a kubeconfig or in the router's pod"})
+		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"},
+			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"},
+			Item{Unknown, CheckKarpenterVersion, "no cluster connection; the router assumes Karpenter " + c.KarpenterVersion.String(), "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"})
 		return inShadow(r, c.Shadow)
 	}
 	d.rbac(ctx, &r, c.Namespace)
