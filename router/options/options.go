@@ -525,7 +525,7 @@ func finishDoctor(o Doctor, gateFlag string) (Doctor, error) {
 // FlagSets returns the flags of every command, one FlagSet named after its command, as the
 // command defines them: the reference (docs/reference.md) is generated from them.
 func FlagSets() []*pflag.FlagSet {
-	return []*pflag.FlagSet{NewRun().Flags, NewDoctor().Flags, NewReplay(time.Time{}).Flags, NewStatus(time.Time{}).Flags, NewVersion().Flags}
+	return []*pflag.FlagSet{NewRun().Flags, NewDoctor().Flags, NewReplay(time.Time{}).Flags, NewStatus(time.Time{}).Flags, NewHandback().Flags, NewVersion().Flags}
 }
 
 // karpenterVersionValue is --karpenter-version as a flag value: parsed when set, so that a
