@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -286,5 +287,38 @@ func TestNoCluster(t *testing.T) {
 		"--dead-letter-queue-url", "https://sqs.eu-west-1.amazonaws.com/111122223333/dlq", "--aws-endpoint-url", "http://127.0.0.1:1")
 	if code != 1 || !strings.Contains(out, "[?   ] RBAC: no cluster connection") || !strings.Contains(out, "[FAIL] AWS credentials") || strings.Contains(errw, "in-cluster") {
 		t.Errorf("doctor: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errw)
+	}
+}
+
+// TestDemoEventCount: docs/commands.md counts the demo's events as they are (it said 18 of 20,
+// issue 38, 15): a file is one event, a .jsonl file one a line.
+func TestDemoEventCount(t *testing.T) {
+	entries, err := os.ReadDir("../../test/demo/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := 0
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".jsonl") {
+			events++
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("../../test/demo/events", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(line) != "" {
+				events++
+			}
+		}
+	}
+	doc, err := os.ReadFile("../../docs/commands.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("and %d events of every kind in %d files", events, len(entries))
+	if !strings.Contains(string(doc), want) {
+		t.Errorf("docs/commands.md does not say %q", want)
 	}
 }
