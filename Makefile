@@ -9,8 +9,10 @@ export GOFLAGS := -trimpath $(GOFLAGS)
 GO ?= go
 BIN := bin/health-router
 # What `health-router version`, the health_router_build_info metric and the start log line
-# say: stamped into the binary by the linker (router/version), for make build and the image.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# say: stamped into the binary by the linker (router/version), one version for make build, the
+# image and the release, as a release names it: the tag (git describe) without its "v", as the
+# chart's appVersion and the image tag, or 0.0.0-dev.g<commit> before the first tag.
+VERSION ?= $(shell { git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo v0.0.0-dev.g$$(git describe --always --dirty=.dirty); } | sed 's/^v//')
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/health-router/health-router/router/version
 DEMO_NOW ?= 2026-11-21T12:00:00Z
@@ -77,10 +79,10 @@ image-push: image ## push bin/image to REGISTRY (make image-push REGISTRY=123456
 	$(GO) run ./deploy/image push --layout bin/image --ref $(REGISTRY)/health-router:$(IMAGE_TAG)
 
 # A release (deploy/release; docs/releasing.md): the image layout with its SBOM, the chart, the
-# CLI archives and SHA256SUMS, offline, reproducible. RELEASE_VERSION is SemVer: the tag
-# (git describe), or v0.0.0-dev.g<commit> before the first one. make test releases this
+# CLI archives and SHA256SUMS, offline, reproducible. RELEASE_VERSION is SemVer: VERSION, the
+# tag (git describe), or 0.0.0-dev.g<commit> before the first one. make test releases this
 # machine's platform only (test/release); RELEASE_FLAGS="--platforms host" does the same here.
-RELEASE_VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo v0.0.0-dev.g$$(git describe --always --dirty=.dirty))
+RELEASE_VERSION ?= $(VERSION)
 
 release: ## what a release publishes, into bin/release: the image (OCI layout) and its SBOM, the chart, CLI archives for linux and darwin (amd64, arm64), SHA256SUMS
 	$(GO) run ./deploy/release --out bin/release --version $(RELEASE_VERSION) --revision $(IMAGE_REVISION) --helm $$(test/tools/helm-bin.sh) $(RELEASE_FLAGS)

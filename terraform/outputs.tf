@@ -43,6 +43,11 @@ output "rule_arns" {
   value       = { for kind, r in aws_cloudwatch_event_rule.this : kind => r.arn }
 }
 
+output "karpenter_queue_url" {
+  description = "URL of Karpenter's interruption queue (from karpenter_queue_arn): the router's --karpenter-queue-url in forward mode, and what health-router handback --karpenter-queue-url needs to drain the pending events through Karpenter. Null without karpenter_queue_arn."
+  value       = local.karpenter_queue_url
+}
+
 output "router_environment" {
   description = "The router's settings as its environment variables (each flag's HEALTH_ROUTER_* fallback), for a ConfigMap or Helm values: intake and dead-letter queue URLs, Karpenter's queue URL in forward mode, region, account, and CloudWatch metrics on with this cluster_name (the dashboard and the router-silent alarm need them)."
   value = merge(

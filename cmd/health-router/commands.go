@@ -48,6 +48,9 @@ on the command line wins.`,
 		},
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: name},
 	}
+	// --version has no -v: in kubectl, whose plugin this is, -v is the log verbosity.
+	root.Flags().Bool("version", false, "print the version")
+	root.SetHelpCommand(helpCommand())
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetHelpFunc(writeHelp)
@@ -60,6 +63,33 @@ on the command line wins.`,
 	root.CompletionOptions.HiddenDefaultCmd = true
 	root.AddCommand(runCommand(e, stderr), doctorCommand(e, stdout, stderr), replayCommand(e, stdout, stderr), statusCommand(e, stdout, stderr), handbackCommand(e, stdout, stderr), versionCommand(e, stdout))
 	return root
+}
+
+// helpCommand is `help [command]`: the help of a command, the root's without one; a topic
+// that is no command is a mistake, with a suggestion (cobra's own printed the root's help and
+// exited 0).
+func helpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(c *cobra.Command, args []string) error {
+			root := c.Root()
+			cmd, rest, err := root.Find(args)
+			if err == nil && len(rest) == 0 {
+				cmd.InitDefaultHelpFlag() // as --help shows it: cobra adds it when a command runs
+				return cmd.Help()
+			}
+			topic := strings.Join(args, " ")
+			if len(rest) > 0 {
+				topic = rest[0]
+			}
+			msg := fmt.Sprintf("unknown help topic %q", topic)
+			if s := root.SuggestionsFor(topic); len(s) > 0 {
+				msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+			}
+			return usageError{fmt.Errorf("%s", msg)}
+		},
+	}
 }
 
 // commandOrder is the order help lists the commands in: the router, then the tools around it.

@@ -76,7 +76,11 @@ func execute(ctx context.Context, name string, args []string, e env, stdout, std
 		cmd = root
 	}
 	if errors.As(err, new(usageError)) {
-		fmt.Fprintf(stderr, "%s: %v\nSee '%s --help'.\n", cmd.CommandPath(), err, cmd.CommandPath())
+		help := cmd
+		if cmd.Name() == "help" && cmd.HasParent() {
+			help = cmd.Parent() // the help of `help` is not where the topics are
+		}
+		fmt.Fprintf(stderr, "%s: %v\nSee '%s --help'.\n", cmd.CommandPath(), err, help.CommandPath())
 		return exitUsage
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,7 +138,11 @@ func TestMistakes(t *testing.T) {
 		golden(t, tt.golden, errw)
 	}
 	for args, want := range map[string]string{
-		"run":                      "health-router run: --queue-url is required\nSee 'health-router run --help'.\n",
+		"run":                      "health-router run: --queue-url and --dead-letter-queue-url are required\nSee 'health-router run --help'.\n",
+		"help nonsense":            "health-router help: unknown help topic \"nonsense\"\nSee 'health-router --help'.\n",
+		"help stauts":              "health-router help: unknown help topic \"stauts\" (did you mean status?)\n",
+		"-v":                       "health-router: unknown flag -v (did you mean --version?)\n",
+		"run -queue-url x":         "health-router run: unknown flag -queue-url (did you mean --queue-url?)\nSee 'health-router run --help'.\n",
 		"replay --events x":        "health-router replay: --cluster is required\n",
 		"status kafka":             "health-router status: unexpected argument \"kafka\"",
 		"status -o yaml":           "health-router status: --output \"yaml\": want table or json\n",
@@ -255,5 +260,65 @@ func TestBuildStampsVersion(t *testing.T) {
 	}
 	if got.Version != "v9.8.7-test" || got.Commit != "0123456789abcdef0123456789abcdef01234567" || got.KarpenterVersion != string(m[1]) || !strings.HasPrefix(got.GoVersion, "go1.") {
 		t.Errorf("version of the built binary: %+v; want v9.8.7-test, the commit given, Karpenter %s", got, m[1])
+	}
+}
+
+// TestNoCluster: outside a cluster with no kubeconfig, status and handback say so in one line
+// and exit 1, without controller-runtime's in-cluster ERROR line; doctor runs the checks that
+// need no cluster and says what it could not check (issue 38, 12).
+func TestNoCluster(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	for _, args := range [][]string{{"status"}, {"status", "--shadow"}, {"handback", "--pending", "drop", "--dry-run"}} {
+		code, out, errw := call("health-router", noEnv, args...)
+		want := "health-router " + args[0] + ": no cluster to talk to: no kubeconfig (--kubeconfig, $KUBECONFIG or ~/.kube/config) and not in a Pod\n"
+		if code != 1 || out != "" || errw != want {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 1 and %q", args, code, out, errw, want)
+		}
+	}
+	// AWS unreachable too (a closed port): the credentials fail, and the cluster's checks are
+	// told as not made, not the in-cluster error.
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_REGION", "eu-west-1")
+	t.Setenv("AWS_MAX_ATTEMPTS", "1")
+	code, out, errw := call("health-router", noEnv, "doctor", "--queue-url", "https://sqs.eu-west-1.amazonaws.com/111122223333/intake",
+		"--dead-letter-queue-url", "https://sqs.eu-west-1.amazonaws.com/111122223333/dlq", "--aws-endpoint-url", "http://127.0.0.1:1")
+	if code != 1 || !strings.Contains(out, "[?   ] RBAC: no cluster connection") || !strings.Contains(out, "[FAIL] AWS credentials") || strings.Contains(errw, "in-cluster") {
+		t.Errorf("doctor: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errw)
+	}
+}
+
+// TestDemoEventCount: docs/commands.md counts the demo's events as they are (it said 18 of 20,
+// issue 38, 15): a file is one event, a .jsonl file one a line.
+func TestDemoEventCount(t *testing.T) {
+	entries, err := os.ReadDir("../../test/demo/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := 0
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".jsonl") {
+			events++
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("../../test/demo/events", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(line) != "" {
+				events++
+			}
+		}
+	}
+	doc, err := os.ReadFile("../../docs/commands.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("and %d events of every kind in %d files", events, len(entries))
+	if !strings.Contains(string(doc), want) {
+		t.Errorf("docs/commands.md does not say %q", want)
 	}
 }

@@ -11,8 +11,6 @@ import (
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -26,26 +24,11 @@ import (
 
 func runRouter(ctx context.Context, o options.Run, stderr io.Writer) error {
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
-	restCfg, err := kubeConfig(o.Kubeconfig)
+	restCfg, err := options.RESTConfig(o.Kubeconfig, "")
 	if err != nil {
 		return err
 	}
 	return app.Run(ctx, o, restCfg, ctrlmetrics.Registry, log)
-}
-
-func kubeConfig(path string) (*rest.Config, error) {
-	if path != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("finding the cluster (in-cluster, or $KUBECONFIG): %w", err)
-	}
-	return cfg, nil
 }
 
 // warnOnly gives controller-runtime a logger for the one-shot commands: its warnings reach
@@ -56,8 +39,10 @@ func warnOnly(stderr io.Writer) {
 
 func runDoctor(ctx context.Context, o options.Doctor, stdout, stderr io.Writer) error {
 	warnOnly(stderr)
-	restCfg, err := kubeConfig(o.Kubeconfig)
-	if err != nil {
+	// Without a cluster doctor still runs what needs none (the AWS side), and says what it
+	// could not check.
+	restCfg, err := options.RESTConfig(o.Kubeconfig, o.Context)
+	if err != nil && !errors.Is(err, options.ErrNoCluster) {
 		return err
 	}
 	report, err := app.Doctor(ctx, o, restCfg)
@@ -73,7 +58,7 @@ func runDoctor(ctx context.Context, o options.Doctor, stdout, stderr io.Writer) 
 
 func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) error {
 	warnOnly(stderr)
-	restCfg, err := kubeConfig(o.Kubeconfig)
+	restCfg, err := options.RESTConfig(o.Kubeconfig, o.Context)
 	if err != nil {
 		return err
 	}
@@ -118,7 +103,7 @@ func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) 
 
 func runHandback(ctx context.Context, o options.Handback, stdout, stderr io.Writer) error {
 	warnOnly(stderr)
-	restCfg, err := kubeConfig(o.Kubeconfig)
+	restCfg, err := options.RESTConfig(o.Kubeconfig, o.Context)
 	if err != nil {
 		return err
 	}

@@ -172,6 +172,12 @@ func release(o options) error {
 		return err
 	}
 	defer os.RemoveAll(work)
+	// A full release takes minutes, most of them compiling: each step says what it builds, on
+	// stderr (stdout is the listing of the files).
+	start := time.Now()
+	step := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "release: [%s] %s\n", time.Since(start).Round(time.Second), fmt.Sprintf(format, args...))
+	}
 
 	// The image, by deploy/image itself: one way to build it, whether for `make image` or here.
 	var names []string
@@ -179,6 +185,7 @@ func release(o options) error {
 		names = append(names, p.String())
 	}
 	layoutDir := filepath.Join(o.out, imageDir)
+	step("building the image %s for %s (deploy/image): the longest step", o.version, strings.Join(names, ", "))
 	cmd := exec.Command("go", "run", "./deploy/image", "build", "--out", layoutDir, "--package", o.pkg,
 		"--platforms", strings.Join(names, ","), "--version", o.version, "--revision", o.revision, "--source", o.source)
 	cmd.Stderr = os.Stderr
@@ -190,6 +197,7 @@ func release(o options) error {
 	if err != nil {
 		return err
 	}
+	step("writing the SBOM of image index %s", img.desc.Digest)
 	sbom, err := spdxDocument(o, img)
 	if err != nil {
 		return err
@@ -201,6 +209,7 @@ func release(o options) error {
 		return fmt.Errorf("attaching the SBOM to %s: %w", layoutDir, err)
 	}
 
+	step("packaging the chart %s (helm)", o.chart)
 	if err := packageChart(o, work); err != nil {
 		return err
 	}
@@ -215,6 +224,11 @@ func release(o options) error {
 	}
 	for _, p := range o.platforms {
 		bin, ok := img.binaries[p]
+		if ok {
+			step("the CLI archive for %s/%s, of the image's binary", p.os, p.arch)
+		} else {
+			step("the CLI archive for %s/%s: compiling", p.os, p.arch)
+		}
 		if !ok {
 			path := filepath.Join(work, "health-router-"+p.os+"-"+p.arch)
 			if err := gobuild.Build(o.pkg, p.os, p.arch, path, version.LDFlags(o.version, o.revision)); err != nil {
@@ -237,6 +251,7 @@ func release(o options) error {
 		}
 	}
 
+	step("writing %s", sumsFile)
 	sums, err := checksums(os.DirFS(o.out))
 	if err != nil {
 		return err

@@ -9,6 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -273,5 +276,51 @@ func TestChecksums(t *testing.T) {
 		sum("aaa"), sum("bbb"), sum(""), sum("blob"), sum(""), sum("{}"))
 	if string(got) != want {
 		t.Errorf("SHA256SUMS:\n%s\nwant (sorted, SHA256SUMS itself left out):\n%s", got, want)
+	}
+}
+
+// TestMakeVersions: make build, make image and make release stamp one version, as a release
+// names it (the release binary said 0.0.0-dev.g<commit> where make build said the commit,
+// issue 38, 15), and the chart README's install example asks for the tag a release pushes
+// (the chart's appVersion, no "v").
+func TestMakeVersions(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	out, err := exec.Command("make", "--no-print-directory", "-n", "-C", "../..", "build", "image", "release").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n: %v\n%s", err, out)
+	}
+	stamped := regexp.MustCompile(`version\.version=(\S+)`).FindAllStringSubmatch(string(out), -1)
+	given := regexp.MustCompile(`--version (\S+)`).FindAllStringSubmatch(string(out), -1)
+	if len(stamped) != 1 || len(given) != 2 {
+		t.Fatalf("make -n build image release: %d -X stamps, %d --version; want 1 and 2:\n%s", len(stamped), len(given), out)
+	}
+	for _, g := range given {
+		if g[1] != stamped[0][1] {
+			t.Errorf("make build stamps %s, a --version is %s", stamped[0][1], g[1])
+		}
+	}
+	if v, err := releaseVersion(stamped[0][1]); err != nil || v != stamped[0][1] {
+		t.Errorf("make's version %s is not as a release names it (%s, %v)", stamped[0][1], v, err)
+	}
+
+	chart, err := os.ReadFile("../../deploy/charts/health-router/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../deploy/charts/health-router/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := regexp.MustCompile(`(?m)^appVersion: "?([^"\s]+)"?`).FindSubmatch(chart)
+	tags := regexp.MustCompile(`image\.tag=(\S+)`).FindAllSubmatch(readme, -1)
+	if app == nil || len(tags) == 0 {
+		t.Fatalf("no appVersion in Chart.yaml, or no image.tag= in the README")
+	}
+	for _, tag := range tags {
+		if string(tag[1]) != string(app[1]) {
+			t.Errorf("the chart README sets image.tag=%s; a release tags the image %s", tag[1], app[1])
+		}
 	}
 }

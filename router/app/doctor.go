@@ -36,9 +36,11 @@ func Doctor(ctx context.Context, o options.Doctor, restCfg *rest.Config) (doctor
 	if err != nil {
 		return nil, err
 	}
-	kube, err := client.New(restCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("connecting to the cluster: %w", err)
+	var kube client.Client // nil without a cluster: doctor says what it could not check
+	if restCfg != nil {
+		if kube, err = client.New(restCfg, client.Options{Scheme: scheme}); err != nil {
+			return nil, fmt.Errorf("connecting to the cluster: %w", err)
+		}
 	}
 	d := doctor.New(sqs.NewFromConfig(awsCfg), eventbridge.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg), iam.NewFromConfig(awsCfg), sts.NewFromConfig(awsCfg), kube)
 	return d.Run(ctx, doctor.Config{

@@ -185,18 +185,31 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 	}
 	takeover(&r, c.Shadow)
 	if d.kube == nil {
-		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
-			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig or in the router's pod"},
-			Item{Unknown, CheckKarpenterVersion, "no cluster connection; the router assumes Karpenter " + c.KarpenterVersion.String(), "run doctor with a kubeconfig or in the router's pod"})
+		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"},
+			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"},
+			Item{Unknown, CheckKarpenterVersion, "no cluster connection; the router assumes Karpenter " + c.KarpenterVersion.String(), "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"})
 		return inShadow(r, c.Shadow)
 	}
-	d.rbac(ctx, &r, c.Namespace)
-	d.store(ctx, &r)
-	d.gates(ctx, &r, c)
-	d.karpenterVersion(ctx, &r, c)
-	d.pools(ctx, &r, c.Shadow)
-	d.eventWindowPools(ctx, &r, c)
+	d.cluster(ctx, &r, c)
 	return inShadow(r, c.Shadow)
+}
+
+// cluster runs the checks that ask the API server: the router's RBAC, its store, the feature
+// gates, Karpenter's version and the NodePools.
+func (d *Doctor) cluster(ctx context.Context, r *Report, c Config) {
+	// The API server first, as the credentials for AWS: when it does not answer, every
+	// cluster check below would fail the same way, and each fix would point elsewhere (an RBAC
+	// grant for a refused connection).
+	if !d.apiServer(ctx, r) {
+		*r = append(*r, Item{Unknown, CheckClusterSkipped, "RBAC, the store, the feature gates, Karpenter's version and the NodePools were not checked: they would fail as the API server did", "fix the connection (above) and run doctor again"})
+		return
+	}
+	d.rbac(ctx, r, c.Namespace)
+	d.store(ctx, r)
+	d.gates(ctx, r, c)
+	d.karpenterVersion(ctx, r, c)
+	d.pools(ctx, r, c.Shadow)
+	d.eventWindowPools(ctx, r, c)
 }
 
 // inShadow judges Karpenter's own handling as a router in shadow needs it (after takeover and
@@ -292,6 +305,33 @@ func (d *Doctor) aws(ctx context.Context, r *Report, c Config) {
 	}
 }
 
+// Check names of the cluster connection.
+const (
+	CheckAPIServer      = "Kubernetes API server"
+	CheckClusterSkipped = "cluster checks"
+)
+
+// apiServer asks the API server a question every authenticated caller may ask (a
+// SelfSubjectAccessReview), and reports whether it answered: any answer of the server's, a
+// denial too, means the cluster checks below can be made.
+func (d *Doctor) apiServer(ctx context.Context, r *Report) bool {
+	ssar := &authv1.SelfSubjectAccessReview{Spec: authv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authv1.ResourceAttributes{Verb: "list", Resource: "nodes"}}}
+	err := d.kube.Create(ctx, ssar)
+	if err == nil || answered(err) {
+		return true
+	}
+	*r = append(*r, Item{Fail, CheckAPIServer, fmt.Sprintf("no answer: %v", err),
+		"check --kubeconfig and --context (kubectl cluster-info asks the same server), and the network path to the API server"})
+	return false
+}
+
+// answered says whether err is the API server's own answer (a status, or a kind it does not
+// serve), not a failure to reach it.
+func answered(err error) bool {
+	var status apierrors.APIStatus
+	return errors.As(err, &status) || meta.IsNoMatchError(err)
+}
+
 // CheckPoolAnnotations names the check of the NodePools' healthrouter.io/ annotations.
 const CheckPoolAnnotations = "NodePool annotations"
 
@@ -300,7 +340,11 @@ const CheckPoolAnnotations = "NodePool annotations"
 func (d *Doctor) pools(ctx context.Context, r *Report, routerShadow bool) {
 	var pools karpv1.NodePoolList
 	if err := d.kube.List(ctx, &pools); err != nil {
-		*r = append(*r, Item{Unknown, CheckPoolAnnotations, fmt.Sprintf("cannot list NodePools: %v", err), "grant the router get/list on nodepools (the chart does)"})
+		fix := ""
+		if apierrors.IsForbidden(err) {
+			fix = "grant the router get/list on nodepools (the chart does)"
+		}
+		*r = append(*r, Item{Unknown, CheckPoolAnnotations, fmt.Sprintf("cannot list NodePools: %v", err), fix})
 		return
 	}
 	var inShadow []string
@@ -891,8 +935,13 @@ func (d *Doctor) karpenterVersion(ctx context.Context, r *Report, c Config) {
 	mine := c.KarpenterVersion
 	fix := "set --karpenter-version (chart settings.karpenterVersion) to Karpenter's version"
 	var deps appsv1.DeploymentList
-	if err := d.kube.List(ctx, &deps, client.InNamespace(c.KarpenterNamespace), client.MatchingLabels{"app.kubernetes.io/name": "karpenter"}); err != nil || len(deps.Items) == 0 {
-		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; no Karpenter Deployment readable in %s (%v)", mine, c.KarpenterNamespace, err), fix})
+	if err := d.kube.List(ctx, &deps, client.InNamespace(c.KarpenterNamespace), client.MatchingLabels{"app.kubernetes.io/name": "karpenter"}); err != nil {
+		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; cannot read Karpenter's Deployment in %s: %v", mine, c.KarpenterNamespace, err), fix})
+		return
+	}
+	if len(deps.Items) == 0 {
+		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; no Deployment labelled app.kubernetes.io/name=karpenter in %s", mine, c.KarpenterNamespace),
+			fix + ", or pass --karpenter-namespace"})
 		return
 	}
 	theirs, from := deployedKarpenter(deps.Items[0])

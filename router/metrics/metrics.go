@@ -8,7 +8,7 @@ const (
 	MessagesReceived     = "health_router_intake_messages_received_total"      // labels: kind
 	MessagesDeadLettered = "health_router_intake_messages_dead_lettered_total" // labels: reason
 	EventLatency         = "health_router_intake_event_latency_seconds"        // histogram: event time -> outcome done
-	Decisions            = "health_router_decision_decisions_total"            // labels: kind, action, nodepool
+	Decisions            = "health_router_decisions_total"                     // labels: kind, action, nodepool
 	DeferredEvents       = "health_router_decision_deferred_events"            // gauge
 	SignalErrors         = "health_router_signal_errors_total"                 // labels: mode
 	AWSCalls             = "health_router_aws_calls_total"                     // labels: api, result

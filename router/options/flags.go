@@ -95,7 +95,8 @@ func EnvNames(f *pflag.Flag) []string {
 
 // FlagError rewrites an error of fs.Parse as one line that names the flag and says what it
 // wants: `--visibility-timeout "soon": want a duration such as 30s`, and for an unknown flag
-// the one meant, when a flag of fs is close.
+// the one meant, when a flag of fs is close; a long name given one dash (-queue-url, which
+// pflag reads as the shorthands q, u, e...) is told as such.
 func FlagError(fs *pflag.FlagSet, err error) error {
 	var invalid *pflag.InvalidValueError
 	var unknown *pflag.NotExistError
@@ -112,6 +113,21 @@ func FlagError(fs *pflag.FlagSet, err error) error {
 			return fmt.Errorf("unknown flag --%s (did you mean --%s?)", name, s)
 		}
 		return fmt.Errorf("unknown flag --%s", name)
+	case errors.As(err, &unknown):
+		group, _, _ := strings.Cut(unknown.GetSpecifiedShortnames(), "=")
+		switch {
+		case len(group) > 1 && fs.Lookup(group) != nil:
+			return fmt.Errorf("unknown flag -%s (did you mean --%s?)", group, group)
+		case len(group) > 1:
+			if s := suggest(fs, group); s != "" {
+				return fmt.Errorf("unknown flag -%s (did you mean --%s?)", group, s)
+			}
+			return fmt.Errorf("unknown flag -%s (a long flag takes two dashes)", group)
+		case group == "v" && fs.Lookup("version") != nil:
+			// kubectl's -v is its log verbosity: -v is not taken as --version either.
+			return fmt.Errorf("unknown flag -v (did you mean --version?)")
+		}
+		return fmt.Errorf("unknown flag -%s", unknown.GetSpecifiedName())
 	}
 	return err
 }

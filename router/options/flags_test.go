@@ -24,6 +24,17 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--wokers", "4"}, "unknown flag --wokers (did you mean --workers?)"},
 		{[]string{"--frobnicate"}, "unknown flag --frobnicate"},
 		{append(req, "--workers"), "--workers needs a value"},
+		// A long flag with one dash is not pflag's bare "unknown shorthand flag: 'q' in -queue-url"
+		// (issue 38, 15).
+		{[]string{"-queue-url", "q"}, "unknown flag -queue-url (did you mean --queue-url?)"},
+		{[]string{"-queue-url=q"}, "unknown flag -queue-url (did you mean --queue-url?)"},
+		{[]string{"-wokers", "4"}, "unknown flag -wokers (did you mean --workers?)"},
+		{[]string{"-frobnicate"}, "unknown flag -frobnicate (a long flag takes two dashes)"},
+		{[]string{"-x"}, "unknown flag -x"},
+		// Neither queue: both named, not the first alone (issue 38, 15).
+		{nil, "--queue-url and --dead-letter-queue-url are required"},
+		{[]string{"--queue-url", "q"}, "--dead-letter-queue-url is required"},
+		{[]string{"--dead-letter-queue-url", "dlq"}, "--queue-url is required"},
 	} {
 		_, err := ParseRun(tt.args, env(nil))
 		if err == nil || err.Error() != tt.want {
@@ -32,6 +43,9 @@ func TestFlagErrors(t *testing.T) {
 	}
 	if _, err := ParseStatus([]string{"-o"}, env(nil), time.Now()); err == nil || err.Error() != "-o/--output needs a value" {
 		t.Errorf("-o without a value: %v", err)
+	}
+	if _, err := ParseDoctor(nil, env(nil)); err == nil || err.Error() != "--queue-url and --dead-letter-queue-url are required" {
+		t.Errorf("doctor with neither queue: %v", err)
 	}
 }
 

@@ -12,9 +12,11 @@ import (
 
 // Handback is the configuration of `health-router handback`.
 type Handback struct {
-	Pending    handback.Pending
-	DryRun     bool
+	Pending handback.Pending
+	DryRun  bool
+	// Kubeconfig and Context find the cluster (RESTConfig).
 	Kubeconfig string
+	Context    string
 	// Namespace is the router's: its leader Lease and shadow ledger are there.
 	Namespace        string
 	LeaderElectionID string
@@ -37,8 +39,8 @@ func NewHandback() *Parser[Handback] {
 	fs := newFlagSet("handback")
 	pending := fs.String("pending", "", "what becomes of the events still pending (required): drain (now, as the router would have at their time: forwarded to Karpenter, or the NodeClaim deleted) or drop (each listed; Karpenter's poller finds the scheduled ones again once it may call DescribeInstanceStatus)")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "list what would be done, change nothing")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: $KUBECONFIG, in-cluster, or ~/.kube/config)")
-	fs.StringVarP(&o.Namespace, "namespace", "n", "health-router", "`namespace` of the router: its leader Lease (handback refuses while it is held) and its shadow ledger")
+	o.Namespace = "health-router"
+	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "`namespace` of the router: its leader Lease (handback refuses while it is held) and its shadow ledger")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "health-router.healthrouter.io", "`name` of the router's leader election Lease")
 	fs.StringVar(&o.ShadowLedger, "shadow-ledger", shadow.DefaultLedgerName, "`name` of the shadow ledger ConfigMap, deleted with the rest")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue: --pending=drain forwards each pending event there, as the router's forward mode; empty: the NodeClaim is deleted")

@@ -240,7 +240,7 @@ func runFlags(o *Run) (fs *pflag.FlagSet, mode, gateFlag, level, headers *string
 	})
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this `URL` (local stand-ins such as moto_server); empty for AWS")
 	gateFlag = fs.String("feature-gates", "", "feature `gates`, as Karpenter's: ReservedCapacity=true|false (default true); keep them equal to Karpenter's")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: in-cluster, or $KUBECONFIG)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: $KUBECONFIG, else ~/.kube/config, else the Pod's service account)")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas: only the leader consumes the queue; a standby takes over")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "health-router.healthrouter.io", "name of the leader election Lease")
@@ -337,6 +337,8 @@ func finishRun(o Run, mode, gateFlag, level, headers string) (Run, error) {
 		return o, fmt.Errorf("--alertmanager-url %q: want an http or https URL", o.AlertmanagerURL)
 	case o.Account != "" && o.Account != OriginAny && !accountID.MatchString(o.Account):
 		return o, fmt.Errorf("--account %q: want a 12-digit AWS account ID, %s, or empty for the router's own", o.Account, OriginAny)
+	case o.QueueURL == "" && o.DeadLetterQueueURL == "":
+		return o, fmt.Errorf("--queue-url and --dead-letter-queue-url are required")
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":
@@ -443,8 +445,11 @@ type Doctor struct {
 	Namespace        string
 	Region           string
 	AWSEndpointURL   string
-	Kubeconfig       string
-	Gates            featuregate.MutableFeatureGate
+	// Kubeconfig and Context find the cluster (RESTConfig); without one doctor runs the
+	// checks that need none.
+	Kubeconfig string
+	Context    string
+	Gates      featuregate.MutableFeatureGate
 	// InstanceStatusPoller is the router's --instance-status-poller (same environment
 	// variable), for the takeover check.
 	InstanceStatusPoller bool
@@ -474,10 +479,10 @@ func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
 	fs.StringVar(&o.KarpenterRoleARN, "karpenter-role-arn", "", "`ARN` of Karpenter's controller role, to check it cannot call ec2:DescribeInstanceStatus (needs iam:SimulatePrincipalPolicy)")
 	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "`namespace` of Karpenter's Deployment, for its feature gates")
 	fs.Var(karpenterVersionValue{&o.KarpenterVersion}, "karpenter-version", "the router's --karpenter-version (the same environment variable), to print and compare with what Karpenter's Deployment shows")
-	fs.StringVar(&o.Namespace, "namespace", "health-router", "the router's `namespace`, for its leader election permissions")
+	o.Namespace = "health-router"
+	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "the router's `namespace`, for its leader election permissions")
 	fs.StringVar(&o.Region, "region", "", "AWS `region` (default: from the AWS SDK's environment)")
 	fs.StringVar(&o.AWSEndpointURL, "aws-endpoint-url", "", "send every AWS call to this `URL` (local stand-ins)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: in-cluster, or $KUBECONFIG)")
 	gates = fs.String("feature-gates", "", "the router's feature `gates`, to compare with Karpenter's")
 	fs.BoolVar(&o.InstanceStatusPoller, "instance-status-poller", true, "whether the router runs its instance-status poller, as its --instance-status-poller (the same environment variable), for the takeover check")
 	fs.BoolVar(&o.Reschedule, "reschedule", false, "whether NodePools use "+policy.AnnotationReschedule+"=true, to check that the router may call ec2:ModifyInstanceEventStartTime")
@@ -502,6 +507,8 @@ func ParseDoctor(args []string, getenv func(string) string) (Doctor, error) {
 
 func finishDoctor(o Doctor, gateFlag string) (Doctor, error) {
 	switch {
+	case o.QueueURL == "" && o.DeadLetterQueueURL == "":
+		return o, fmt.Errorf("--queue-url and --dead-letter-queue-url are required")
 	case o.QueueURL == "":
 		return o, fmt.Errorf("--queue-url is required")
 	case o.DeadLetterQueueURL == "":
@@ -518,7 +525,7 @@ func finishDoctor(o Doctor, gateFlag string) (Doctor, error) {
 // FlagSets returns the flags of every command, one FlagSet named after its command, as the
 // command defines them: the reference (docs/reference.md) is generated from them.
 func FlagSets() []*pflag.FlagSet {
-	return []*pflag.FlagSet{NewRun().Flags, NewDoctor().Flags, NewReplay(time.Time{}).Flags, NewStatus(time.Time{}).Flags, NewVersion().Flags}
+	return []*pflag.FlagSet{NewRun().Flags, NewDoctor().Flags, NewReplay(time.Time{}).Flags, NewStatus(time.Time{}).Flags, NewHandback().Flags, NewVersion().Flags}
 }
 
 // karpenterVersionValue is --karpenter-version as a flag value: parsed when set, so that a

@@ -179,8 +179,8 @@ func TestFlagSets(t *testing.T) {
 			t.Errorf("%s has no flags", fs.Name())
 		}
 	}
-	if got := strings.Join(names, " "); got != "run doctor replay status version" {
-		t.Errorf("commands %q, want run doctor replay status version", got)
+	if got := strings.Join(names, " "); got != "run doctor replay status handback version" {
+		t.Errorf("commands %q, want run doctor replay status handback version", got)
 	}
 }
 

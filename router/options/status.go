@@ -9,7 +9,9 @@ import (
 
 // Status is the configuration of `health-router status` (also `kubectl health-router status`).
 type Status struct {
+	// Kubeconfig and Context find the cluster (RESTConfig).
 	Kubeconfig string
+	Context    string
 	NodePool   string
 	Now        time.Time
 	Output     string
@@ -27,13 +29,13 @@ type Status struct {
 // ParseStatus.
 func statusFlags(o *Status) (fs *pflag.FlagSet, now *string) {
 	fs = newFlagSet("status")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig `path` (default: $KUBECONFIG, in-cluster, or ~/.kube/config)")
 	fs.StringVar(&o.NodePool, "nodepool", "", "show this NodePool (by `name`) only, an error if it does not exist (default: every NodePool)")
 	now = fs.String("now", "", "the `time` to report at, RFC 3339 (default: the current time): for the window and the until-times")
 	fs.StringVarP(&o.Output, "output", "o", "table", "output: table (for people) or json")
 	fs.BoolVar(&o.ICS, "ics", false, "print the planned maintenance as an iCalendar (.ics) feed instead: deferred drains and the pools' windows of the next 14 days; not with -o json")
 	fs.BoolVar(&o.Shadow, "shadow", false, "print the shadow report instead: per NodePool in shadow, each event with what the router would have done and when, beside when Karpenter drained the node")
-	fs.StringVarP(&o.Namespace, "namespace", "n", "health-router", "`namespace` of the router (where its shadow ledger is)")
+	o.Namespace = "health-router"
+	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "`namespace` of the router (where its shadow ledger is)")
 	fs.StringVar(&o.ShadowLedger, "shadow-ledger", "", "`name` of the shadow ledger ConfigMap (default: the chart's, <release>-shadow with release health-router: health-router-shadow)")
 	return fs, now
 }

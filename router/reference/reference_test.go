@@ -52,6 +52,8 @@ func TestRender(t *testing.T) {
 		"| `" + metrics.Decisions + "` | counter | `kind`, `action`, `nodepool` |",
 		"| `" + metrics.EventLatency + "` | histogram |", "| `" + metrics.DeferredEvents + "` | gauge |",
 		"| `Decisions` | Count | ClusterName, Kind, Action |",
+		// handback was missing (issue 38, 15); the cluster commands take kubectl's flags (item 12).
+		"### `health-router handback`", "| `--pending` | `HEALTH_ROUTER_PENDING` |", "| `--context` | `HEALTH_ROUTER_CONTEXT` |",
 	} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("the reference lacks %q", want)
@@ -70,6 +72,11 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%+v: want a health_router_ name and help", m)
 		}
 		byName[m.Name] = m
+		// health_router_<subsystem>_<name>: the name does not say the subsystem again
+		// (health_router_decision_decisions_total, issue 38, 15).
+		if parts := strings.Split(strings.TrimPrefix(m.Name, "health_router_"), "_"); len(parts) > 2 && strings.TrimSuffix(parts[1], "s") == strings.TrimSuffix(parts[0], "s") {
+			t.Errorf("%s: the subsystem %q said twice", m.Name, parts[0])
+		}
 	}
 	for name, want := range map[string]Metric{
 		metrics.Decisions:          {Type: "counter", Labels: []string{"kind", "action", "nodepool"}},

@@ -246,6 +246,10 @@ run "irsa_kms_forward_and_karpenter_deny" {
     error_message = "the router needs Karpenter's queue as a URL"
   }
   assert {
+    condition     = output.karpenter_queue_url == "https://sqs.eu-west-1.amazonaws.com/111122223333/Karpenter-prod-eu"
+    error_message = "handback --karpenter-queue-url needs Karpenter's queue as a URL, an output of its own"
+  }
+  assert {
     condition     = yamldecode(output.helm_values).settings.karpenterQueueURL == "https://sqs.eu-west-1.amazonaws.com/111122223333/Karpenter-prod-eu" && yamldecode(output.helm_values).serviceAccount.annotations["eks.amazonaws.com/role-arn"] == aws_iam_role.router[0].arn
     error_message = "with IRSA and forward mode, helm_values must carry the role ARN annotation and Karpenter's queue"
   }

@@ -302,7 +302,7 @@ func TestMetricNames(t *testing.T) {
 		expr string
 		ok   bool
 	}{
-		{`sum(rate(health_router_decision_decisions_total{job=~"$job"}[$__rate_interval]))`, true},
+		{`sum(rate(health_router_decisions_total{job=~"$job"}[$__rate_interval]))`, true},
 		{`histogram_quantile(0.9, sum by (le) (rate(health_router_intake_event_latency_seconds_bucket[5m])))`, true},
 		{`{__name__="health_router_poller_instances"}`, true},
 		{`sum(up{job=~"$job"})`, true},

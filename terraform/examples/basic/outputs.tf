@@ -8,6 +8,11 @@ output "dead_letter_queue_url" {
   value       = module.health_router.dead_letter_queue_url
 }
 
+output "karpenter_queue_url" {
+  description = "Karpenter's interruption queue as a URL: health-router handback --karpenter-queue-url (docs/runbook.md, the rollback)."
+  value       = module.health_router.karpenter_queue_url
+}
+
 output "iam_role_arn" {
   description = "The router's role (already associated with the service account through EKS Pod Identity)."
   value       = module.health_router.iam_role_arn
