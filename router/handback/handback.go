@@ -130,7 +130,10 @@ type Item struct {
 type Report struct {
 	Pending Pending `json:"pending"`
 	DryRun  bool    `json:"dry_run"`
-	Items   []Item  `json:"items"`
+	// Warning says what makes the list unreliable: a dry run beside a router still running
+	// (which may change the state listed meanwhile, and refuses a real handback).
+	Warning string `json:"warning,omitempty"`
+	Items   []Item `json:"items"`
 }
 
 // Problems counts the items left as they were.
@@ -172,7 +175,12 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 		return rep, fmt.Errorf("pending %q: want drain or drop", h.opts.Pending)
 	}
 	if err := h.checkLease(ctx); err != nil {
-		return rep, err
+		if !h.opts.DryRun || !errors.Is(err, ErrRouterRunning) {
+			return rep, err
+		}
+		// A dry run changes nothing: it lists, and says that the router may change what it
+		// lists, and that the real handback will refuse until it is stopped.
+		rep.Warning = err.Error()
 	}
 	var claims karpv1.NodeClaimList
 	if err := h.kube.List(ctx, &claims); err != nil {
@@ -697,6 +705,9 @@ func instanceOfNode(n *corev1.Node) string { return cluster.InstanceID(n.Spec.Pr
 // WriteTable prints the report for people, then what is left to do.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if r.Warning != "" {
+		fmt.Fprintf(w, "warning: %s\n\n", r.Warning)
+	}
 	fmt.Fprintln(tw, "OBJECT\tNODEPOOL\tINSTANCE\tWHAT\tKIND\tEVENT\tUNTIL\tDONE")
 	for _, it := range r.Items {
 		until := "-"

@@ -583,11 +583,13 @@ func sorted(s []string) []string {
 	return out
 }
 
+// lease is the router's leader Lease, held by holder and renewed at renewed.
+func lease(holder string, renewed time.Time) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "health-router", Name: "health-router.healthrouter.io"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: renewed}}}
+}
+
 func TestLease(t *testing.T) {
-	lease := func(holder string, renewed time.Time) *coordinationv1.Lease {
-		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "health-router", Name: "health-router.healthrouter.io"},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: renewed}}}
-	}
 	tests := []struct {
 		name    string
 		lease   *coordinationv1.Lease
@@ -614,6 +616,32 @@ func TestLease(t *testing.T) {
 				t.Errorf("records kept = %t, want %t", kept, tt.running)
 			}
 		})
+	}
+}
+
+// TestDryRunBesideARunningRouter (issue 38, item 15): a dry run while the router still holds its
+// Lease lists what a handback would do, changes nothing, and warns that the router runs (a
+// real handback refuses); it was refused without a list, or, where the Lease was not found, gave
+// no warning at all.
+func TestDryRunBesideARunningRouter(t *testing.T) {
+	c := newClient(t, claim(t, "a", []record.Record{deferred("ev-1", now.Add(time.Hour))}, nil, nil), lease("router-0_abc", time.Now().Add(-5*time.Second)))
+	h := New(c, nil, clock.RealClock{}, Options{Pending: PendingDrop, DryRun: true, LeaseNamespace: "health-router", LeaseName: "health-router.healthrouter.io"})
+	rep, err := h.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rep.Warning, "the router is still running") || len(rep.Items) == 0 {
+		t.Fatalf("report %+v: want the items and a warning", rep)
+	}
+	var out strings.Builder
+	if err := rep.WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "warning: the router is still running") {
+		t.Errorf("table starts %q", out.String()[:min(80, out.Len())])
+	}
+	if recordtest.Memory(t, c, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "a"}}).Records == nil {
+		t.Error("a dry run changed the records")
 	}
 }
 

@@ -291,13 +291,19 @@ func writeTable(w io.Writer, rows []Row, checked bool, g replayGates) error {
 		if len(id) > 8 {
 			id = id[:8]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Source, or(id, "-"), r.Kind, or(r.InstanceID, "-"), or(r.NodePool, "-"), r.Action, until, r.Reason)
+		// The reason is the row's last column: a long one is wrapped onto lines of its own under
+		// it, so that a row stays readable in a terminal (a reason ran to 353 characters).
+		lines := wrap(r.Reason, reasonWidth)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", filepath.Base(r.Source), or(id, "-"), r.Kind, or(r.InstanceID, "-"), or(r.NodePool, "-"), r.Action, until, lines[0])
+		for _, l := range lines[1:] {
+			fmt.Fprintf(tw, "\t\t\t\t\t\t\t%s\n", l)
+		}
 		for _, c := range r.Checks {
 			mark := "ok"
 			if !c.Passed {
 				mark = "FAILED"
 			}
-			fmt.Fprintf(tw, "\t\t\t\t\t\t\t  check %s %s: %s\n", c.Name, mark, c.Reason)
+			under(tw, fmt.Sprintf("check %s %s: %s", c.Name, mark, c.Reason))
 		}
 		for _, gt := range r.Gates {
 			mark := "open"
@@ -308,10 +314,10 @@ func writeTable(w io.Writer, rows []Row, checked bool, g replayGates) error {
 			if !gt.Since.IsZero() {
 				since = " (since " + gt.Since.UTC().Format(time.RFC3339) + ")"
 			}
-			fmt.Fprintf(tw, "\t\t\t\t\t\t\t  gate %s %s: %s%s\n", gt.Name, mark, gt.Reason, since)
+			under(tw, fmt.Sprintf("gate %s %s: %s%s", gt.Name, mark, gt.Reason, since))
 		}
 		for _, wn := range r.Warnings {
-			fmt.Fprintf(tw, "\t\t\t\t\t\t\t  warning: %s\n", wn)
+			under(tw, "warning: "+wn)
 		}
 	}
 	if !checked {
@@ -324,6 +330,40 @@ func writeTable(w io.Writer, rows []Row, checked bool, g replayGates) error {
 		fmt.Fprintln(tw, "(no --alerts file: alert gate not run)")
 	}
 	return tw.Flush()
+}
+
+// under writes a row's check, gate or warning under its reason, indented and wrapped as the
+// reason is.
+func under(w io.Writer, s string) {
+	for i, l := range wrap(s, reasonWidth-4) {
+		indent := "  "
+		if i > 0 {
+			indent = "    "
+		}
+		fmt.Fprintf(w, "\t\t\t\t\t\t\t%s%s\n", indent, l)
+	}
+}
+
+// reasonWidth is the widest line of a reason in the table.
+const reasonWidth = 80
+
+// wrap breaks s into lines of at most width characters at spaces (a word longer than width
+// gets a line of its own); it returns one line at least.
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len(line)+1+len(w) <= width:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	return append(lines, line)
 }
 
 func or(s, def string) string {

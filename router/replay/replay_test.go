@@ -398,7 +398,7 @@ func TestReplayDemoTableGolden(t *testing.T) {
 	if out.String() != string(want) {
 		t.Errorf("the demo's table differs from %s (-update rewrites it):\n%s", golden, out.String())
 	}
-	for _, source := range []string{"events/06-spot-interruption.json ", "events/17-malformed.jsonl:2 "} {
+	for _, source := range []string{"06-spot-interruption.json ", "17-malformed.jsonl:2 "} {
 		if !strings.Contains(out.String(), "\n"+source) {
 			t.Errorf("no row starts with source %q", source)
 		}
