@@ -641,6 +641,13 @@ func takeover(r *Report, shadow bool) {
 				"finish the takeover and take the router out of shadow, or give Karpenter its rules and ec2:DescribeInstanceStatus back (docs/runbook.md)"})
 			return
 		}
+		if rules != Fail || karpenter != Fail {
+			// Not both seen on (the credentials failed, or a flag is missing): not checked, and
+			// not said to pass.
+			*r = append(*r, Item{Unknown, CheckTakeover, "cannot tell whether Karpenter keeps its own handling, as it must in shadow: Karpenter's rules or its role were not checked (above)",
+				"fix what stopped the checks above, and pass --karpenter-queue-url and --karpenter-role-arn"})
+			return
+		}
 		*r = append(*r, Item{OK, CheckTakeover, "not yet, as it should be in shadow: Karpenter keeps its rules and its instance-status poller", ""})
 		return
 	}

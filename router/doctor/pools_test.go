@@ -119,6 +119,13 @@ func TestTakeoverInShadow(t *testing.T) {
 	if last := r[len(r)-1]; last.Status != Fail {
 		t.Errorf("a takeover begun in shadow: %+v", last)
 	}
+	// Issue 38 item 10: with failing credentials nothing of Karpenter's was checked; doctor
+	// said [ok] for it.
+	r = Report{{Status: Fail, Check: CheckCredentials}, {Status: Unknown, Check: CheckSkipped}}
+	takeover(&r, true)
+	if last := r[len(r)-1]; last.Status != Unknown {
+		t.Errorf("in shadow with nothing of Karpenter's checked: %+v, want unknown", last)
+	}
 }
 
 // TestShadowExpectsKarpenter (issue 38, item 9): in shadow, Karpenter's rules and its

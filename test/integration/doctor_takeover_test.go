@@ -109,7 +109,7 @@ func TestDoctorTakeover(t *testing.T) {
 		{"complete", allowed, true, karpDenied, doctor.OK, doctor.OK, "may call", "complete"},
 		{"router denied the call", denied, true, karpDenied, doctor.Fail, doctor.Fail, "denied", "lossy"},
 		{"poller off", allowed, false, karpDenied, doctor.Fail, doctor.Fail, "off", "lossy"},
-		{"Karpenter still polls", allowed, true, karpAllowed, doctor.OK, doctor.Fail, "may call", "incomplete"},
+		{"Karpenter still polls (runbook step 4a)", allowed, true, karpAllowed, doctor.OK, doctor.Warn, "may call", "in progress"},
 		{"Karpenter's role unknown", allowed, true, "", doctor.OK, doctor.Unknown, "may call", "cannot tell"},
 	}
 	for _, tt := range tests {
