@@ -93,8 +93,11 @@ type model struct {
 	insts map[string]*instance
 	// shadowActive: ShadowMode has the pool in shadow out of shadow now.
 	shadowActive bool
-	maints       []*maintenance
-	errs         []string
+	// cordonDrainOff are the spans a leader without --unmanaged-nodes=cordon-drain led (to
+	// zero: still leading).
+	cordonDrainOff []span
+	maints         []*maintenance
+	errs           []string
 	// life counts the leaderships: a crash or a failover starts a new one, with a memory of
 	// its own.
 	life int
@@ -234,6 +237,35 @@ func (m *model) moved(key, inst string, typ event.ScheduledType, from, to, now t
 		}
 	}
 	m.fail("%s: the router moved a %s maintenance of %s from %s it was not told of", now.Format(time.RFC3339), typ, inst, from.Format(time.RFC3339))
+}
+
+// span is a time from..to; to zero is open.
+type span struct{ from, to time.Time }
+
+// cordonDrain notes a new leadership at at, with or without cordon-drain.
+func (m *model) cordonDrain(at time.Time, off bool) {
+	if n := len(m.cordonDrainOff); n > 0 && m.cordonDrainOff[n-1].to.IsZero() {
+		if off {
+			return
+		}
+		m.cordonDrainOff[n-1].to = at
+		return
+	}
+	if off {
+		m.cordonDrainOff = append(m.cordonDrainOff, span{from: at})
+	}
+}
+
+// cordonDrainWasOff reports whether a leader without cordon-drain led at any time between from
+// and to: a maintenance of the unmanaged node known then is not owed its cordon (a drain begun
+// before is carried on, and checkUnmanaged still judges its end).
+func (m *model) cordonDrainWasOff(from, to time.Time) bool {
+	for _, s := range m.cordonDrainOff {
+		if !s.from.After(to) && (s.to.IsZero() || !s.to.Before(from)) {
+			return true
+		}
+	}
+	return false
 }
 
 // running reports whether the latest processed state change of in says it runs after at.

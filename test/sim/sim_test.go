@@ -63,6 +63,9 @@ var forgedWrites atomic.Int64
 // them out.
 var migrations, sqsFailures atomic.Int64
 
+// cordonDrainOffRestarts counts the leaders restarted without --unmanaged-nodes=cordon-drain.
+var cordonDrainOffRestarts atomic.Int64
+
 // modeSwitches counts the shadow pool's switches between shadow and active; standInDrains
 // the drains the router carried out for it in shadow, as Karpenter would.
 var modeSwitches, standInDrains atomic.Int64
@@ -839,6 +842,9 @@ func (m *machine) awsActs(t *rapid.T) {
 			awsUnmanaged.Add(1)
 			continue
 		}
+		if mt := m.m.maintenanceAt(a.instance, event.ScheduledSystemReboot, a.start); a.instance == UnmanagedInstance && mt != nil && m.m.cordonDrainWasOff(mt.known, a.start) {
+			continue // a leader without cordon-drain begins no drain of it: not owed
+		}
 		if a.outOfService {
 			awsOutOfService.Add(1)
 			continue
@@ -984,13 +990,22 @@ func (m *machine) inPlaceOver() {
 	}
 }
 
-// Crash restarts the leader with empty memory.
-func (m *machine) Crash(*rapid.T) { m.w.crash(); m.newLeadership() }
+// Crash restarts the leader with empty memory, sometimes without
+// --unmanaged-nodes=cordon-drain (a feature turned off at a restart), or with it on again.
+func (m *machine) Crash(t *rapid.T) {
+	m.w.cordonDrainOff = rapid.IntRange(0, 3).Draw(t, "restarted without cordon-drain") == 0
+	if m.w.cordonDrainOff {
+		cordonDrainOffRestarts.Add(1)
+	}
+	m.w.crash()
+	m.newLeadership()
+}
 
 // newLeadership tells the model a leadership began.
 func (m *machine) newLeadership() {
 	m.m.life++
 	m.m.leaderships = append(m.m.leaderships, m.now())
+	m.m.cordonDrain(m.now(), m.w.leader.cordonDrainOff)
 }
 
 // Failover hands the lease to the standby that has been running all along; sometimes the
@@ -1235,7 +1250,8 @@ func TestSimulation(t *testing.T) {
 			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load(),
 			"batches SQS failed after handing them out": sqsFailures.Load(), "closes sent as an open update resolving the instance": resolvedUpdates.Load(),
 			"forged writes of the old memory keys": forgedWrites.Load(), "switches of the pool in shadow to active and back": modeSwitches.Load(),
-			"drains carried out for the pool in shadow, as Karpenter would": standInDrains.Load()} {
+			"drains carried out for the pool in shadow, as Karpenter would": standInDrains.Load(),
+			"restarts without cordon-drain":                                 cordonDrainOffRestarts.Load()} {
 			if *checks() >= 20 && n == 0 {
 				t.Errorf("no %s over the run", name)
 			}

@@ -426,26 +426,28 @@ func (f *faults) check(write bool) error {
 
 // replica is one router process: its own in-memory state over the shared API and AWS.
 type replica struct {
-	name     string
-	counted  bool // its breaker holds are in world.urgentHolds
-	pipeline *pipeline.Pipeline
-	ctrl     *deferral.Controller
-	marks    *upcoming.Controller
-	inPlace  *inplace.Runner
-	drainer  *nodedrain.Drainer
-	poller   *poller.Poller
-	intake   *intake.Intake
-	metrics  *metrics.Router
-	cancel   context.CancelFunc
-	due      map[string]time.Time // NodeClaim -> when the controller's workqueue hands it back
-	seen     map[string]string    // NodeClaim -> the resourceVersion last reconciled (the watch)
-	marked   map[string]string    // NodeClaim -> its and its Node's resourceVersions at the marks' last pass
-	sig      *signal.Signaller
-	ledger   *shadow.Ledger
-	windows  *eventwindow.Manager
-	watcher  *shadow.Watcher
-	mu       sync.Mutex
-	held     int // instances whose Events this replica held back (its metric)
+	name string
+	// cordonDrainOff: started without --unmanaged-nodes=cordon-drain (world.cordonDrainOff).
+	cordonDrainOff bool
+	counted        bool // its breaker holds are in world.urgentHolds
+	pipeline       *pipeline.Pipeline
+	ctrl           *deferral.Controller
+	marks          *upcoming.Controller
+	inPlace        *inplace.Runner
+	drainer        *nodedrain.Drainer
+	poller         *poller.Poller
+	intake         *intake.Intake
+	metrics        *metrics.Router
+	cancel         context.CancelFunc
+	due            map[string]time.Time // NodeClaim -> when the controller's workqueue hands it back
+	seen           map[string]string    // NodeClaim -> the resourceVersion last reconciled (the watch)
+	marked         map[string]string    // NodeClaim -> its and its Node's resourceVersions at the marks' last pass
+	sig            *signal.Signaller
+	ledger         *shadow.Ledger
+	windows        *eventwindow.Manager
+	watcher        *shadow.Watcher
+	mu             sync.Mutex
+	held           int // instances whose Events this replica held back (its metric)
 	// leads counts the times this process became the leader: one leadership is this process
 	// between its election and its loss of the lease.
 	leads atomic.Int64
@@ -457,14 +459,18 @@ type world struct {
 	// urgentHolds counts the urgent drains the stopped replicas' breakers held; contradicted
 	// the urgent state changes EC2 contradicted.
 	urgentHolds, contradicted atomic.Int64
-	clock                     *clocktesting.FakeClock
-	store                     client.Client // the API server as the world (the kubelet, Karpenter) sees it
-	router                    client.Client // the router's cache and writes: lagging, trimmed, faults injected
-	direct                    client.Client // the router's reads from the API server itself: faults injected
-	cache                     *lagCache
-	faults                    *faults
-	queues                    *queues
-	ec2                       *ec2Status
+	// cordonDrainOff is how the next replica is started: without
+	// --unmanaged-nodes=cordon-drain (it begins no drain of the unmanaged node, and carries on
+	// the one an earlier leader began).
+	cordonDrainOff bool
+	clock          *clocktesting.FakeClock
+	store          client.Client // the API server as the world (the kubelet, Karpenter) sees it
+	router         client.Client // the router's cache and writes: lagging, trimmed, faults injected
+	direct         client.Client // the router's reads from the API server itself: faults injected
+	cache          *lagCache
+	faults         *faults
+	queues         *queues
+	ec2            *ec2Status
 	// windows is EC2's event windows and instance tags (test/harness's stand-in, EC2's Query
 	// protocol through the real SDK client windowsAPI); stopWindows closes it.
 	windows     *harness.EC2EventWindows
@@ -678,7 +684,12 @@ func (w *world) newReplica(name string) *replica {
 	reg := prometheus.NewRegistry()
 	r := &replica{name: name, due: map[string]time.Time{}, seen: map[string]string{}, marked: map[string]string{}}
 	r.metrics = metrics.NewRouter(reg, func() float64 { return r.ctrl.Deferred() })
-	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(policy.UnmanagedCordonDrain))
+	unmanaged := policy.UnmanagedCordonDrain
+	if w.cordonDrainOff {
+		unmanaged = policy.UnmanagedIgnore
+	}
+	r.cordonDrainOff = w.cordonDrainOff
+	eng := engine.New(cluster.New(w.router), nil, engine.WithUnmanaged(unmanaged))
 	sig := signal.New(w.router, w.direct, w.mode, sender{w.queues, r}, karpenterURL, w.recorder, w.clock)
 	sig.OnUnreadable(r.metrics.RecordsUnreadable.Inc)
 	sig.SetInstanceEventRate(instanceEventsPerSecond, func(string) { r.mu.Lock(); r.held++; r.mu.Unlock() })
@@ -692,8 +703,14 @@ func (w *world) newReplica(name string) *replica {
 	// The managed node group's node is cordoned and drained by the router itself
 	// (--unmanaged-nodes=cordon-drain); it runs no pods here (the evictions are the real
 	// drain helper's, over a clientset that holds none).
-	r.drainer = nodedrain.New(w.router, w.direct, k8sfake.NewSimpleClientset(), w.clock, w.recorder, w.log, nodedrain.Options{})
-	r.pipeline.WithNodeDrainer(drainHook{r.drainer, w})
+	// Without it (a restart with the feature off) no drain begins, and one an earlier leader
+	// began is carried to its end.
+	r.drainer = nodedrain.New(w.router, w.direct, k8sfake.NewSimpleClientset(), w.clock, w.recorder, w.log, nodedrain.Options{Off: r.cordonDrainOff})
+	if r.cordonDrainOff {
+		r.pipeline.WithNodeDrainerHeld(drainHook{r.drainer, w})
+	} else {
+		r.pipeline.WithNodeDrainer(drainHook{r.drainer, w})
+	}
 	r.ledger = shadow.NewLedger(w.direct, "health-router", shadow.DefaultLedgerName, w.clock, w.log)
 	r.watcher = shadow.NewWatcher(w.direct, r.ledger, r.metrics.ShadowKarpenter)
 	r.pipeline.WithShadow(false, r.ledger)
