@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/mitchellh/go-wordwrap"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -347,23 +349,10 @@ func under(w io.Writer, s string) {
 // reasonWidth is the widest line of a reason in the table.
 const reasonWidth = 80
 
-// wrap breaks s into lines of at most width characters at spaces (a word longer than width
-// gets a line of its own); it returns one line at least.
+// wrap breaks s into lines of at most width characters at spaces (a longer word keeps a line
+// of its own); it returns one line at least.
 func wrap(s string, width int) []string {
-	var lines []string
-	line := ""
-	for _, w := range strings.Fields(s) {
-		switch {
-		case line == "":
-			line = w
-		case len(line)+1+len(w) <= width:
-			line += " " + w
-		default:
-			lines = append(lines, line)
-			line = w
-		}
-	}
-	return append(lines, line)
+	return strings.Split(wordwrap.WrapString(strings.Join(strings.Fields(s), " "), uint(width)), "\n")
 }
 
 func or(s, def string) string {
