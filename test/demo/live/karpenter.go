@@ -41,8 +41,6 @@ type demoPool struct {
 // moto, the router runs in forward mode in front of it, and the summary shows what Karpenter
 // did with what the router sent.
 func runWithKarpenter(root string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
 	step("building (first run only) or finding Karpenter's controller, " + "test/tools/karpenter-bin.sh")
 	build := exec.Command(filepath.Join(root, "test/tools/karpenter-bin.sh"))
 	build.Stderr = os.Stderr
@@ -56,6 +54,10 @@ func runWithKarpenter(root string) error {
 	}
 	defer os.RemoveAll(dir)
 	step("starting envtest, moto_server and Karpenter's controller (AWS_ENDPOINT_URL=moto, ISOLATED_VPC=true)")
+	// The deadline starts after Karpenter's build, and leaves the control plane its first build
+	// (issue 38 item 11: a cold demo ran out of its deadline building).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
 	stage, err := harness.StartKarpenterStage(ctx, strings.TrimSpace(string(out)), dir)
 	if err != nil {
 		return fmt.Errorf("starting Karpenter: %w", err)

@@ -91,11 +91,6 @@ func run() error {
 	sigCtx, stop := ossignal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	keep := os.Getenv("KEEP") != "" && os.Getenv("KEEP") != "0"
-	ctx, cancel := context.WithTimeout(sigCtx, 10*time.Minute)
-	if keep {
-		ctx, cancel = context.WithCancel(sigCtx)
-	}
-	defer cancel()
 	root, err := repoRoot()
 	if err != nil {
 		return err
@@ -117,12 +112,20 @@ func run() error {
 	}
 	defer stopMoto()
 
-	step("starting kube-apiserver and etcd (envtest) with the Karpenter CRDs")
+	step("starting kube-apiserver and etcd (envtest) with the Karpenter CRDs (on a fresh machine they are built from the Go module proxy first and cached under ~/.cache/health-router: 10 to 20 minutes, once)")
 	env, restCfg, err := harness.StartEnvtest()
 	if err != nil {
 		return err
 	}
 	defer env.Stop()
+	// The demo's own deadline starts once its servers run: a first run spends most of its time
+	// building them (issue 38 item 11: the deadline ran out building them, and the demo failed at
+	// its first SQS call).
+	ctx, cancel := context.WithTimeout(sigCtx, 10*time.Minute)
+	if keep {
+		ctx, cancel = context.WithCancel(sigCtx)
+	}
+	defer cancel()
 	scheme, err := cluster.NewScheme()
 	if err != nil {
 		return err
