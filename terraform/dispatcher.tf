@@ -1,5 +1,6 @@
 ################################################################################
-# Dispatcher Lambda: one regional rule set -> the Lambda -> each cluster's intake queue
+# Dispatcher: one regional rule set -> the dispatcher queue -> the Lambda -> each cluster's
+# intake queue
 ################################################################################
 
 locals {
@@ -30,8 +31,48 @@ resource "aws_sqs_queue" "dispatcher_failures" {
   tags = var.tags
 }
 
-# EventBridge sends here when it cannot invoke the Lambda at all; the Lambda's own failures
-# arrive through its on-failure destination (the Lambda role sends those).
+# The rules send to this queue and an event source mapping feeds it to the Lambda: nothing
+# invokes the Lambda directly. A Lambda permission for the rules would do, but a function's
+# resource policy only adds grants: any principal of the account whose identity policy allows
+# lambda:InvokeFunction (lambda:*, an admin) could then invoke the dispatcher with a forged
+# event, which it would send under its own role, the one every cluster's intake queue admits.
+# This queue's policy (main.tf, queue_policy_statements) denies sqs:SendMessage to every caller
+# but EventBridge for this module's rules and dispatcher.sender_arns, whatever an identity
+# policy allows.
+resource "aws_sqs_queue" "dispatcher" {
+  count = var.dispatcher.enabled ? 1 : 0
+
+  name = local.dispatcher_name
+
+  message_retention_seconds = var.message_retention_seconds
+  # Lambda needs at least the function's timeout and advises six times it, for retries of a
+  # throttled batch; a record it fails comes back after this long.
+  visibility_timeout_seconds        = 6 * var.dispatcher.timeout
+  sqs_managed_sse_enabled           = local.sse_sqs ? true : null
+  kms_master_key_id                 = var.kms_key_arn
+  kms_data_key_reuse_period_seconds = local.sse_sqs ? null : var.kms_data_key_reuse_period_seconds
+
+  # As the intake's: a record the Lambda fails (an outage) is retried up to max_receive_count
+  # times, then kept in the failure queue with the dispatcher's other failures.
+  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.dispatcher_failures[0].arn
+    maxReceiveCount     = var.max_receive_count
+  })
+
+  tags = var.tags
+}
+
+resource "aws_sqs_queue_policy" "dispatcher" {
+  count = var.dispatcher.enabled ? 1 : 0
+
+  queue_url = aws_sqs_queue.dispatcher[0].id
+  policy    = jsonencode({ Version = "2012-10-17", Statement = local.queue_policy_statements.dispatcher })
+}
+
+# The failure queue gets three kinds of message: the Lambda's records of deliveries it could
+# not make (the Lambda role sends those, with the reason in attributes), events EventBridge
+# could not put in the dispatcher queue (the rules' dead-letter queue), and events the Lambda
+# failed maxReceiveCount times (the dispatcher queue's redrive, which needs no grant).
 resource "aws_sqs_queue_policy" "dispatcher_failures" {
   count = var.dispatcher.enabled && length(local.rules) > 0 ? 1 : 0
 
@@ -86,6 +127,13 @@ resource "aws_iam_role_policy" "dispatcher" {
     Version = "2012-10-17"
     Statement = concat(
       [
+        {
+          # Its own queue, through the event source mapping (which polls with this role).
+          Sid      = "DispatcherQueue"
+          Effect   = "Allow"
+          Action   = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"]
+          Resource = aws_sqs_queue.dispatcher[0].arn
+        },
         {
           Sid      = "ClusterQueues"
           Effect   = "Allow"
@@ -168,32 +216,21 @@ resource "aws_lambda_function" "dispatcher" {
   tags = var.tags
 }
 
-# The Lambda records a failed delivery in the failure queue itself, per cluster; it fails the
-# invocation only when a retry duplicates nothing (an outage before any delivery) or the record
-# could not be made. Lambda then retries the async invocation; after the last retry the event
-# and the error go to the failure queue, so nothing is lost.
-resource "aws_lambda_function_event_invoke_config" "dispatcher" {
+# The Lambda records a failed delivery in the failure queue itself, per cluster; it fails a
+# record only when a retry duplicates nothing (an outage before any delivery) or the record
+# could not be made. SQS then retries that record alone (ReportBatchItemFailures: the batch's
+# other records are deleted, not delivered again) and after max_receive_count receives moves
+# it to the failure queue, so nothing is lost.
+resource "aws_lambda_event_source_mapping" "dispatcher" {
   count = var.dispatcher.enabled ? 1 : 0
 
-  function_name                = aws_lambda_function.dispatcher[0].function_name
-  maximum_retry_attempts       = var.dispatcher.maximum_retry_attempts
-  maximum_event_age_in_seconds = var.dispatcher.maximum_event_age_seconds
+  event_source_arn        = aws_sqs_queue.dispatcher[0].arn
+  function_name           = aws_lambda_function.dispatcher[0].arn
+  batch_size              = var.dispatcher.batch_size
+  function_response_types = ["ReportBatchItemFailures"]
 
-  destination_config {
-    on_failure {
-      destination = aws_sqs_queue.dispatcher_failures[0].arn
-    }
-  }
-}
-
-resource "aws_lambda_permission" "dispatcher" {
-  for_each = toset(var.dispatcher.enabled ? keys(local.rules) : [])
-
-  statement_id  = "AllowRule-${each.key}"
-  action        = "lambda:InvokeFunction"
-  function_name = aws_lambda_function.dispatcher[0].function_name
-  principal     = "events.amazonaws.com"
-  source_arn    = aws_cloudwatch_event_rule.this[each.key].arn
+  # The mapping checks at creation that the role may read the queue.
+  depends_on = [aws_iam_role_policy.dispatcher]
 }
 
 resource "aws_cloudwatch_event_target" "dispatcher" {
@@ -202,7 +239,7 @@ resource "aws_cloudwatch_event_target" "dispatcher" {
   rule           = aws_cloudwatch_event_rule.this[each.key].name
   event_bus_name = var.event_bus_name
   target_id      = "health-router-dispatcher"
-  arn            = aws_lambda_function.dispatcher[0].arn
+  arn            = aws_sqs_queue.dispatcher[0].arn
 
   retry_policy {
     maximum_event_age_in_seconds = 86400
@@ -213,5 +250,5 @@ resource "aws_cloudwatch_event_target" "dispatcher" {
     arn = aws_sqs_queue.dispatcher_failures[0].arn
   }
 
-  depends_on = [aws_lambda_permission.dispatcher]
+  depends_on = [aws_sqs_queue_policy.dispatcher]
 }

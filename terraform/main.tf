@@ -60,8 +60,8 @@ locals {
   # kind => event pattern JSON, for the enabled kinds.
   rules = { for kind, pattern in local.event_patterns : kind => jsonencode(pattern) if local.rule_enabled[kind] }
 
-  # With the dispatcher on, the rules invoke the Lambda and nothing sends to the queues as
-  # EventBridge; the Lambda sends with its own role.
+  # With the dispatcher on, the rules send to the dispatcher queue, which feeds the Lambda, and
+  # nothing sends to the intake queue as EventBridge; the Lambda sends with its own role.
   rules_target_queue = !var.dispatcher.enabled
   queue_source_arns  = local.rules_target_queue ? concat([for r in aws_cloudwatch_event_rule.this : r.arn], var.extra_source_rule_arns) : var.extra_source_rule_arns
 
@@ -111,44 +111,57 @@ resource "aws_sqs_queue" "intake" {
 }
 
 # Who may send to a queue. As EventBridge: this module's rules (and extra_source_rule_arns), no
-# other rule. As an IAM principal of the account, whatever its identity policy says: to the
-# intake queue the dispatcher's role (dispatcher mode) and extra_sender_arns; to the DLQ the
-# router's role and extra_dead_letter_sender_arns. A message in the intake queue is an order to
-# drain a node, so an admin's sqs:* is not enough to send one. Nobody may use a queue without TLS.
+# other rule; in dispatcher mode the rules send to the dispatcher queue (dispatcher.tf) and only
+# extra_source_rule_arns to the intake and DLQ. As an IAM principal of the account, whatever its
+# identity policy says: to the intake queue the dispatcher's role (dispatcher mode) and
+# extra_sender_arns; to the DLQ the router's role and extra_dead_letter_sender_arns; to the
+# dispatcher queue dispatcher.sender_arns. A message in the intake queue is an order to drain a
+# node, and one in the dispatcher queue becomes one under the dispatcher's role, so an admin's
+# sqs:* is not enough to send one. Nobody may use a queue without TLS.
 locals {
   # IAM principals (their aws:PrincipalArn, the role's ARN for a role session) that may send.
   queue_senders = {
-    intake = concat(aws_iam_role.dispatcher[*].arn, var.extra_sender_arns)
-    dlq    = concat(aws_iam_role.router[*].arn, var.extra_dead_letter_sender_arns)
+    intake     = concat(aws_iam_role.dispatcher[*].arn, var.extra_sender_arns)
+    dlq        = concat(aws_iam_role.router[*].arn, var.extra_dead_letter_sender_arns)
+    dispatcher = var.dispatcher.sender_arns
   }
 
+  # Queue => its ARN and the EventBridge rules that may send to it.
+  queue_policy_queues = merge(
+    {
+      intake = { arn = aws_sqs_queue.intake.arn, rules = local.queue_source_arns }
+      dlq    = { arn = aws_sqs_queue.dlq.arn, rules = local.queue_source_arns }
+    },
+    { for q in aws_sqs_queue.dispatcher : "dispatcher" => { arn = q.arn, rules = [for r in aws_cloudwatch_event_rule.this : r.arn] } },
+  )
+
   queue_policy_statements = {
-    for key, arn in { intake = aws_sqs_queue.intake.arn, dlq = aws_sqs_queue.dlq.arn } : key => concat(
-      length(local.queue_source_arns) == 0 ? [] : [
+    for key, q in local.queue_policy_queues : key => concat(
+      length(q.rules) == 0 ? [] : [
         {
           Sid       = "AllowHealthRouterRules"
           Effect    = "Allow"
           Principal = { Service = "events.amazonaws.com" }
           Action    = "sqs:SendMessage"
-          Resource  = arn
-          Condition = { ArnEquals = { "aws:SourceArn" = local.queue_source_arns } }
+          Resource  = q.arn
+          Condition = { ArnEquals = { "aws:SourceArn" = q.rules } }
         },
         {
           Sid       = "DenyOtherRules"
           Effect    = "Deny"
           Principal = { Service = "events.amazonaws.com" }
           Action    = "sqs:SendMessage"
-          Resource  = arn
-          Condition = { ArnNotEquals = { "aws:SourceArn" = local.queue_source_arns } }
+          Resource  = q.arn
+          Condition = { ArnNotEquals = { "aws:SourceArn" = q.rules } }
         },
       ],
-      length(local.queue_source_arns) != 0 ? [] : [
+      length(q.rules) != 0 ? [] : [
         {
           Sid       = "DenyAllRules"
           Effect    = "Deny"
           Principal = { Service = "events.amazonaws.com" }
           Action    = "sqs:SendMessage"
-          Resource  = arn
+          Resource  = q.arn
         },
       ],
       [
@@ -163,7 +176,7 @@ locals {
           Effect    = "Deny"
           Principal = "*"
           Action    = "sqs:SendMessage"
-          Resource  = arn
+          Resource  = q.arn
           Condition = merge(
             { StringNotEquals = { "aws:PrincipalServiceName" = "events.amazonaws.com" } },
             length(local.queue_senders[key]) == 0 ? {} : { ArnNotEquals = { "aws:PrincipalArn" = local.queue_senders[key] } },
@@ -174,7 +187,7 @@ locals {
           Effect    = "Deny"
           Principal = "*"
           Action    = "sqs:*"
-          Resource  = arn
+          Resource  = q.arn
           Condition = { Bool = { "aws:SecureTransport" = "false" } }
         },
       ],

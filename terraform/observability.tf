@@ -96,7 +96,7 @@ resource "aws_cloudwatch_metric_alarm" "dispatcher_failures" {
   count = var.create_alarms && var.dispatcher.enabled ? 1 : 0
 
   alarm_name          = "${local.name}-dispatcher-failures"
-  alarm_description   = "health-router dispatcher: deliveries the Lambda could not make (or events EventBridge could not invoke it with) are in the failure queue. A record of the Lambda holds the body to re-send and, in its attributes, the reason and the intake queue; a record in Lambda's format holds the event and the error."
+  alarm_description   = "health-router dispatcher: deliveries the Lambda could not make, events EventBridge could not put in the dispatcher queue, or events the Lambda failed max_receive_count times are in the failure queue. A record of the Lambda holds the body to re-send and, in its attributes, the reason and the intake queue; a message without them is the event as EventBridge sent it."
   namespace           = "AWS/SQS"
   metric_name         = "ApproximateNumberOfMessagesVisible"
   dimensions          = { QueueName = aws_sqs_queue.dispatcher_failures[0].name }

@@ -126,6 +126,11 @@ output "dispatcher_function_arn" {
   value       = try(aws_lambda_function.dispatcher[0].arn, null)
 }
 
+output "dispatcher_queue_url" {
+  description = "URL of the dispatcher queue: the rules send there and an event source mapping feeds it to the dispatcher Lambda. Null unless dispatcher.enabled."
+  value       = try(aws_sqs_queue.dispatcher[0].url, null)
+}
+
 output "dispatcher_failure_queue_url" {
   description = "URL of the queue holding events the dispatcher failed to route. Null unless dispatcher.enabled."
   value       = try(aws_sqs_queue.dispatcher_failures[0].url, null)

@@ -344,29 +344,34 @@ variable "heartbeat_alarm_period_seconds" {
 
 variable "dispatcher" {
   description = <<-EOT
-    The dispatcher Lambda, for accounts with several clusters: this module instance's rules target the
-    Lambda, which finds each instance's cluster from its tags and sends the event to that cluster's
-    intake queue (this module's queue for cluster_name, plus cluster_queues). AMI events go to every
-    cluster. Build the zip with lambda/build.sh.
-      enabled                   - deploy the Lambda and point the rules at it
+    The dispatcher Lambda, for accounts with several clusters: this module instance's rules feed the
+    Lambda (through the dispatcher queue), which finds each instance's cluster from its tags and sends
+    the event to that cluster's intake queue (this module's queue for cluster_name, plus
+    cluster_queues). AMI events go to every cluster. Build the zip with lambda/build.sh.
+      enabled                   - deploy the queue and the Lambda and point the rules at the queue
       zip_path                  - path of the zip built by lambda/build.sh (provided.al2023, arm64, handler bootstrap)
       cluster_queues            - other clusters' intake queues: cluster name => { url, arn }
       kms_key_arns              - KMS keys of those queues, if they use customer-managed keys
       memory_size, timeout      - Lambda sizing
       log_retention_days        - retention of the Lambda's log group
-      maximum_retry_attempts    - async retries before the event goes to the failure queue (0-2)
-      maximum_event_age_seconds - age after which an undelivered event goes to the failure queue
+      batch_size                - records of the dispatcher queue per invocation (1-10)
+      sender_arns               - IAM roles or users, besides EventBridge for this module's rules, that
+                                  may send to the dispatcher queue (a role that moves failed events back
+                                  with StartMessageMoveTask); every other principal is denied
+    The rules send to a queue that feeds the Lambda (an event source mapping), not to the Lambda: no
+    principal may invoke it directly. A record it fails is retried up to max_receive_count times, then
+    kept in the failure queue.
   EOT
   type = object({
-    enabled                   = optional(bool, false)
-    zip_path                  = optional(string)
-    cluster_queues            = optional(map(object({ url = string, arn = string })), {})
-    kms_key_arns              = optional(list(string), [])
-    memory_size               = optional(number, 128)
-    timeout                   = optional(number, 30)
-    log_retention_days        = optional(number, 30)
-    maximum_retry_attempts    = optional(number, 2)
-    maximum_event_age_seconds = optional(number, 21600)
+    enabled            = optional(bool, false)
+    zip_path           = optional(string)
+    cluster_queues     = optional(map(object({ url = string, arn = string })), {})
+    kms_key_arns       = optional(list(string), [])
+    memory_size        = optional(number, 128)
+    timeout            = optional(number, 30)
+    log_retention_days = optional(number, 30)
+    batch_size         = optional(number, 10)
+    sender_arns        = optional(list(string), [])
   })
   default  = {}
   nullable = false
@@ -382,12 +387,12 @@ variable "dispatcher" {
   }
 
   validation {
-    condition     = var.dispatcher.maximum_retry_attempts >= 0 && var.dispatcher.maximum_retry_attempts <= 2
-    error_message = "dispatcher.maximum_retry_attempts must be between 0 and 2."
+    condition     = var.dispatcher.batch_size >= 1 && var.dispatcher.batch_size <= 10 && floor(var.dispatcher.batch_size) == var.dispatcher.batch_size
+    error_message = "dispatcher.batch_size must be a whole number between 1 and 10."
   }
 
   validation {
-    condition     = var.dispatcher.maximum_event_age_seconds >= 60 && var.dispatcher.maximum_event_age_seconds <= 21600
-    error_message = "dispatcher.maximum_event_age_seconds must be between 60 and 21600."
+    condition     = alltrue([for a in var.dispatcher.sender_arns : can(regex("^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/.+$", a))])
+    error_message = "Every dispatcher.sender_arns entry must be an IAM role or user ARN (arn:aws:iam::<account>:role/<name>)."
   }
 }

@@ -1,6 +1,7 @@
 // Package dispatch is the logic of the dispatcher Lambda: for an account with several EKS
-// clusters, one regional set of EventBridge rules invokes the Lambda, which sends each event to
-// the intake queue of the cluster that owns the instances it names. Ownership comes from the
+// clusters, one regional set of EventBridge rules sends to the dispatcher queue, which feeds
+// the Lambda (HandleBatch), and the Lambda sends each event to the intake queue of the cluster
+// that owns the instances it names. Ownership comes from the
 // instances' tags. A Health event naming instances of several clusters is split into one event
 // per cluster; an AMI state change and a Capacity Block's expiration, which name no instance,
 // go to every cluster; an event for instances no configured cluster owns is dropped and
@@ -112,7 +113,7 @@ func (d *Dispatcher) foreign(ev envelope) string {
 
 // New returns a Dispatcher that finds owners with owners, sends with queue, counts with
 // metrics, knows the clusters in queues, and records what it could not deliver in the
-// failures queue ("": none, every failure fails the invocation).
+// failures queue ("": none, every failure fails the event, for SQS to retry it).
 func New(owners ownerLookup, queue queueAPI, metrics metricsAPI, queues Queues, failures string, log *slog.Logger) *Dispatcher {
 	return &Dispatcher{owners: owners, queue: queue, metrics: metrics, queues: queues, failures: failures, log: log}
 }
@@ -124,11 +125,11 @@ type delivery struct {
 }
 
 // Handle routes one event. A delivery that fails is recorded in the failure queue, for its
-// cluster alone, with the reason and the body to re-send; the invocation still succeeds, since
-// Lambda's retry of it would deliver again to every cluster that got the event. A permanent
-// error (no such queue, access denied, a KMS key refused, an unroutable event) is recorded at
-// once: retrying cannot mend it. Handle returns an error, for Lambda to retry the invocation
-// and finally send the event to its on-failure destination (the same queue), only when a retry
+// cluster alone, with the reason and the body to re-send; the event still succeeds, since a
+// retry of it would deliver again to every cluster that got it. A permanent error (no such
+// queue, access denied, a KMS key refused, an unroutable event) is recorded at once: retrying
+// cannot mend it. Handle returns an error, for SQS to retry the record (HandleBatch) and
+// finally move it to its dead-letter queue (the same failure queue), only when a retry
 // duplicates nothing and may succeed (nothing was delivered and every error may pass: an SQS
 // or EC2 outage), when there is no failure queue, or when recording in it failed: then a
 // retry may deliver again to clusters that already got the event, no worse than EventBridge
@@ -210,7 +211,7 @@ type failedDelivery struct {
 }
 
 // recordAll records an event that reached no cluster; without a failure queue it returns
-// cause, for Lambda's on-failure destination.
+// cause, for SQS to retry the record and then dead-letter it.
 func (d *Dispatcher) recordAll(ctx context.Context, ev envelope, body []byte, r reason, cause error) error {
 	if d.failures == "" {
 		return cause
@@ -319,7 +320,7 @@ func (d *Dispatcher) plan(ctx context.Context, ev envelope) ([]delivery, []strin
 }
 
 // count publishes DispatcherRouted per cluster and DispatcherDropped. A failure is logged, not
-// returned: retrying the invocation for a metric would deliver the event twice.
+// returned: retrying the event for a metric would deliver the event twice.
 func (d *Dispatcher) count(ctx context.Context, log *slog.Logger, routed map[string]int, dropped int) {
 	var data []cwtypes.MetricDatum
 	for _, cluster := range slices.Sorted(maps.Keys(routed)) {

@@ -1,5 +1,6 @@
-// Command dispatcher is the dispatcher Lambda: it routes EventBridge events about EC2 instances
-// to the intake queue of the EKS cluster that owns them. The logic is in package dispatch.
+// Command dispatcher is the dispatcher Lambda: fed batches of the dispatcher queue by an SQS
+// event source mapping, it routes the EventBridge events in them about EC2 instances to the
+// intake queue of the EKS cluster that owns them. The logic is in package dispatch.
 package main
 
 import (
@@ -37,6 +38,6 @@ func run(ctx context.Context, log *slog.Logger) error {
 	owners := dispatch.NewOwnerCache(ec2.NewFromConfig(cfg), clock.RealClock{})
 	d := dispatch.New(owners, sqs.NewFromConfig(cfg), cloudwatch.NewFromConfig(cfg), queues, os.Getenv(dispatch.FailureQueueEnv), log).
 		WithOrigin(os.Getenv(dispatch.AccountEnv), cfg.Region)
-	lambda.Start(d.Handle)
+	lambda.Start(d.HandleBatch)
 	return nil
 }

@@ -447,3 +447,67 @@ run "router_trust_irsa" {
     error_message = "the IRSA trust must be this cluster's OIDC provider, for this namespace and ServiceAccount (exact match) and the STS audience"
   }
 }
+
+# Issue 38, 1: in dispatcher mode the rules send to the dispatcher queue, whose policy is the
+# intake's: EventBridge for this module's rules and the listed senders, nobody else. Not the
+# dispatcher's own role, not an admin: what lands there is sent on under the dispatcher's role.
+run "queue_senders_dispatcher_queue" {
+  command = plan
+
+  variables {
+    dispatcher = {
+      enabled     = true
+      zip_path    = "tests/fixtures/dispatcher.zip"
+      sender_arns = ["arn:aws:iam::111122223333:role/oncall"]
+    }
+  }
+
+  override_resource {
+    target          = aws_sqs_queue.dispatcher
+    override_during = plan
+    values = {
+      arn = "arn:aws:sqs:eu-west-1:111122223333:hr-prod-eu-dispatcher"
+      url = "https://sqs.eu-west-1.amazonaws.com/111122223333/hr-prod-eu-dispatcher"
+    }
+  }
+
+  assert {
+    condition = alltrue([for c in [
+      { denied = false, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "true" } },
+      { denied = false, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/oncall", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/someone-elses", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-dispatcher", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/hr-prod-eu-router", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "", ctx = { "aws:PrincipalArn" = "arn:aws:iam::111122223333:role/Admin", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "sns.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "sns.amazonaws.com", "aws:SecureTransport" = "true" } },
+      { denied = true, service = "events.amazonaws.com", ctx = { "aws:PrincipalServiceName" = "events.amazonaws.com", "aws:SourceArn" = "arn:aws:events:eu-west-1:111122223333:rule/hr-prod-eu-rule", "aws:SecureTransport" = "false" } },
+      ] : c.denied == anytrue([for s in jsondecode(aws_sqs_queue_policy.dispatcher[0].policy).Statement :
+        s.Effect == "Deny" &&
+        length(setintersection(toset(flatten([s.Action])), ["sqs:SendMessage", "sqs:*", "*"])) > 0 &&
+        (s.Principal == "*" || try(s.Principal.AWS, "") == "*" || try(s.Principal.Service, "") == c.service) &&
+        alltrue([for op, kv in try(s.Condition, {}) : alltrue([for k, v in kv :
+          lookup(c.ctx, k, null) == null ? contains(["StringNotEquals", "ArnNotEquals"], op) :
+          contains(["StringEquals", "ArnEquals", "Bool"], op) ? contains(flatten([v]), c.ctx[k]) :
+          contains(["StringNotEquals", "ArnNotEquals"], op) ? !contains(flatten([v]), c.ctx[k]) :
+          tobool("operator ${op} unknown to this test")
+        ])])
+    ])])
+    error_message = "the dispatcher queue must deny sqs:SendMessage to every caller but EventBridge for this module's rules and dispatcher.sender_arns (over TLS)"
+  }
+  # EventBridge is a service principal: its one Allow, pinned to the module's rules.
+  assert {
+    condition = [for s in jsondecode(aws_sqs_queue_policy.dispatcher[0].policy).Statement : s.Condition if s.Effect == "Allow"] == [
+      { ArnEquals = { "aws:SourceArn" = [for r in aws_cloudwatch_event_rule.this : r.arn] } }
+    ]
+    error_message = "the dispatcher queue policy's one Allow is EventBridge's, pinned to the module's rules"
+  }
+  # The role polls its own queue, and only it.
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.dispatcher[0].policy).Statement : s if s.Sid == "DispatcherQueue"]) == { Sid = "DispatcherQueue", Effect = "Allow", Action = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"], Resource = "arn:aws:sqs:eu-west-1:111122223333:hr-prod-eu-dispatcher" }
+    error_message = "the dispatcher's role must receive, delete and read the attributes of the dispatcher queue, and of no other"
+  }
+  assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.dispatcher[0].policy).Statement : s if contains(flatten([s.Action]), "sqs:ReceiveMessage") || contains(flatten([s.Action]), "sqs:DeleteMessage")]) == 1
+    error_message = "no other statement of the dispatcher's role may receive or delete messages"
+  }
+}

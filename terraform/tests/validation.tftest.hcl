@@ -106,3 +106,19 @@ run "good_input_plans" {
     error_message = "valid input must be applied as given"
   }
 }
+
+run "dispatcher_batch_size_over_ten" {
+  command = plan
+  variables {
+    dispatcher = { enabled = true, zip_path = "tests/fixtures/dispatcher.zip", batch_size = 11 }
+  }
+  expect_failures = [var.dispatcher]
+}
+
+run "dispatcher_sender_not_a_principal" {
+  command = plan
+  variables {
+    dispatcher = { enabled = true, zip_path = "tests/fixtures/dispatcher.zip", sender_arns = ["arn:aws:sts::111122223333:assumed-role/oncall/me"] }
+  }
+  expect_failures = [var.dispatcher]
+}

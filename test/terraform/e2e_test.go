@@ -65,6 +65,7 @@ func TestModuleAppliedToMoto(t *testing.T) {
 		RuleNames struct{ Value map[string]string } `json:"rule_names"`
 
 		DispatcherFunctionARN struct{ Value string }            `json:"dispatcher_function_arn"`
+		DispatcherQueueURL    struct{ Value string }            `json:"dispatcher_queue_url"`
 		FailureQueueURL       struct{ Value string }            `json:"dispatcher_failure_queue_url"`
 		DispatcherAlarms      struct{ Value map[string]string } `json:"dispatcher_alarm_names"`
 
@@ -115,16 +116,29 @@ func TestModuleAppliedToMoto(t *testing.T) {
 		if len(rules.Rules) != 7 { // one per kind: six of EC2 and Health, and Capacity Block expiration
 			t.Errorf("%d dispatcher rules, want 7", len(rules.Rules))
 		}
+		// Issue 38, 1: the rules send to the dispatcher queue, never to the Lambda.
+		dq, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(out.DispatcherQueueURL.Value), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
+		if err != nil {
+			t.Fatalf("the dispatcher queue %q: %v", out.DispatcherQueueURL.Value, err)
+		}
+		queueARN := dq.Attributes["QueueArn"]
+		if !strings.HasSuffix(queueARN, ":"+e2eDispatcherPrefix+"-dispatcher") {
+			t.Errorf("dispatcher queue ARN %q", queueARN)
+		}
+		var ruleARNs []string
 		for _, r := range rules.Rules {
+			ruleARNs = append(ruleARNs, aws.ToString(r.Arn))
 			targets, err := events.ListTargetsByRule(ctx, &eventbridge.ListTargetsByRuleInput{Rule: r.Name, EventBusName: aws.String(e2eDispatcherBus)})
-			if err != nil || len(targets.Targets) != 1 || aws.ToString(targets.Targets[0].Arn) != fn {
-				t.Errorf("rule %s targets %+v (%v), want the dispatcher only", aws.ToString(r.Name), targets, err)
+			if err != nil || len(targets.Targets) != 1 || aws.ToString(targets.Targets[0].Arn) != queueARN {
+				t.Errorf("rule %s targets %+v (%v), want the dispatcher queue only", aws.ToString(r.Name), targets, err)
 				continue
 			}
 			if dlq := targets.Targets[0].DeadLetterConfig; dlq == nil || !strings.HasSuffix(aws.ToString(dlq.Arn), ":"+e2eDispatcherPrefix+"-dispatcher-failures") {
-				t.Errorf("rule %s: the Lambda target's dead-letter queue is %+v, want the failure queue", aws.ToString(r.Name), dlq)
+				t.Errorf("rule %s: the queue target's dead-letter queue is %+v, want the failure queue", aws.ToString(r.Name), dlq)
 			}
 		}
+		checkDispatcherQueue(t, dq.Attributes, ruleARNs)
+		checkNoDirectInvoke(t, ctx, srv, fn, queueARN)
 		failures, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(out.FailureQueueURL.Value), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
 		if err != nil {
 			t.Fatalf("the failure queue: %v", err)

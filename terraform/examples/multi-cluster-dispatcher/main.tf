@@ -1,6 +1,7 @@
 # Two EKS clusters in one account and region. AWS service events arrive once per region, so one
-# set of rules (in the "prod" module instance) invokes the dispatcher Lambda, which sends each
-# event to the intake queue of the cluster that owns the instances (from the instances' tags),
+# set of rules (in the "prod" module instance) sends to the dispatcher queue, which feeds the
+# dispatcher Lambda (an event source mapping; nothing may invoke the Lambda directly), which
+# sends each event to the intake queue of the cluster that owns the instances (from the instances' tags),
 # splits Health events that span both clusters, and sends AMI events to both. The "batch"
 # instance creates its queue, role and alarms but no rules.
 #

@@ -19,6 +19,11 @@ output "dispatcher_function_arn" {
   value       = module.prod.dispatcher_function_arn
 }
 
+output "dispatcher_queue_url" {
+  description = "The queue the rules send to, which feeds the dispatcher Lambda."
+  value       = module.prod.dispatcher_queue_url
+}
+
 output "dispatcher_failure_queue_url" {
   description = "Events the dispatcher could not route after retries."
   value       = module.prod.dispatcher_failure_queue_url

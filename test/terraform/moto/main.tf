@@ -2,10 +2,11 @@
 # endpoint pointed at moto.
 #
 # Two instances: "health_router" (rules -> intake queue) gets real events through its rules;
-# "dispatcher" deploys the dispatcher Lambda and its failure queue, with its rules on a bus of
-# their own, because moto cannot deliver EventBridge events to a Lambda target (PutEvents fails
-# with NotImplementedError) nor run a provided.al2023 function. Package lambda/dispatch tests
-# the Lambda's logic against moto's SQS, EC2 and CloudWatch instead.
+# "dispatcher" deploys the dispatcher queue, the Lambda it feeds (an event source mapping) and
+# the failure queue, with its rules on a bus of their own and no event put on it: moto would
+# hand what reaches the dispatcher queue to the Lambda, and it cannot run a provided.al2023
+# function. Package lambda/dispatch tests the Lambda's logic against moto's SQS, EC2 and
+# CloudWatch instead.
 
 terraform {
   required_version = ">= 1.9"
@@ -127,6 +128,10 @@ output "alarm_names" {
 
 output "dispatcher_function_arn" {
   value = module.dispatcher.dispatcher_function_arn
+}
+
+output "dispatcher_queue_url" {
+  value = module.dispatcher.dispatcher_queue_url
 }
 
 output "dispatcher_failure_queue_url" {
