@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -207,6 +208,14 @@ func TestForward(t *testing.T) {
 				// the warning, once the router's cache has it.
 				capacity(t, []harness.Node{n}, karpv1.CapacityTypeReserved)
 				time.Sleep(time.Second)
+			}
+			if c.pool == "state" {
+				// The router confirms a stop with EC2 before it drains (issue 36, defect 12: a
+				// stop EC2 shows running again is over): the instance stops in moto first, as
+				// it does before AWS sends its state change.
+				if _, err := stage.EC2.StopInstances(context.Background(), &ec2.StopInstancesInput{InstanceIds: []string{n.Instance}}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			took := expectKarpenterActed(t, n, send(t, intake, c.body(n.Instance)))
 			t.Logf("sent -> NodeClaim deleted: %s", took.Round(time.Millisecond))
