@@ -122,6 +122,12 @@ type Event struct {
 
 	// Body is the event exactly as received, for forwarding to Karpenter.
 	Body []byte `json:"-"`
+	// FirstReceived is when SQS first delivered the message that carried the event
+	// (ApproximateFirstReceiveTimestamp: set by SQS, not by the sender); zero for an event
+	// that did not come from a queue. A wait the message bounds (an urgent state change EC2
+	// does not answer about) is measured from it, so that no memory of it is kept and a
+	// restart does not begin the wait again.
+	FirstReceived time.Time `json:"-"`
 }
 
 // ResolvedClose is the close, for its Resolved instances, of an AWS Health report that

@@ -209,7 +209,7 @@ func (in *Intake) receive(ctx, work context.Context, slots chan struct{}, share 
 		out, err := in.sqs.ReceiveMessage(work, &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(in.cfg.QueueURL), MaxNumberOfMessages: int32(n),
 			WaitTimeSeconds: int32(in.cfg.WaitTime / time.Second), VisibilityTimeout: int32(in.cfg.Visibility / time.Second),
-			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp, sqstypes.MessageSystemAttributeNameSenderId},
+			MessageSystemAttributeNames: receiveAttributes,
 			MessageAttributeNames:       []string{"All"},
 		})
 		var msgs []sqstypes.Message
@@ -325,6 +325,7 @@ func (in *Intake) handle(ctx context.Context, m sqstypes.Message) finish {
 		errors.As(err, &re)
 		return func(ctx context.Context) error { return in.deadLetter(ctx, m, re) }
 	}
+	ev.FirstReceived = firstReceived(m)
 	ctx, cancel := context.WithTimeout(ctx, in.cfg.HandleTimeout+time.Duration(len(ev.Instances))*perInstanceBudget)
 	defer cancel()
 	res, err := in.pipeline.Process(ctx, ev)
@@ -445,6 +446,23 @@ func (in *Intake) visibility(ctx context.Context, m sqstypes.Message, d time.Dur
 		return fmt.Errorf("changing visibility of message %s: %w", aws.ToString(m.MessageId), err)
 	}
 	return nil
+}
+
+// receiveAttributes are the system attributes the intake reads of a message: the receive
+// count (backoff, --max-receives), the first receipt (firstReceived), the send time (latency)
+// and the sender (--sender-ids).
+var receiveAttributes = []sqstypes.MessageSystemAttributeName{
+	sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameApproximateFirstReceiveTimestamp,
+	sqstypes.MessageSystemAttributeNameSentTimestamp, sqstypes.MessageSystemAttributeNameSenderId,
+}
+
+// firstReceived is when SQS first delivered m (zero when SQS did not say).
+func firstReceived(m sqstypes.Message) time.Time {
+	ms, err := strconv.ParseInt(m.Attributes[string(sqstypes.MessageSystemAttributeNameApproximateFirstReceiveTimestamp)], 10, 64)
+	if err != nil || ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
 }
 
 func receiveCount(m sqstypes.Message) int {

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -98,14 +97,10 @@ type Pipeline struct {
 	holders   []Holder           // every action that holds state: a close reaches each
 	states    InstanceStates     // nil: an urgent state change is taken at its word
 	stateOf   singleflight.Group // one DescribeInstanceStatus at a time per instance (a shutting-down and its terminated arrive together)
-	// unconfirmed is the first try of each urgent state change EC2 did not answer about
-	// (event/instance), for StateConfirmWait.
-	unconfirmedMu sync.Mutex
-	unconfirmed   map[string]time.Time
-	fresh         client.Reader
-	cluster       string
-	shadowAll     bool           // --shadow: every pool's outcomes only recorded
-	ledger        *shadow.Ledger // nil: would-be outcomes only on the NodeClaims
+	fresh     client.Reader
+	cluster   string
+	shadowAll bool           // --shadow: every pool's outcomes only recorded
+	ledger    *shadow.Ledger // nil: would-be outcomes only on the NodeClaims
 }
 
 // WithShadow has the pipeline record the would-be outcomes of pools in shadow in ledger (nil:
@@ -389,24 +384,48 @@ func (p *Pipeline) instance(ctx context.Context, ev event.Event, id string, bulk
 		return "", false, err
 	}
 	log := p.log.With("event_id", ev.ID, "kind", ev.Kind, "instance", id)
+	c := &claim{ev: ev}
 	switch {
 	case !p.shadowed(resolved):
-		return p.act(ctx, ev, id, resolved, bulk, redecide, out, log)
+		return p.act(ctx, c, id, resolved, bulk, redecide, out, log)
 	case p.shadowAll:
-		return p.observe(ctx, ev, id, resolved, bulk, redecide, true, out, log)
+		return p.observe(ctx, c, id, resolved, bulk, redecide, true, out, log)
 	}
 	if redecide == "" {
-		if _, _, err := p.observe(ctx, ev, id, resolved, bulk, "", false, nil, log); err != nil {
+		if _, _, err := p.observe(ctx, c, id, resolved, bulk, "", false, nil, log); err != nil {
 			return "", false, err
 		}
 	}
-	return p.act(ctx, ev, id, StandIn(resolved), bulk, redecide, out, log.With("stand_in", true))
+	return p.act(ctx, c, id, standIn(resolved), bulk, redecide, out, log.With("stand_in", true))
 }
 
-// StandIn is res as Karpenter's own handling decides it: its NodePool without the router's
+// claim is an event as checked for one instance: plausible for its NodeClaim (plausible),
+// its state change confirmed with EC2 (confirmState). A pool in shadow is decided twice in
+// one pass, for its would-be outcome and as Karpenter's stand-in, on one check: one call to
+// EC2 and one count in the metrics.
+type claim struct {
+	ev          event.Event
+	unconfirmed string // the decision's warning when EC2 did not confirm the state change
+	checked     bool
+}
+
+// check checks c's event for the instance once (see claim).
+func (p *Pipeline) check(ctx context.Context, c *claim, id string, resolved cluster.Resolved, log *slog.Logger) error {
+	if c.checked {
+		return nil
+	}
+	ev, unconfirmed, err := p.confirmState(ctx, p.plausible(c.ev, resolved, log), id, resolved, log)
+	if err != nil {
+		return err
+	}
+	c.ev, c.unconfirmed, c.checked = ev, unconfirmed, true
+	return nil
+}
+
+// standIn is res as Karpenter's own handling decides it: its NodePool without the router's
 // annotations (a copy; the cache's object is not changed). It is how the router acts for a
 // pool in shadow once Karpenter's rules no longer feed Karpenter.
-func StandIn(res cluster.Resolved) cluster.Resolved {
+func standIn(res cluster.Resolved) cluster.Resolved {
 	if res.NodePool == nil {
 		return res
 	}
@@ -425,15 +444,14 @@ func StandIn(res cluster.Resolved) cluster.Resolved {
 // what the router holds, and a due deferral of before the shadow is dropped (Karpenter's own
 // handling decides). A pool in shadow on an active router leaves both to act, which stands
 // in for Karpenter.
-func (p *Pipeline) observe(ctx context.Context, ev event.Event, id string, resolved cluster.Resolved, bulk *summary, redecide string, owner bool, out *policy.Decision, log *slog.Logger) (policy.Action, bool, error) {
-	if redecide == "" && p.shadowRecorded(ctx, resolved.NodeClaim, ev, log) {
+func (p *Pipeline) observe(ctx context.Context, c *claim, id string, resolved cluster.Resolved, bulk *summary, redecide string, owner bool, out *policy.Decision, log *slog.Logger) (policy.Action, bool, error) {
+	if redecide == "" && p.shadowRecorded(ctx, resolved.NodeClaim, c.ev, log) {
 		return "", true, nil
 	}
-	ev = p.plausible(ev, resolved, log)
-	ev, unconfirmed, err := p.confirmState(ctx, ev, id, resolved, log)
-	if err != nil {
+	if err := p.check(ctx, c, id, resolved, log); err != nil {
 		return "", false, err
 	}
+	ev, unconfirmed := c.ev, c.unconfirmed
 	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", true, log)
 	if err != nil || skipped {
 		return "", skipped, err
@@ -453,15 +471,14 @@ func (p *Pipeline) observe(ctx context.Context, ev event.Event, id string, resol
 }
 
 // act decides ev for the instance and carries the outcome out (see instance).
-func (p *Pipeline) act(ctx context.Context, ev event.Event, id string, resolved cluster.Resolved, bulk *summary, redecide string, out *policy.Decision, log *slog.Logger) (policy.Action, bool, error) {
-	if redecide == "" && p.skip(ev, resolved.NodeClaim, p.memory(ctx, resolved.NodeClaim), log) {
+func (p *Pipeline) act(ctx context.Context, c *claim, id string, resolved cluster.Resolved, bulk *summary, redecide string, out *policy.Decision, log *slog.Logger) (policy.Action, bool, error) {
+	if redecide == "" && p.skip(c.ev, resolved.NodeClaim, p.memory(ctx, resolved.NodeClaim), log) {
 		return "", true, nil
 	}
-	ev = p.plausible(ev, resolved, log)
-	ev, unconfirmed, err := p.confirmState(ctx, ev, id, resolved, log)
-	if err != nil {
+	if err := p.check(ctx, c, id, resolved, log); err != nil {
 		return "", false, err
 	}
+	ev, unconfirmed := c.ev, c.unconfirmed
 	o, ev, skipped, err := p.decide(ctx, ev, id, resolved, redecide != "", false, log)
 	if err != nil || skipped {
 		return "", skipped, err
@@ -566,37 +583,27 @@ func (p *Pipeline) confirmState(ctx context.Context, ev event.Event, id string, 
 	}
 	state, err := p.instanceState(ctx, id)
 	if err != nil && !stop && awscalls.Classify(err) != awscalls.Denied {
-		if since, waiting := p.unconfirmedFor(ev.ID + "/" + id); waiting {
+		// The wait is the message's own: from SQS's first delivery of it, so the router keeps
+		// no memory of it and a restart does not begin it again. An event that came from no
+		// queue (zero) is returned to its caller to be tried again while EC2 does not answer.
+		since := ev.FirstReceived
+		if since.IsZero() {
+			since = p.clock.Now()
+		}
+		if until := since.Add(StateConfirmWait); p.clock.Now().Before(until) {
 			p.metrics.StateConfirmations.WithLabelValues(StateUnavailable).Inc()
 			return ev, "", fmt.Errorf("the %s state of %s is not confirmed: EC2 did not answer (tried again until %s, then acted on as claimed): %w",
-				ev.State, id, since.Add(StateConfirmWait).UTC().Format(time.RFC3339), err)
+				ev.State, id, until.UTC().Format(time.RFC3339), err)
 		}
 	}
 	ev, unconfirmed = p.stateOutcome(ev, stop, state, err, log)
 	return ev, unconfirmed, nil
 }
 
-// StateConfirmWait is how long an urgent state change EC2 does not answer about is tried
-// again before it is acted on as claimed (see confirmState).
+// StateConfirmWait is how long after its message was first received an urgent state change
+// EC2 does not answer about is tried again before it is acted on as claimed (see
+// confirmState).
 const StateConfirmWait = 90 * time.Second
-
-// unconfirmedFor notes the first try of key (event/instance) without an answer from EC2, and
-// reports whether it is still within StateConfirmWait of it. Notes older than ten waits are
-// forgotten as new ones come.
-func (p *Pipeline) unconfirmedFor(key string) (since time.Time, waiting bool) {
-	now := p.clock.Now()
-	p.unconfirmedMu.Lock()
-	defer p.unconfirmedMu.Unlock()
-	if p.unconfirmed == nil {
-		p.unconfirmed = map[string]time.Time{}
-	}
-	maps.DeleteFunc(p.unconfirmed, func(_ string, at time.Time) bool { return now.Sub(at) > 10*StateConfirmWait })
-	since, ok := p.unconfirmed[key]
-	if !ok {
-		since, p.unconfirmed[key] = now, now
-	}
-	return since, now.Sub(since) < StateConfirmWait
-}
 
 // stateOutcome applies EC2's answer (state, or err) about ev's instance: see confirmState.
 func (p *Pipeline) stateOutcome(ev event.Event, stop bool, state ec2types.InstanceStateName, err error, log *slog.Logger) (_ event.Event, unconfirmed string) {

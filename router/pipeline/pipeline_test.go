@@ -611,15 +611,18 @@ func drainEvents(rec *events.FakeRecorder) []string {
 // goes now and an ordinary one is deferred: the outcome shows which the event was taken for.
 func TestStateConfirmation(t *testing.T) {
 	tests := []struct {
-		name       string
-		state      event.InstanceState // the event's
-		ec2        string              // what EC2 shows; "" for an instance EC2 does not know
-		fail       int
-		denied     bool
-		retried    bool // the first try is an error (the message stays), the one after StateConfirmWait decides
-		wantAction policy.Action
-		wantResult string
-		wantWarn   string
+		name    string
+		state   event.InstanceState // the event's
+		ec2     string              // what EC2 shows; "" for an instance EC2 does not know
+		fail    int
+		denied  bool
+		retried bool // the first try is an error (the message stays), the one after StateConfirmWait decides
+		// receivedAgo is how long before now SQS first delivered the message: a router
+		// restarted since its first try (or another replica) sees it that old.
+		receivedAgo time.Duration
+		wantAction  policy.Action
+		wantResult  string
+		wantWarn    string
 	}{
 		{name: "shutting-down, EC2 shows it shutting down", state: event.StateShuttingDown, ec2: "shutting-down", wantAction: policy.ActionDrain, wantResult: StateConfirmed},
 		{name: "terminated, EC2 shows it terminated", state: event.StateTerminated, ec2: "terminated", wantAction: policy.ActionDrain, wantResult: StateConfirmed},
@@ -633,6 +636,8 @@ func TestStateConfirmation(t *testing.T) {
 		// event for StateConfirmWait, then it is acted on as claimed.
 		{name: "EC2 fails: retried, then acted on as claimed", state: event.StateShuttingDown, ec2: "running", fail: 1, retried: true, wantAction: policy.ActionDrain, wantResult: StateUnavailable,
 			wantWarn: "the shutting-down state was not confirmed with EC2"},
+		{name: "EC2 fails, first received a wait ago (the router restarted since): acted on as claimed", state: event.StateShuttingDown, ec2: "running", fail: 1,
+			receivedAgo: StateConfirmWait, wantAction: policy.ActionDrain, wantResult: StateUnavailable, wantWarn: "the shutting-down state was not confirmed with EC2"},
 		{name: "EC2 refuses: acted on as claimed", state: event.StateTerminated, ec2: "running", denied: true, wantAction: policy.ActionDrain, wantResult: StateUnavailable,
 			wantWarn: "UnauthorizedOperation"},
 	}
@@ -651,6 +656,7 @@ func TestStateConfirmation(t *testing.T) {
 			r.p.WithStateConfirmation(client)
 			var d policy.Decision
 			ev := stateChange("sc", instanceID(0), tt.state, now)
+			ev.FirstReceived = now.Add(-tt.receivedAgo)
 			_, _, err := r.p.instance(context.Background(), ev, instanceID(0), newSummary(false), "", &d)
 			tries := 1
 			if tt.retried {

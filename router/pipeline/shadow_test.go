@@ -23,6 +23,7 @@ import (
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
+	"github.com/health-router/health-router/test/harness"
 )
 
 // routerWrites lists what the router wrote on the cluster's NodeClaims and Nodes that is not a
@@ -147,18 +148,26 @@ func TestShadowPoolStandsInForKarpenter(t *testing.T) {
 		would     policy.Action
 		carried   policy.Action
 		wantDrain bool
+		ec2Calls  int // DescribeInstanceStatus calls for the pass: the would-be outcome and the stand-in share one check
 	}{
 		{name: "a retirement: would defer to the window, drained as Karpenter would", ev: retirement("ret-1", now.Add(10*24*time.Hour), instanceID(0)),
 			would: policy.ActionDefer, carried: policy.ActionDrain, wantDrain: true},
 		{name: "a Spot warning: drained at once", ev: spot("spot-1", instanceID(0)), would: policy.ActionDrain, carried: policy.ActionDrain, wantDrain: true},
-		{name: "a stop: Karpenter's drain", ev: stateChange("stop-1", instanceID(0), event.StateStopped, now), would: policy.ActionDefer, carried: policy.ActionDrain, wantDrain: true},
+		{name: "a stop: Karpenter's drain", ev: stateChange("stop-1", instanceID(0), event.StateStopped, now), would: policy.ActionDefer, carried: policy.ActionDrain, wantDrain: true,
+			ec2Calls: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t, map[string]map[string]string{"kafka": deferring}, map[string]int{"kafka": 1})
+			srv, client := harness.NewEC2InstanceStatus(t)
+			srv.Add(instanceID(0), &harness.Instance{State: "stopped"})
+			r.p.WithStateConfirmation(client)
 			res, err := r.p.Process(context.Background(), tt.ev)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if calls, _, _, _ := srv.Stats(); calls != tt.ec2Calls {
+				t.Errorf("%d DescribeInstanceStatus calls, want %d", calls, tt.ec2Calls)
 			}
 			if res.Actions[tt.carried] != 1 {
 				t.Fatalf("carried out %+v, want one %s", res.Actions, tt.carried)
