@@ -842,7 +842,7 @@ var rbacNeeds = []authv1.ResourceAttributes{
 	{Verb: "delete", Group: "karpenter.sh", Resource: "nodeclaims"},
 	{Verb: "list", Group: "karpenter.sh", Resource: "nodepools"}, {Verb: "watch", Group: "karpenter.sh", Resource: "nodepools"},
 	{Verb: "list", Group: "karpenter.k8s.aws", Resource: "ec2nodeclasses"}, {Verb: "watch", Group: "karpenter.k8s.aws", Resource: "ec2nodeclasses"},
-	{Verb: "list", Resource: "pods"}, {Verb: "watch", Resource: "pods"},
+	{Verb: "list", Resource: "pods"},
 	{Verb: "list", Group: "policy", Resource: "poddisruptionbudgets"}, {Verb: "watch", Group: "policy", Resource: "poddisruptionbudgets"},
 	{Verb: "create", Group: "events.k8s.io", Resource: "events"},
 	{Verb: "list", Group: record.Group, Resource: record.Resource}, {Verb: "watch", Group: record.Group, Resource: record.Resource},

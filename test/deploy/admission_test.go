@@ -42,30 +42,35 @@ func admissionObjects(t *testing.T, args ...string) []*unstructured.Unstructured
 	return out
 }
 
-// TestAdmissionPolicyRendering: the NodePool policy is on by default where the API server
-// serves the API, off where it does not or when turned off; the router-writes guard is off by
-// default.
+// TestAdmissionPolicyRendering: both policies are on by default where the API server serves
+// the API (issue 38 item 5: the router-writes guard was off, and refused the reboot in place's
+// do-not-repair), off where it does not or when turned off.
 func TestAdmissionPolicyRendering(t *testing.T) {
 	kinds := func(objs []*unstructured.Unstructured) []string {
 		var names []string
 		for _, u := range objs {
 			names = append(names, u.GetKind()+"/"+u.GetName())
 		}
+		slices.Sort(names)
 		return names
 	}
-	want := []string{"ValidatingAdmissionPolicy/health-router-nodepool-annotations", "ValidatingAdmissionPolicyBinding/health-router-nodepool-annotations"}
-	if got := kinds(admissionObjects(t)); !slices.Equal(got, want) {
-		t.Errorf("default: %v, want %v", got, want)
-	}
-	if got := kinds(admissionObjects(t, "--set", "admissionPolicies.nodePoolAnnotations.enabled=false")); len(got) != 0 {
-		t.Errorf("turned off: %v", got)
-	}
-	got := kinds(admissionObjects(t, "--set", "admissionPolicies.routerWrites.enabled=true"))
-	want = append(want, "ValidatingAdmissionPolicy/health-router-router-writes", "ValidatingAdmissionPolicyBinding/health-router-router-writes")
-	slices.Sort(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("with routerWrites: %v, want %v", got, want)
+	pools := []string{"ValidatingAdmissionPolicy/health-router-nodepool-annotations", "ValidatingAdmissionPolicyBinding/health-router-nodepool-annotations"}
+	writes := []string{"ValidatingAdmissionPolicy/health-router-router-writes", "ValidatingAdmissionPolicyBinding/health-router-router-writes"}
+	sorted := func(names ...[]string) []string { all := slices.Concat(names...); slices.Sort(all); return all }
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want []string
+	}{
+		{"default", nil, sorted(pools, writes)},
+		{"NodePool policy off", []string{"--set", "admissionPolicies.nodePoolAnnotations.enabled=false"}, writes},
+		{"guard off", []string{"--set", "admissionPolicies.routerWrites.enabled=false"}, pools},
+		{"both off", []string{"--set", "admissionPolicies.nodePoolAnnotations.enabled=false", "--set", "admissionPolicies.routerWrites.enabled=false"}, nil},
+		{"the reboot in place on", []string{"--set", "settings.rebootInPlace=true"}, sorted(pools, writes)},
+	} {
+		if got := kinds(admissionObjects(t, tc.set...)); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 	for _, u := range build(t) { // no --api-versions: an API server without the API
 		if strings.HasPrefix(u.GetKind(), "ValidatingAdmissionPolicy") {
@@ -144,7 +149,8 @@ func nodePoolAnnotations(t *testing.T, c client.Client) {
 	if err := annotate(ctx, c, "before", bad); err != nil {
 		t.Fatalf("without the policy, max-concurrent-drains=12.5%% is refused already: %v", err)
 	}
-	installAdmission(t, c, admissionObjects(t), func() error {
+	// The NodePool policy alone: the router-writes guard (on by default) is the next subtest's.
+	installAdmission(t, c, admissionObjects(t, "--set", "admissionPolicies.routerWrites.enabled=false"), func() error {
 		return c.Create(ctx, testNodePool("probe", bad), client.DryRunAll)
 	})
 
@@ -259,7 +265,7 @@ func routerWrites(t *testing.T, cfg *rest.Config, admin client.Client) {
 	}
 
 	var objs []*unstructured.Unstructured
-	for _, u := range admissionObjects(t, "--set", "admissionPolicies.routerWrites.enabled=true") {
+	for _, u := range admissionObjects(t) { // on by default
 		if strings.HasSuffix(u.GetName(), "-router-writes") {
 			objs = append(objs, u)
 		}
@@ -317,6 +323,20 @@ func routerWrites(t *testing.T, cfg *rest.Config, admin client.Client) {
 		{"removing another label", node, func() { delete(node.Labels, "team") }, false},
 		{"another annotation", node, func() { node.Annotations = map[string]string{"example.com/owner": "me"} }, false},
 		{"a finalizer", node, func() { node.Finalizers = append(node.Finalizers, "example.com/hold") }, false},
+		// The reboot in place's vetoes (router/inplace), on the NodeClaim and on its Node: the
+		// guard refused do-not-repair before, so no one running the reboot in place could turn
+		// it on (issue 38 item 5).
+		{"the reboot in place's vetoes on a NodeClaim", claim, func() {
+			claim.Annotations = map[string]string{karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}
+		}, true},
+		{"the reboot in place's vetoes on a Node", node, func() {
+			node.Annotations = map[string]string{karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}
+			node.Spec.Unschedulable = true
+		}, true},
+		{"undoing them", node, func() {
+			node.Annotations = nil
+			node.Spec.Unschedulable = false
+		}, true},
 		{"the router's record on a NodeClaim", claim, func() {
 			claim.Annotations = map[string]string{"healthrouter.io/deferred": "{}", "karpenter.sh/do-not-disrupt": "true"}
 		}, true},

@@ -515,7 +515,7 @@ var clusterRoleAllowlist = map[groupResource][]string{
 	{"karpenter.sh", "nodeclaims"}:          {"get", "list", "watch", "patch", "delete"},
 	{"karpenter.sh", "nodepools"}:           {"get", "list", "watch"},
 	{"karpenter.k8s.aws", "ec2nodeclasses"}: {"get", "list", "watch"},
-	{"", "pods"}:                            {"get", "list", "watch"},
+	{"", "pods"}:                            {"list"}, // get too with cordon-drain or the reboot in place: TestRBACEvictions
 	{"policy", "poddisruptionbudgets"}:      {"get", "list", "watch"},
 	{"", "events"}:                          {"create", "patch"},
 	{"events.k8s.io", "events"}:             {"create", "patch"},
@@ -602,13 +602,25 @@ func TestRuleProblems(t *testing.T) {
 	}
 }
 
-// TestRBACEvictions: evictions (and the DaemonSet reads of kubectl's drain helper) are granted
-// for cordon-drain and the reboot in place only.
+// TestRBACEvictions: evictions (and the DaemonSet and pod reads of kubectl's drain helper) are
+// granted for cordon-drain and the reboot in place only. Pods are listed, never watched: the
+// router reads them uncached (issue 38 item 5: the chart granted get, list and watch on every
+// pod to every install).
 func TestRBACEvictions(t *testing.T) {
-	evicts := func(m manifests) bool {
+	grants := func(m manifests, resource, verb string) bool {
 		return slices.ContainsFunc(m.clusterRole.Rules, func(r rbacv1.PolicyRule) bool {
-			return slices.Contains(r.Resources, "pods/eviction") && slices.Contains(r.Verbs, "create")
-		}) && slices.ContainsFunc(m.clusterRole.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "daemonsets") })
+			return slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb)
+		})
+	}
+	evicts := func(m manifests) bool {
+		if grants(m, "pods", "watch") || !grants(m, "pods", "list") {
+			t.Errorf("pods: watch granted or list not: %+v", m.clusterRole.Rules)
+		}
+		e, d, g := grants(m, "pods/eviction", "create"), grants(m, "daemonsets", "get"), grants(m, "pods", "get")
+		if e != d || e != g {
+			t.Errorf("evictions %v, daemonsets get %v, pods get %v: the drain helper needs all three or none", e, d, g)
+		}
+		return e
 	}
 	for _, tt := range []struct {
 		set  []string

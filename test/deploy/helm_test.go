@@ -135,6 +135,7 @@ func TestValuesSets(t *testing.T) {
 			"HEALTH_ROUTER_SENDER_IDS":               "AROAEXAMPLEDISPATCHER01,AROAEXAMPLEROUTER0001:ci",
 			"HEALTH_ROUTER_SIGNAL":                   "forward",
 			"HEALTH_ROUTER_KARPENTER_VERSION":        "1.9.3",
+			"HEALTH_ROUTER_KARPENTER_ROLE_ARN":       "arn:aws:iam::111122223333:role/KarpenterController-my-cluster",
 			"HEALTH_ROUTER_CLOUDWATCH_METRICS":       "false",
 			"HEALTH_ROUTER_CLOUDWATCH_INTERVAL":      "2m",
 			"HEALTH_ROUTER_WORKERS":                  "20",

@@ -302,6 +302,10 @@ func rbacAuthorizes(t *testing.T, c client.Client, d *appsv1.Deployment) {
 		{"get", "", "secrets", namespace},
 		{"list", "", "secrets", ""},
 		{"delete", "", "pods", ""},
+		// Pods are read uncached (issue 38 item 5): never watched; get only for the drain
+		// helper of cordon-drain and the reboot in place, off in this install.
+		{"watch", "", "pods", ""},
+		{"get", "", "pods", "default"},
 		{"create", "", "pods/eviction", "default"},
 		{"delete", "", "nodes", ""},
 		{"update", "", "nodes/status", ""},

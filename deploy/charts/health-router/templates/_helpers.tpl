@@ -98,6 +98,7 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_ACCOUNT" $s.account)
   (list "HEALTH_ROUTER_SIGNAL" $s.signal)
   (list "HEALTH_ROUTER_KARPENTER_VERSION" $s.karpenterVersion)
+  (list "HEALTH_ROUTER_KARPENTER_ROLE_ARN" $s.karpenterRoleARN)
   (list "HEALTH_ROUTER_CLOUDWATCH_INTERVAL" $s.cloudWatchInterval)
   (list "HEALTH_ROUTER_VISIBILITY_TIMEOUT" $s.visibilityTimeout)
   (list "HEALTH_ROUTER_WAIT_TIME" $s.waitTime)
