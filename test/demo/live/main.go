@@ -175,6 +175,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	step("adding a pool in shadow (" + shadowPool + ": healthrouter.io/mode=shadow; it would defer to Saturday's window)")
+	shadowed, err := loadShadowPool(ctx, kube)
+	if err != nil {
+		return err
+	}
+	claims = append(claims, shadowed)
 
 	step("running the router (delete-nodeclaim mode; ReservedCapacity gate off: moto has no reservation API)")
 	gates := checks.NewFeatureGates()
@@ -207,7 +213,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("    %d events through EventBridge (its rules drop the RDS Health event: EC2 scheduled changes only), %d poison messages straight into the queue\n", sent, poison)
+	if err := putShadowEvent(ctx, ebc, time.Now()); err != nil {
+		return err
+	}
+	sent++
+	fmt.Printf("    %d events through EventBridge (its rules drop the RDS Health event: EC2 scheduled changes only; one is the pool in shadow's retirement), %d poison messages straight into the queue\n", sent, poison)
 	step("waiting for the intake queue to be quiet (nothing waiting, nothing in flight, for 2s)")
 	waited, err := waitQuiet(ctx, sqsc, intakeURL, 2*time.Second, 250*time.Millisecond, 90*time.Second)
 	if err != nil {
@@ -220,6 +230,9 @@ func run() error {
 	}
 	// The report is read while the router still runs: its Events are all posted by now.
 	if err := report(ctx, kube, sqsc, intakeURL, dlqURL, claims); err != nil {
+		return errors.Join(err, stopped())
+	}
+	if err := shadowReport(ctx, kube, os.Stdout); err != nil {
 		return errors.Join(err, stopped())
 	}
 	if keep {
@@ -246,6 +259,8 @@ The demo is still up (KEEP=1): moto_server, kube-apiserver and the router. Try, 
     kubectl --kubeconfig %[1]s get nodeclaims,nodes
     kubectl --kubeconfig %[1]s get events --sort-by=.lastTimestamp
     go run ./cmd/health-router status --kubeconfig %[1]s
+    go run ./cmd/health-router status --shadow --kubeconfig %[1]s
+    kubectl --kubeconfig %[1]s get healthrecords
     curl -s http://%[2]s/metrics | grep ^health_router_
     curl -s http://%[3]s/readyz
     AWS_ENDPOINT_URL=%[4]s AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=%[5]s aws sqs get-queue-attributes --queue-url %[6]s --attribute-names All

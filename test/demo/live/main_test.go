@@ -75,7 +75,8 @@ func TestDemo(t *testing.T) {
 	}
 	out := stdout.String()
 	for _, want := range []string{"==> starting moto_server", "==> waiting for the intake queue to be quiet", "quiet after", "What the router did, per NodeClaim, and why:",
-		"NODECLAIM", "REASON", "DELETED (Karpenter drains it)", "deferred", "drain (no annotation: Karpenter's behaviour)", "Dead-letter queue:", "The demo is still up (KEEP=1)"} {
+		"NODECLAIM", "REASON", "DELETED (Karpenter drains it)", "deferred", "drain (no annotation: Karpenter's behaviour)", "Dead-letter queue:", "The demo is still up (KEEP=1)",
+		"The pool in shadow (" + shadowPool, shadowClaim} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
@@ -105,6 +106,14 @@ func TestDemo(t *testing.T) {
 	status := exec.Command("go", "run", "../../../cmd/health-router", "status", "--kubeconfig", kubeconfig[1])
 	if b, err := status.CombinedOutput(); err != nil || !strings.Contains(string(b), "kafka") {
 		t.Errorf("health-router status through the printed kubeconfig: %v\n%s", err, b)
+	}
+	// Issue 38 item 14: shadow tried locally. The pool in shadow's retirement would have been
+	// deferred; the router drained it as Karpenter would (the takeover is done in the demo).
+	shadowStatus := exec.Command("go", "run", "../../../cmd/health-router", "status", "--shadow", "--kubeconfig", kubeconfig[1])
+	if b, err := shadowStatus.CombinedOutput(); err != nil || !strings.Contains(string(b), shadowPool) || !strings.Contains(string(b), shadowClaim) {
+		t.Errorf("health-router status --shadow through the printed kubeconfig: %v\n%s", err, b)
+	} else {
+		t.Logf("status --shadow:\n%s", b)
 	}
 
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
