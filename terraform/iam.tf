@@ -188,6 +188,19 @@ locals {
       Action   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]
       Resource = var.karpenter_queue_arn
     }],
+    # `health-router doctor` in the router's pod (the chart's settings.karpenterRoleARN): whether
+    # Karpenter's role may still call ec2:DescribeInstanceStatus, the last check of the takeover
+    # ("takeover from Karpenter: complete"). A simulation reads the role's policies and changes
+    # nothing; only that role (with or without a path).
+    var.karpenter_controller_role_name == null ? [] : [{
+      Sid    = "InspectKarpenterRole"
+      Effect = "Allow"
+      Action = "iam:SimulatePrincipalPolicy"
+      Resource = [
+        "arn:${local.partition}:iam::${local.account_id}:role/${var.karpenter_controller_role_name}",
+        "arn:${local.partition}:iam::${local.account_id}:role/*/${var.karpenter_controller_role_name}",
+      ]
+    }],
     # The router uses the key only through SQS.
     var.kms_key_arn == null ? [] : [{
       Sid       = "QueueKey"

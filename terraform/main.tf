@@ -75,6 +75,8 @@ locals {
     local.karpenter_queue_arn_parts[3], data.aws_partition.current.dns_suffix,
     local.karpenter_queue_arn_parts[4], local.karpenter_queue_arn_parts[5],
   )
+  # Karpenter's controller role, for doctor's takeover check (--karpenter-role-arn).
+  karpenter_role_arn = var.karpenter_controller_role_name == null ? null : "arn:${local.partition}:iam::${local.account_id}:role/${var.karpenter_controller_role_name}"
 }
 
 ################################################################################

@@ -80,10 +80,15 @@ output "helm_values" {
         clusterName        = var.cluster_name
         cloudWatchMetrics  = true
       },
-      { for k, v in { karpenterQueueURL = local.karpenter_queue_url } : k => v if v != null },
+      { for k, v in { karpenterQueueURL = local.karpenter_queue_url, karpenterRoleARN = local.karpenter_role_arn } : k => v if v != null },
       var.shadow ? { shadow = true } : {},
     )
   })
+}
+
+output "karpenter_role_arn" {
+  description = "ARN of Karpenter's controller role (from karpenter_controller_role_name, without a path), which doctor checks for ec2:DescribeInstanceStatus: the chart's settings.karpenterRoleARN, and doctor's --karpenter-role-arn. Null when karpenter_controller_role_name is not set."
+  value       = local.karpenter_role_arn
 }
 
 output "cluster_name" {

@@ -273,7 +273,7 @@ variable "create_karpenter_deny_policy" {
 }
 
 variable "karpenter_controller_role_name" {
-  description = "Name of Karpenter's controller IAM role. When set (and create_karpenter_deny_policy is true), the deny policy is attached to it."
+  description = "Name of Karpenter's controller IAM role. When set (and create_karpenter_deny_policy is true), the deny policy is attached to it; the router's role may then simulate its policies (iam:SimulatePrincipalPolicy, for doctor's takeover check), and helm_values carries its ARN (settings.karpenterRoleARN)."
   type        = string
   default     = null
 }

@@ -44,6 +44,12 @@ variables {
 run "defaults" {
   command = plan
 
+  # No Karpenter role named: nothing to simulate, nothing for doctor to check.
+  assert {
+    condition     = length([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "InspectKarpenterRole"]) == 0 && output.karpenter_role_arn == null && !can(yamldecode(output.helm_values).settings.karpenterRoleARN)
+    error_message = "without karpenter_controller_role_name the router may simulate no role's policies"
+  }
+
   # Every kind gets a rule, each targeting the intake queue.
   assert {
     condition     = toset(keys(aws_cloudwatch_event_rule.this)) == toset(["scheduled-change", "spot-interruption", "rebalance-recommendation", "state-change", "capacity-reservation-interruption", "ami-state-change", "capacity-block-expiration"])
@@ -256,6 +262,18 @@ run "irsa_kms_forward_and_karpenter_deny" {
   assert {
     condition     = aws_iam_role_policy_attachment.karpenter_deny_instance_status[0].role == "KarpenterController-prod-eu"
     error_message = "the deny policy must be attached to Karpenter's role when named"
+  }
+  # Issue 38 item 10: the in-pod doctor can say "takeover from Karpenter: complete" only when it
+  # knows Karpenter's role and may simulate its policies.
+  assert {
+    condition     = yamldecode(output.helm_values).settings.karpenterRoleARN == "arn:aws:iam::111122223333:role/KarpenterController-prod-eu" && output.karpenter_role_arn == "arn:aws:iam::111122223333:role/KarpenterController-prod-eu"
+    error_message = "helm_values must carry Karpenter's role ARN for doctor's takeover check"
+  }
+  assert {
+    condition = one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "InspectKarpenterRole"]).Action == "iam:SimulatePrincipalPolicy" && toset(one([for s in jsondecode(aws_iam_role_policy.router[0].policy).Statement : s if s.Sid == "InspectKarpenterRole"]).Resource) == toset([
+      "arn:aws:iam::111122223333:role/KarpenterController-prod-eu", "arn:aws:iam::111122223333:role/*/KarpenterController-prod-eu",
+    ])
+    error_message = "the router may simulate Karpenter's role's policies, and no other role's"
   }
   assert {
     condition     = !contains(keys(aws_cloudwatch_event_rule.this), "rebalance-recommendation") && !contains(keys(aws_cloudwatch_event_rule.this), "ami-state-change") && length(aws_cloudwatch_event_rule.this) == 5
