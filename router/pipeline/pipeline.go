@@ -431,7 +431,8 @@ func standIn(res cluster.Resolved) cluster.Resolved {
 	}
 	np := res.NodePool.DeepCopy()
 	for k := range np.Annotations {
-		if strings.HasPrefix(k, policy.Prefix) {
+		// The mode stays: it decides nothing but says why Karpenter's behaviour applies.
+		if strings.HasPrefix(k, policy.Prefix) && k != policy.AnnotationMode {
 			delete(np.Annotations, k)
 		}
 	}

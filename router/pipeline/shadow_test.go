@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -168,6 +169,17 @@ func TestShadowPoolStandsInForKarpenter(t *testing.T) {
 			}
 			if calls, _, _, _ := srv.Stats(); calls != tt.ec2Calls {
 				t.Errorf("%d DescribeInstanceStatus calls, want %d", calls, tt.ec2Calls)
+			}
+			// The drain's Event says why Karpenter's behaviour applies: the pool is in shadow
+			// (it has annotations; "no annotation" would mislead whoever reads it).
+			var said []string
+			for len(r.recorder.Events) > 0 {
+				said = append(said, <-r.recorder.Events)
+			}
+			if !slices.ContainsFunc(said, func(e string) bool {
+				return strings.Contains(e, "pool in shadow: Karpenter's behaviour, carried out by the router")
+			}) {
+				t.Errorf("no Event says the drain is Karpenter's behaviour for a pool in shadow: %q", said)
 			}
 			if res.Actions[tt.carried] != 1 {
 				t.Fatalf("carried out %+v, want one %s", res.Actions, tt.carried)

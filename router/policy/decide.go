@@ -181,6 +181,10 @@ func Decide(ev event.Event, tg Target, now time.Time) Decision {
 	action, key := tg.Policy.ActionFor(ev)
 	chose := fmt.Sprintf("%s=%s", key, action)
 	switch {
+	case key == "" && tg.Policy.Shadow:
+		// A pool in shadow on an active router: the router carries out Karpenter's behaviour
+		// for it (its own decision is recorded as would-be).
+		chose = fmt.Sprintf("%s (pool in shadow: Karpenter's behaviour, carried out by the router)", action)
 	case key == "":
 		chose = fmt.Sprintf("%s (no annotation: Karpenter's behaviour)", action)
 	case tg.Policy.Invalid(key):

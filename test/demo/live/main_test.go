@@ -76,7 +76,7 @@ func TestDemo(t *testing.T) {
 	out := stdout.String()
 	for _, want := range []string{"==> starting moto_server", "==> waiting for the intake queue to be quiet", "quiet after", "What the router did, per NodeClaim, and why:",
 		"NODECLAIM", "REASON", "DELETED (Karpenter drains it)", "deferred", "drain (no annotation: Karpenter's behaviour)", "Dead-letter queue:", "The demo is still up (KEEP=1)",
-		"The pool in shadow (" + shadowPool, shadowClaim} {
+		"The pool in shadow (" + shadowPool, shadowClaim, "pool in shadow: Karpenter's behaviour, carried out by the router"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
