@@ -68,29 +68,40 @@ locals {
   # NodePools annotated healthrouter.io/event-window=true (the router's --event-windows): one
   # EC2 event window per pool. The window calls support the instance-event-window resource and
   # its tags (Service Authorization Reference, Amazon EC2): the router may create a window only
-  # tagged with this cluster (aws:RequestTag, the tag set in the same call, so CreateTags on the
-  # window only as part of CreateInstanceEventWindow), and change, associate, disassociate or
-  # delete only windows that carry it (aws:ResourceTag). DescribeInstanceEventWindows supports no
-  # resource-level scoping: held to the region. The window's target is an instance tag the
-  # router puts on this cluster's Karpenter instances, and no other tag (aws:TagKeys), with a
-  # value of this cluster's (aws:RequestTag).
+  # with the two tags it writes, this cluster and a pool (aws:RequestTag, and no other key:
+  # aws:TagKeys), set in the same call (CreateTags on the window only as part of
+  # CreateInstanceEventWindow), and change, associate, disassociate or delete only windows that
+  # carry both (aws:ResourceTag): every window the role can make or touch is one the router's
+  # manager reads back as a pool's and keeps in line with it. DescribeInstanceEventWindows
+  # supports no resource-level scoping: held to the region.
+  # What a window is associated with cannot be scoped: AssociateInstanceEventWindow is authorized
+  # on the window alone, with no condition key for its target (instance IDs, Dedicated Host IDs or
+  # instance tags). The router associates one instance tag, which it puts on this cluster's
+  # Karpenter instances alone (aws:TagKeys), with a value of this cluster's (aws:RequestTag); the
+  # manager takes any other target off the cluster's windows when it next reads them
+  # (router/eventwindow: strays).
+  event_window_tags = {
+    StringEquals                = { "aws:RequestTag/healthrouter.io/cluster" = var.cluster_name }
+    StringLike                  = { "aws:RequestTag/healthrouter.io/nodepool" = "?*" }
+    "ForAllValues:StringEquals" = { "aws:TagKeys" = ["healthrouter.io/cluster", "healthrouter.io/nodepool"] }
+  }
+
   event_window_statements = [
     {
       Sid       = "EventWindowsCreate"
       Effect    = "Allow"
       Action    = "ec2:CreateInstanceEventWindow"
       Resource  = local.event_windows
-      Condition = { StringEquals = { "aws:RequestTag/healthrouter.io/cluster" = var.cluster_name } }
+      Condition = local.event_window_tags
     },
     {
       Sid      = "EventWindowsTagOnCreate"
       Effect   = "Allow"
       Action   = "ec2:CreateTags"
       Resource = local.event_windows
-      Condition = { StringEquals = {
-        "ec2:CreateAction"                       = "CreateInstanceEventWindow"
-        "aws:RequestTag/healthrouter.io/cluster" = var.cluster_name
-      } }
+      Condition = merge(local.event_window_tags, {
+        StringEquals = merge(local.event_window_tags.StringEquals, { "ec2:CreateAction" = "CreateInstanceEventWindow" })
+      })
     },
     {
       Sid    = "EventWindowsManage"
@@ -101,8 +112,11 @@ locals {
         "ec2:DisassociateInstanceEventWindow",
         "ec2:DeleteInstanceEventWindow",
       ]
-      Resource  = local.event_windows
-      Condition = { StringEquals = { "aws:ResourceTag/healthrouter.io/cluster" = var.cluster_name } }
+      Resource = local.event_windows
+      Condition = {
+        StringEquals = { "aws:ResourceTag/healthrouter.io/cluster" = var.cluster_name }
+        StringLike   = { "aws:ResourceTag/healthrouter.io/nodepool" = "?*" }
+      }
     },
     {
       Sid       = "EventWindowsDescribe"

@@ -66,6 +66,7 @@ const (
 	ResultModified      = "modified"
 	ResultAssociated    = "associated"
 	ResultDeleted       = "deleted"
+	ResultStray         = "stray"         // a target the router did not associate, disassociated
 	ResultInexpressible = "inexpressible" // the pool's window is one EC2 cannot hold
 	ResultRefused       = "refused"       // EC2 answered no
 	ResultUnavailable   = "unavailable"   // EC2 did not answer, throttled, or failed
@@ -115,6 +116,28 @@ type window struct {
 	id      string
 	ranges  []policy.WeeklyRange
 	targets []string // associated instance tags, key=value
+	// instances and hosts are the instance IDs and Dedicated Host IDs associated with the
+	// window. The manager never associates either: they are someone else's doing.
+	instances, hosts []string
+}
+
+// strays returns what w targets besides keep (the pool's instance tag): other tags, instance
+// IDs, Dedicated Hosts. No IAM condition can keep a holder of the router's grant from
+// associating the cluster's windows with any of them (AssociateInstanceEventWindow is
+// authorized on the window alone), so the manager takes them off instead.
+func (w window) strays(keep string) (tags, instances, hosts []string) {
+	tags = slices.DeleteFunc(slices.Clone(w.targets), func(t string) bool { return t == keep })
+	return tags, w.instances, w.hosts
+}
+
+// disassociation is the request that takes tags, instances and hosts off a window.
+func disassociation(tags, instances, hosts []string) *ec2types.InstanceEventWindowDisassociationRequest {
+	req := &ec2types.InstanceEventWindowDisassociationRequest{InstanceIds: instances, DedicatedHostIds: hosts}
+	for _, t := range tags {
+		k, v, _ := strings.Cut(t, "=")
+		req.InstanceTags = append(req.InstanceTags, ec2types.Tag{Key: aws.String(k), Value: aws.String(v)})
+	}
+	return req
 }
 
 // backoff is a pool's pause after a failure: next is when it is tried again, unless what it
@@ -172,7 +195,7 @@ func (m *Manager) WithInPlaceLead(d time.Duration) *Manager {
 func New(kube client.Reader, api ec2API, recorder events.EventRecorder, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer, clusterName string) *Manager {
 	m := &Manager{kube: kube, ec2: api, recorder: recorder, clk: clk, log: log, cluster: clusterName,
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.EventWindows,
-			Help: "Changes to the EC2 event windows of NodePools annotated healthrouter.io/event-window=true, and their failures, by result: created, modified, associated (with the pool's instance tag), deleted (the annotation or the pool gone, or its window no longer one EC2 can hold), inexpressible (the pool's window is one EC2 cannot hold: no EC2 window), refused (EC2 refused a call), unavailable (EC2 did not answer). A failure is tried again with backoff (1m doubling to 1h)."},
+			Help: "Changes to the EC2 event windows of NodePools annotated healthrouter.io/event-window=true, and their failures, by result: created, modified, associated (with the pool's instance tag), deleted (the annotation or the pool gone, or its window no longer one EC2 can hold), stray (targets the router did not associate, another tag, instance IDs or Dedicated Hosts, taken off the pool's window), inexpressible (the pool's window is one EC2 cannot hold: no EC2 window), refused (EC2 refused a call), unavailable (EC2 did not answer). A failure is tried again with backoff (1m doubling to 1h)."},
 			[]string{metrics.LabelResult}),
 		tagged: prometheus.NewCounter(prometheus.CounterOpts{Name: metrics.EventWindowTagged,
 			Help: "Instances the router tagged healthrouter.io/event-window=<cluster>/<pool>, the target of their pool's EC2 event window, as their NodeClaims appeared."}),
@@ -402,6 +425,21 @@ func (m *Manager) ensure(ctx context.Context, w wanted) error {
 		m.recorder.Eventf(w.pool, nil, corev1.EventTypeNormal, ReasonSynced, "ModifyEventWindow",
 			"EC2 event window %s changed from %s to %s (events AWS scheduled before keep their time)", wins[0].id, policy.FormatRanges(was), policy.FormatRanges(w.ranges))
 	}
+	if tags, instances, hosts := wins[0].strays(target); len(tags)+len(instances)+len(hosts) > 0 {
+		// Before the association: EC2 holds one type of target a window, so instance IDs left
+		// there would refuse the pool's tag.
+		stray := slices.Concat(tags, instances, hosts)
+		if _, err := m.ec2.DisassociateInstanceEventWindow(ctx, &ec2.DisassociateInstanceEventWindowInput{
+			InstanceEventWindowId: aws.String(wins[0].id), AssociationTarget: disassociation(tags, instances, hosts)}); err != nil && !notFound(err) {
+			return callErr(fmt.Sprintf("disassociating %s, which the router did not associate, from event window %s", strings.Join(stray, ", "), wins[0].id), err)
+		}
+		wins[0].targets = slices.DeleteFunc(wins[0].targets, func(t string) bool { return t != target })
+		wins[0].instances, wins[0].hosts = nil, nil
+		m.results.WithLabelValues(ResultStray).Inc()
+		m.log.Warn("disassociated targets the router did not associate from the pool's EC2 event window", "nodepool", pool, "window", wins[0].id, "targets", stray)
+		m.recorder.Eventf(w.pool, nil, corev1.EventTypeWarning, ReasonProblem, "DisassociateEventWindow",
+			"EC2 event window %s also targeted %s, which the router did not associate: disassociated (the pool's window targets the instances tagged %s alone)", wins[0].id, strings.Join(stray, ", "), target)
+	}
 	if !slices.Contains(wins[0].targets, target) {
 		out, err := m.ec2.AssociateInstanceEventWindow(ctx, &ec2.AssociateInstanceEventWindowInput{
 			InstanceEventWindowId: aws.String(wins[0].id),
@@ -423,14 +461,9 @@ func (m *Manager) ensure(ctx context.Context, w wanted) error {
 // manager knows.
 func (m *Manager) deleteAll(ctx context.Context, pool string, wins []window) error {
 	for _, w := range wins {
-		if len(w.targets) > 0 {
-			var tags []ec2types.Tag
-			for _, t := range w.targets {
-				k, v, _ := strings.Cut(t, "=")
-				tags = append(tags, ec2types.Tag{Key: aws.String(k), Value: aws.String(v)})
-			}
+		if len(w.targets)+len(w.instances)+len(w.hosts) > 0 {
 			if _, err := m.ec2.DisassociateInstanceEventWindow(ctx, &ec2.DisassociateInstanceEventWindowInput{
-				InstanceEventWindowId: aws.String(w.id), AssociationTarget: &ec2types.InstanceEventWindowDisassociationRequest{InstanceTags: tags}}); err != nil && !notFound(err) {
+				InstanceEventWindowId: aws.String(w.id), AssociationTarget: disassociation(w.targets, w.instances, w.hosts)}); err != nil && !notFound(err) {
 				return callErr("disassociating event window "+w.id, err)
 			}
 		}
@@ -619,6 +652,7 @@ func fromEC2(w ec2types.InstanceEventWindow) window {
 		for _, t := range w.AssociationTarget.Tags {
 			out.targets = append(out.targets, aws.ToString(t.Key)+"="+aws.ToString(t.Value))
 		}
+		out.instances, out.hosts = w.AssociationTarget.InstanceIds, w.AssociationTarget.DedicatedHostIds
 	}
 	return out
 }

@@ -304,6 +304,91 @@ func TestDelete(t *testing.T) {
 	}
 }
 
+// TestStrayTargets (issue 38, item 7): AssociateInstanceEventWindow is authorized on the window
+// alone, so whoever holds the router's grant may associate the cluster's windows with any tag,
+// instance or Dedicated Host of the account. The manager takes every target it did not
+// associate off the pool's window at its next read of EC2 (a Warning naming them, the metric),
+// then associates the pool's tag if it is gone; a window no pool asks for any more is emptied of
+// them and deleted. On main the strays stayed, and instance IDs kept the pool's tag out (EC2
+// holds one type of target a window) and the window from being deleted.
+func TestStrayTargets(t *testing.T) {
+	const own = "healthrouter.io/event-window=prod/kafka"
+	tag := func(k, v string) []ec2types.Tag { return []ec2types.Tag{{Key: aws.String(k), Value: aws.String(v)}} }
+	for _, tt := range []struct {
+		name  string
+		stray func(ctx context.Context, api *ec2.Client, id string) error
+		named string // what the Warning names
+	}{
+		{"another tag beside the pool's", func(ctx context.Context, api *ec2.Client, id string) error {
+			_, err := api.AssociateInstanceEventWindow(ctx, &ec2.AssociateInstanceEventWindowInput{InstanceEventWindowId: aws.String(id),
+				AssociationTarget: &ec2types.InstanceEventWindowAssociationRequest{InstanceTags: tag("team", "payments")}})
+			return err
+		}, "team=payments"},
+		{"instance IDs instead of the pool's tag", func(ctx context.Context, api *ec2.Client, id string) error {
+			if _, err := api.DisassociateInstanceEventWindow(ctx, &ec2.DisassociateInstanceEventWindowInput{InstanceEventWindowId: aws.String(id),
+				AssociationTarget: &ec2types.InstanceEventWindowDisassociationRequest{InstanceTags: tag(TagInstance, "prod/kafka")}}); err != nil {
+				return err
+			}
+			_, err := api.AssociateInstanceEventWindow(ctx, &ec2.AssociateInstanceEventWindowInput{InstanceEventWindowId: aws.String(id),
+				AssociationTarget: &ec2types.InstanceEventWindowAssociationRequest{InstanceIds: []string{"i-0000000000000dead", "i-0000000000000beef"}}})
+			return err
+		}, "i-0000000000000dead, i-0000000000000beef"},
+		{"Dedicated Hosts instead of the pool's tag", func(ctx context.Context, api *ec2.Client, id string) error {
+			if _, err := api.DisassociateInstanceEventWindow(ctx, &ec2.DisassociateInstanceEventWindowInput{InstanceEventWindowId: aws.String(id),
+				AssociationTarget: &ec2types.InstanceEventWindowDisassociationRequest{InstanceTags: tag(TagInstance, "prod/kafka")}}); err != nil {
+				return err
+			}
+			_, err := api.AssociateInstanceEventWindow(ctx, &ec2.AssociateInstanceEventWindowInput{InstanceEventWindowId: aws.String(id),
+				AssociationTarget: &ec2types.InstanceEventWindowAssociationRequest{DedicatedHostIds: []string{"h-0123456789abcdef0"}}})
+			return err
+		}, "h-0123456789abcdef0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			srv, api := harness.NewEC2EventWindows(t)
+			np := pool("kafka", asks("0 2 * * 6", "4h"))
+			f := newFixture(t, api, "prod", np)
+			f.pass(t)
+			id := byPool(srv, "prod")["kafka"][0].ID
+			f.events()
+			if err := tt.stray(ctx, api, id); err != nil {
+				t.Fatal(err)
+			}
+			f.clk.Step(DescribeTTL) // the next read of EC2
+			f.pass(t)
+			w := srv.Windows()[id]
+			if !slices.Equal(w.TargetTags, []string{own}) || len(w.TargetInstances)+len(w.TargetHosts) != 0 {
+				t.Errorf("window targets tags %v, instances %v, hosts %v; want the pool's tag alone", w.TargetTags, w.TargetInstances, w.TargetHosts)
+			}
+			if ev := f.events(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Warning "+ReasonProblem) || !strings.Contains(ev[0], tt.named) {
+				t.Errorf("events %q, want one Warning naming %s", ev, tt.named)
+			}
+			if f.count(ResultStray) != 1 {
+				t.Errorf("stray %v, want 1", f.count(ResultStray))
+			}
+			// Done once: the next pass asks nothing.
+			n := len(srv.Calls())
+			f.pass(t)
+			if c := since(srv, n); len(c) != 0 {
+				t.Errorf("a pass after the cleanup called %v", c)
+			}
+			// Strays again, and the pool no longer asks: the window is emptied and deleted.
+			if err := tt.stray(ctx, api, id); err != nil {
+				t.Fatal(err)
+			}
+			delete(np.Annotations, policy.AnnotationEventWindow)
+			if err := f.kube.Update(ctx, np); err != nil {
+				t.Fatal(err)
+			}
+			f.clk.Step(DescribeTTL)
+			f.pass(t)
+			if len(srv.Windows()) != 0 {
+				t.Errorf("windows %+v, want the pool's deleted", srv.Windows())
+			}
+		})
+	}
+}
+
 // TestInexpressible: a pool whose window EC2 cannot hold gets no window and no call: a Warning
 // Event with the reason, once, and the metric once.
 func TestInexpressible(t *testing.T) {

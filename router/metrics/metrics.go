@@ -51,7 +51,7 @@ const (
 	InPlaceInProgress = "health_router_inplace_runs_in_progress" // gauge: runs this router (the leader) carries out
 	InPlaceRefused    = "health_router_inplace_refused_total"    // runs refused: their record names another instance or node than their NodeClaim's, or EC2 does not show their maintenance
 	// EC2 event windows of NodePools (router/eventwindow).
-	EventWindows      = "health_router_event_windows_total"                 // labels: result (created, modified, associated, deleted, inexpressible, refused, unavailable)
+	EventWindows      = "health_router_event_windows_total"                 // labels: result (created, modified, associated, deleted, stray, inexpressible, refused, unavailable)
 	EventWindowTagged = "health_router_event_window_tagged_instances_total" // instances tagged with their pool's event-window target
 )
 

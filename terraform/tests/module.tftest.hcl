@@ -307,9 +307,10 @@ run "reschedule" {
 }
 
 # The event windows: every call the router's manager makes, each scoped as far as AWS allows:
-# windows created only with this cluster's tag and changed only when they carry it, the read held
-# to the region, and the instance tag alone, with this cluster's value, on this cluster's
-# Karpenter instances.
+# windows created only with this cluster's tag and a pool's, and no other tag, and changed only
+# when they carry both (issue 38, item 7), the read held to the region, and the instance tag
+# alone, with this cluster's value, on this cluster's Karpenter instances. What a window is
+# associated with no IAM condition scopes (router/eventwindow takes strays off).
 run "event_windows" {
   command = plan
 
@@ -323,20 +324,31 @@ run "event_windows" {
       if startswith(s.Sid, "EventWindows")
       } == {
       EventWindowsCreate = {
-        effect    = "Allow", actions = toset(["ec2:CreateInstanceEventWindow"])
-        resource  = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
-        condition = { StringEquals = { "aws:RequestTag/healthrouter.io/cluster" = "prod-eu" } }
+        effect   = "Allow", actions = toset(["ec2:CreateInstanceEventWindow"])
+        resource = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
+        condition = {
+          StringEquals                = { "aws:RequestTag/healthrouter.io/cluster" = "prod-eu" }
+          StringLike                  = { "aws:RequestTag/healthrouter.io/nodepool" = "?*" }
+          "ForAllValues:StringEquals" = { "aws:TagKeys" = ["healthrouter.io/cluster", "healthrouter.io/nodepool"] }
+        }
       }
       EventWindowsTagOnCreate = {
-        effect    = "Allow", actions = toset(["ec2:CreateTags"])
-        resource  = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
-        condition = { StringEquals = { "ec2:CreateAction" = "CreateInstanceEventWindow", "aws:RequestTag/healthrouter.io/cluster" = "prod-eu" } }
+        effect   = "Allow", actions = toset(["ec2:CreateTags"])
+        resource = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
+        condition = {
+          StringEquals                = { "ec2:CreateAction" = "CreateInstanceEventWindow", "aws:RequestTag/healthrouter.io/cluster" = "prod-eu" }
+          StringLike                  = { "aws:RequestTag/healthrouter.io/nodepool" = "?*" }
+          "ForAllValues:StringEquals" = { "aws:TagKeys" = ["healthrouter.io/cluster", "healthrouter.io/nodepool"] }
+        }
       }
       EventWindowsManage = {
-        effect    = "Allow"
-        actions   = toset(["ec2:ModifyInstanceEventWindow", "ec2:AssociateInstanceEventWindow", "ec2:DisassociateInstanceEventWindow", "ec2:DeleteInstanceEventWindow"])
-        resource  = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
-        condition = { StringEquals = { "aws:ResourceTag/healthrouter.io/cluster" = "prod-eu" } }
+        effect   = "Allow"
+        actions  = toset(["ec2:ModifyInstanceEventWindow", "ec2:AssociateInstanceEventWindow", "ec2:DisassociateInstanceEventWindow", "ec2:DeleteInstanceEventWindow"])
+        resource = "arn:aws:ec2:eu-west-1:111122223333:instance-event-window/*"
+        condition = {
+          StringEquals = { "aws:ResourceTag/healthrouter.io/cluster" = "prod-eu" }
+          StringLike   = { "aws:ResourceTag/healthrouter.io/nodepool" = "?*" }
+        }
       }
       EventWindowsDescribe = {
         effect    = "Allow", actions = toset(["ec2:DescribeInstanceEventWindows"])

@@ -64,8 +64,8 @@ type EventWindow struct {
 	Ranges         []WindowRange
 	Tags           map[string]string
 	// TargetTags are the instance tags associated with it, "key=value"; TargetInstances the
-	// instance IDs.
-	TargetTags, TargetInstances []string
+	// instance IDs; TargetHosts the Dedicated Host IDs.
+	TargetTags, TargetInstances, TargetHosts []string
 }
 
 // WindowRange is one time range of a window: weekdays as EC2 writes them (sunday, monday...).
@@ -119,7 +119,7 @@ func (s *EC2EventWindows) Windows() map[string]EventWindow {
 	for id, w := range s.windows {
 		c := *w
 		c.Ranges, c.Tags = slices.Clone(w.Ranges), maps.Clone(w.Tags)
-		c.TargetTags, c.TargetInstances = slices.Clone(w.TargetTags), slices.Clone(w.TargetInstances)
+		c.TargetTags, c.TargetInstances, c.TargetHosts = slices.Clone(w.TargetTags), slices.Clone(w.TargetInstances), slices.Clone(w.TargetHosts)
 		out[id] = c
 	}
 	return out
@@ -327,7 +327,7 @@ func (s *EC2EventWindows) put(w http.ResponseWriter, f url.Values, action string
 }
 
 // associate answers AssociateInstanceEventWindow and DisassociateInstanceEventWindow for
-// instance tags and instance IDs.
+// instance tags, instance IDs and Dedicated Host IDs.
 func (s *EC2EventWindows) associate(w http.ResponseWriter, f url.Values, action string) {
 	if dryRun(w, f) {
 		return
@@ -342,18 +342,26 @@ func (s *EC2EventWindows) associate(w http.ResponseWriter, f url.Values, action 
 		tags = append(tags, t[0]+"="+t[1])
 	}
 	ids := list(f, "AssociationTarget.InstanceId")
+	hosts := list(f, "AssociationTarget.DedicatedHostId")
 	if action == "DisassociateInstanceEventWindow" {
 		win.TargetTags = slices.DeleteFunc(win.TargetTags, func(t string) bool { return slices.Contains(tags, t) })
 		win.TargetInstances = slices.DeleteFunc(win.TargetInstances, func(id string) bool { return slices.Contains(ids, id) })
+		win.TargetHosts = slices.DeleteFunc(win.TargetHosts, func(id string) bool { return slices.Contains(hosts, id) })
 		writeWindow(w, action, "instanceEventWindow", win)
 		return
 	}
+	kinds := 0
+	for _, n := range []int{len(tags) + len(win.TargetTags), len(ids) + len(win.TargetInstances), len(hosts) + len(win.TargetHosts)} {
+		if n > 0 {
+			kinds++
+		}
+	}
 	switch {
-	case len(tags) > 0 && len(ids) > 0, len(tags) > 0 && len(win.TargetInstances) > 0, len(ids) > 0 && len(win.TargetTags) > 0:
+	case kinds > 1:
 		ec2Error(w, http.StatusBadRequest, "InvalidParameterCombination", "Only one type of target (instance IDs, Dedicated Host IDs, or tags) can be associated with an event window")
 		return
-	case len(tags)+len(win.TargetTags) > 50 || len(ids)+len(win.TargetInstances) > 100:
-		ec2Error(w, http.StatusBadRequest, "InvalidParameterValue", "An event window takes at most 50 instance tags or 100 instance IDs")
+	case len(tags)+len(win.TargetTags) > 50 || len(ids)+len(win.TargetInstances) > 100 || len(hosts)+len(win.TargetHosts) > 50:
+		ec2Error(w, http.StatusBadRequest, "InvalidParameterValue", "An event window takes at most 50 instance tags, 100 instance IDs or 50 Dedicated Host IDs")
 		return
 	}
 	for _, other := range s.windows {
@@ -366,8 +374,8 @@ func (s *EC2EventWindows) associate(w http.ResponseWriter, f url.Values, action 
 				return
 			}
 		}
-		for _, id := range ids {
-			if slices.Contains(other.TargetInstances, id) {
+		for _, id := range slices.Concat(ids, hosts) {
+			if slices.Contains(other.TargetInstances, id) || slices.Contains(other.TargetHosts, id) {
 				ec2Error(w, http.StatusBadRequest, "InvalidParameterValue", fmt.Sprintf("The target %s is already associated with event window %s", id, other.ID))
 				return
 			}
@@ -383,6 +391,11 @@ func (s *EC2EventWindows) associate(w http.ResponseWriter, f url.Values, action 
 			win.TargetInstances = append(win.TargetInstances, id)
 		}
 	}
+	for _, id := range hosts {
+		if !slices.Contains(win.TargetHosts, id) {
+			win.TargetHosts = append(win.TargetHosts, id)
+		}
+	}
 	writeWindow(w, action, "instanceEventWindow", win)
 }
 
@@ -393,7 +406,7 @@ func (s *EC2EventWindows) delete(w http.ResponseWriter, f url.Values) {
 	case dryRun(w, f):
 	case win == nil:
 		ec2Error(w, http.StatusBadRequest, "InvalidInstanceEventWindowId.NotFound", fmt.Sprintf("The event window ID '%s' does not exist", id))
-	case (len(win.TargetTags) > 0 || len(win.TargetInstances) > 0) && f.Get("ForceDelete") != "true":
+	case len(win.TargetTags)+len(win.TargetInstances)+len(win.TargetHosts) > 0 && f.Get("ForceDelete") != "true":
 		ec2Error(w, http.StatusBadRequest, "InvalidParameterValue", fmt.Sprintf("The event window %s has associated targets: disassociate them, or use ForceDelete", id))
 	default:
 		delete(s.windows, id)
@@ -488,6 +501,7 @@ func windowXML(tag string, win *EventWindow) string {
 	type target struct {
 		InstanceIDs []string `xml:"instanceIdSet>item"`
 		Tags        []kv     `xml:"tagSet>item"`
+		HostIDs     []string `xml:"dedicatedHostIdSet>item"`
 	}
 	type window struct {
 		XMLName xml.Name
@@ -500,7 +514,7 @@ func windowXML(tag string, win *EventWindow) string {
 		Tags    []kv        `xml:"tagSet>item"`
 	}
 	out := window{XMLName: xml.Name{Local: tag}, ID: win.ID, Name: win.Name, Cron: win.Cron, State: "active",
-		Target: target{InstanceIDs: win.TargetInstances}}
+		Target: target{InstanceIDs: win.TargetInstances, HostIDs: win.TargetHosts}}
 	for _, r := range win.Ranges {
 		out.Ranges = append(out.Ranges, timeRange(r))
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	ebtypes "github.com/aws/aws-sdk-go-v2/service/eventbridge/types"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -82,6 +83,7 @@ func TestModuleAppliedToMoto(t *testing.T) {
 
 	t.Run("queues", func(t *testing.T) { checkQueues(t, ctx, sqsc, out.QueueURL.Value, out.DLQURL.Value) })
 	t.Run("rules", func(t *testing.T) { checkRules(t, ctx, events, out.RuleNames.Value) })
+	t.Run("iam policies", func(t *testing.T) { checkRolePolicies(t, ctx, iam.NewFromConfig(srv.Config)) })
 	t.Run("events", func(t *testing.T) { checkRouting(t, ctx, events, sqsc, out.QueueURL.Value) })
 	t.Run("helm values", func(t *testing.T) {
 		// Pod Identity, forward mode to Karpenter's queue.

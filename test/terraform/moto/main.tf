@@ -64,6 +64,11 @@ module "health_router" {
   karpenter_queue_arn          = "arn:aws:sqs:us-east-1:123456789012:Karpenter-moto-e2e"
   create_karpenter_deny_policy = true
 
+  # Every statement, so that the applied policy can be read back (e2e_test.go: iam policies).
+  enable_event_windows   = true
+  enable_reschedule      = true
+  enable_reboot_in_place = true
+
   # The other instance's dispatcher feeds this queue too (its cluster_queues).
   extra_sender_arns = [module.dispatcher.dispatcher_role_arn]
 
@@ -91,6 +96,8 @@ module "dispatcher" {
     cluster_queues = {
       "moto-e2e" = { url = module.health_router.queue_url, arn = module.health_router.queue_arn }
     }
+    # Another cluster's queue key: the dispatcher's QueueKeys statement, read back by the test.
+    kms_key_arns = ["arn:aws:kms:us-east-1:123456789012:key/00000000-0000-4000-8000-000000000000"]
   }
 }
 
