@@ -188,10 +188,10 @@ func (d *Doctor) Run(ctx context.Context, c Config) Report {
 		r = append(r, Item{Unknown, "RBAC", "no cluster connection", "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"},
 			Item{Unknown, "feature gate ReservedCapacity", "no cluster connection", "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"},
 			Item{Unknown, CheckKarpenterVersion, "no cluster connection; the router assumes Karpenter " + c.KarpenterVersion.String(), "run doctor with a kubeconfig (--kubeconfig, --context) or in the router's pod"})
-		return inShadow(r, c.Shadow)
+		return besideKarpenter(r, c.Shadow)
 	}
 	d.cluster(ctx, &r, c)
-	return inShadow(r, c.Shadow)
+	return besideKarpenter(r, c.Shadow)
 }
 
 // cluster runs the checks that ask the API server: the router's RBAC, its store, the feature
@@ -212,16 +212,25 @@ func (d *Doctor) cluster(ctx context.Context, r *Report, c Config) {
 	d.eventWindowPools(ctx, r, c)
 }
 
-// inShadow judges Karpenter's own handling as a router in shadow needs it (after takeover and
-// mode have read the items as the takeover's steps): Karpenter's rules feeding its queue and
-// its instance-status poller are what acts on the events until the takeover (docs/runbook.md
-// steps 1-3), so they pass; either gone fails, as nobody acts on what it would have.
-func inShadow(r Report, shadow bool) Report {
-	if !shadow {
-		return r
-	}
+// besideKarpenter judges Karpenter's own handling as the router's mode needs it (after
+// takeover and mode have read the items as the takeover's steps). In shadow, Karpenter's rules
+// feeding its queue and its instance-status poller are what acts on the events until the
+// takeover (docs/runbook.md steps 1-3), so they pass; either gone fails, as nobody acts on
+// what it would have.
+//
+// An active router beside Karpenter's own handling is the takeover in progress (step 4a, 4b):
+// both act on each event Karpenter still gets, and a drain twice is one drain, so nothing is
+// lost: a warning, as the takeover's row says, not a failure (doctor failed it, exit 1, where
+// the runbook says "a warning"). What loses events still fails: the takeover's row does.
+func besideKarpenter(r Report, shadow bool) Report {
 	for i, it := range r {
 		if it.Check != CheckKarpenterRules && it.Check != CheckKarpenterInstanceStatus {
+			continue
+		}
+		if !shadow {
+			if it.Status == Fail {
+				r[i] = Item{Warn, it.Check, "the takeover is in progress: " + it.Detail, "finish the takeover (docs/runbook.md step 4): " + it.Fix}
+			}
 			continue
 		}
 		switch it.Status {

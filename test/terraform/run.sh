@@ -3,8 +3,9 @@
 #   terraform fmt, offline init + validate of the module and every example, `terraform test`
 #   (plan-time assertions with a mocked provider), gofmt/go vet, the dispatcher's Go tests
 #   against moto_server, the dashboard/alarm consistency test, the module applied to moto_server
-#   with real events through its rules, and the Lambda zip build.
-# Usage: test/terraform/run.sh            (about 4.5 minutes on 2 cores, warm Go cache)
+#   with real events through its rules, the runbook's way in followed with doctor at each step
+#   (TestRunbook: examples/basic applied to moto, the chart on envtest), and the Lambda zip build.
+# Usage: test/terraform/run.sh            (about 8 minutes on 2 cores, warm Go cache)
 #        SHORT=1 test/terraform/run.sh    (skips the apply against moto: about 1 minute)
 # Exits non-zero when a step fails; the last line is "N passed, N failed[, N skipped]".
 set -uo pipefail
@@ -112,7 +113,7 @@ if [ -n "${SHORT:-}" ]; then
 	loud "SHORT=1: the terraform apply against moto is SKIPPED"
 fi
 step "go test ./lambda/... (dispatcher vs moto)" go test -p 1 -count=1 "${short[@]}" ./lambda/...
-step "go test ./test/terraform/... (consistency, moto apply)" go test -p 1 -count=1 -timeout 15m "${short[@]}" -v ./test/terraform/...
+step "go test ./test/terraform/... (consistency, moto apply, runbook)" go test -p 1 -count=1 -timeout 15m "${short[@]}" -v ./test/terraform/...
 if grep -q -e '--- SKIP' "$work/step.log" 2>/dev/null; then
 	skipped=$((skipped + $(grep -c -e '--- SKIP' "$work/step.log")))
 	grep -A1 -e '--- SKIP' "$work/step.log" | sed 's/^/      | /'

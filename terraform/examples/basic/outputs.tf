@@ -34,6 +34,8 @@ output "dashboard_name" {
 }
 
 output "karpenter_deny_attached_role" {
-  description = "Karpenter's role the DescribeInstanceStatus deny is attached to (null before the takeover and after a handback)."
-  value       = module.health_router.karpenter_deny_attached_role
+  # Never null: Terraform keeps no null output in its state, so `terraform output` of a null
+  # one fails ("Output not found") instead of saying that nothing is attached.
+  description = "Karpenter's role the DescribeInstanceStatus deny is attached to; \"\" before the takeover and after a handback."
+  value       = module.health_router.karpenter_deny_attached_role == null ? "" : module.health_router.karpenter_deny_attached_role
 }

@@ -42,7 +42,7 @@ run "step_1_infrastructure_without_the_deny" {
     takeover = false
   }
   assert {
-    condition     = output.karpenter_deny_attached_role == null
+    condition     = output.karpenter_deny_attached_role == ""
     error_message = "before the takeover Karpenter must keep DescribeInstanceStatus: the deny is not attached"
   }
   assert {
@@ -76,7 +76,7 @@ run "rollback_handback" {
     takeover = false
   }
   assert {
-    condition     = output.karpenter_deny_attached_role == null
+    condition     = output.karpenter_deny_attached_role == ""
     error_message = "the handback detaches the deny"
   }
 }
