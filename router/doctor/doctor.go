@@ -212,6 +212,13 @@ func (d *Doctor) cluster(ctx context.Context, r *Report, c Config) {
 	d.eventWindowPools(ctx, r, c)
 }
 
+// The words of Karpenter's own handling found on, as the takeover reads it (besideKarpenter
+// says them otherwise in shadow).
+const (
+	rulesFeedKarpenter = "rules still feed Karpenter's queue directly, so Karpenter acts on events behind the router's back: "
+	karpenterMayPoll   = " may call it: Karpenter acts on scheduled events by itself, whatever the router decides"
+)
+
 // besideKarpenter judges Karpenter's own handling as the router's mode needs it (after
 // takeover and mode have read the items as the takeover's steps). In shadow, Karpenter's rules
 // feeding its queue and its instance-status poller are what acts on the events until the
@@ -235,7 +242,16 @@ func besideKarpenter(r Report, shadow bool) Report {
 		}
 		switch it.Status {
 		case Fail:
-			r[i] = Item{OK, it.Check, "Karpenter's own handling is on, as it should be while the router is in shadow: " + it.Detail, ""}
+			// The item's words are the takeover's ("behind the router's back"): said as what
+			// they are in shadow.
+			detail := it.Detail
+			if names, ok := strings.CutPrefix(detail, rulesFeedKarpenter); ok {
+				detail = "rules feed Karpenter's queue: " + names
+			}
+			if role, ok := strings.CutSuffix(detail, karpenterMayPoll); ok {
+				detail = role + " may call it (Karpenter's own instance-status poller)"
+			}
+			r[i] = Item{OK, it.Check, "Karpenter's own handling is on, as it should be while the router is in shadow: " + detail, ""}
 		case OK:
 			r[i] = Item{Fail, it.Check, "Karpenter's own handling is (partly) off while the router is in shadow, so nobody acts on the events it would have: " + it.Detail,
 				"take the router out of shadow first, then finish the takeover (docs/runbook.md step 4), or give Karpenter its rules and ec2:DescribeInstanceStatus back"}
@@ -802,7 +818,7 @@ func (d *Doctor) karpenterRules(ctx context.Context, r *Report, queueARN string)
 		*r = append(*r, Item{OK, CheckKarpenterRules, "no rule feeds Karpenter's queue directly: only the router does", ""})
 		return
 	}
-	*r = append(*r, Item{Fail, CheckKarpenterRules, "rules still feed Karpenter's queue directly, so Karpenter acts on events behind the router's back: " + strings.Join(names, ", "),
+	*r = append(*r, Item{Fail, CheckKarpenterRules, rulesFeedKarpenter + strings.Join(names, ", "),
 		"delete those rules, or re-point them at the router's intake queue (terraform/README.md, Karpenter side)"})
 }
 
@@ -836,7 +852,7 @@ func (d *Doctor) describeInstanceStatus(ctx context.Context, r *Report, roleARN 
 	}
 	for _, res := range out.EvaluationResults {
 		if res.EvalDecision == iamtypes.PolicyEvaluationDecisionTypeAllowed {
-			*r = append(*r, Item{Fail, check, roleARN + " may call it: Karpenter acts on scheduled events by itself, whatever the router decides", "attach the deny policy (terraform: create_karpenter_deny_policy)"})
+			*r = append(*r, Item{Fail, check, roleARN + karpenterMayPoll, "attach the deny policy (terraform: create_karpenter_deny_policy)"})
 			return
 		}
 	}

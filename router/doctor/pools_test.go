@@ -139,7 +139,7 @@ func TestShadowExpectsKarpenter(t *testing.T) {
 		want   Status
 		detail string
 	}{
-		{"shadow, Karpenter's rules there", true, Fail, OK, "as it should be while the router is in shadow"},
+		{"shadow, Karpenter's rules there", true, Fail, OK, "as it should be while the router is in shadow: rules feed Karpenter's queue: Karpenter-prod-ScheduledChangeRule"},
 		{"shadow, Karpenter's rules gone", true, OK, Fail, "nobody acts"},
 		// The takeover in progress (runbook step 4a): a warning, not a failure (doctor exited 1).
 		{"active, Karpenter's rules there", false, Fail, Warn, "the takeover is in progress: rules still feed"},
@@ -148,10 +148,14 @@ func TestShadowExpectsKarpenter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			detail := map[Status]string{Fail: "rules still feed Karpenter's queue directly", OK: "no rule feeds Karpenter's queue directly: only the router does", Unknown: "not checked"}[tt.rules]
+			detail := map[Status]string{Fail: rulesFeedKarpenter + "Karpenter-prod-ScheduledChangeRule", OK: "no rule feeds Karpenter's queue directly: only the router does", Unknown: "not checked"}[tt.rules]
 			r := besideKarpenter(Report{{Status: tt.rules, Check: CheckKarpenterRules, Detail: detail}, {Status: OK, Check: CheckIntakeQueue}}, tt.shadow)
 			if r[0].Status != tt.want || !strings.Contains(r[0].Detail, tt.detail) || r[1].Status != OK {
 				t.Errorf("%+v, want %s with %q", r, tt.want, tt.detail)
+			}
+			// In shadow Karpenter acting is what should happen, not something behind anyone's back.
+			if tt.shadow && strings.Contains(r[0].Detail, "behind the router's back") {
+				t.Errorf("in shadow: %q", r[0].Detail)
 			}
 		})
 	}
