@@ -17,7 +17,6 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -37,8 +36,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"golang.org/x/crypto/x509roots/fallback/bundle"
 
+	"github.com/health-router/health-router/deploy/cabundle"
 	"github.com/health-router/health-router/deploy/gobuild"
 	"github.com/health-router/health-router/router/version"
 )
@@ -46,7 +45,7 @@ import (
 // Where things are in the image.
 const (
 	binaryPath = "/usr/local/bin/health-router"
-	caPath     = "/etc/ssl/certs/ca-certificates.crt"
+	caPath     = cabundle.Path
 	uid        = 65532
 )
 
@@ -117,7 +116,7 @@ func build(args []string) error {
 		}
 		o.platforms = append(o.platforms, v1.Platform{OS: osName, Architecture: arch})
 	}
-	ca := pinnedBundle()
+	ca := cabundle.Pinned()
 	if o.caBundle != "" {
 		if ca, err = os.ReadFile(o.caBundle); err != nil {
 			return fmt.Errorf("reading --ca-bundle: %w", err)
@@ -143,21 +142,6 @@ func build(args []string) error {
 	}
 	fmt.Println(d)
 	return nil
-}
-
-// pinnedBundle is the image's CA bundle: the roots of golang.org/x/crypto/x509roots/fallback
-// (Mozilla's, as Go's fallback roots), PEM-encoded in the module's order. A root the module
-// distrusts after a date is left out: a PEM file cannot carry the date, and leaving it out is
-// the safe side (a certificate issued under it before the date fails; none of AWS's does).
-func pinnedBundle() []byte {
-	var b bytes.Buffer
-	for r := range bundle.Roots() {
-		if r.Constraint != nil {
-			continue
-		}
-		_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: r.Certificate}) // a bytes.Buffer does not fail
-	}
-	return b.Bytes()
 }
 
 // labels are the OCI annotations the image config and the index carry.
