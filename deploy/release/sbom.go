@@ -251,6 +251,7 @@ func caPackage(img image) (spdxPackage, error) {
 		return spdxPackage{}, err
 	}
 	sum := sha256.Sum256(pinned)
+	// No purl: the file is not the Go module (which the binaries may hold too, under its purl).
 	return spdxPackage{
 		Name:                  "ca-certificates",
 		SPDXID:                "SPDXRef-Package-ca-certificates",
@@ -260,8 +261,7 @@ func caPackage(img image) (spdxPackage, error) {
 		SourceInfo:            "the roots of the Go module " + cabundle.Module + " " + v + " (Mozilla's), PEM-encoded by deploy/image",
 		Checksums:             []spdxSum{{Algorithm: "SHA256", ChecksumValue: hex.EncodeToString(sum[:])}},
 		PrimaryPackagePurpose: "FILE",
-		// No purl: a file is not the Go module (the binaries may hold that too, under its purl).
-		Comment: "the CA certificate bundle of every image in the index, at " + cabundle.Path + " (SSL_CERT_FILE)",
+		Comment:               "the CA certificate bundle of every image in the index, at " + cabundle.Path + " (SSL_CERT_FILE)",
 	}, nil
 }
 
