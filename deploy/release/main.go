@@ -1,20 +1,20 @@
 // Command release writes into one directory what a release of health-router publishes, built
 // on this machine with nothing but the Go module proxy and the caches, and verifies it:
 //
-//	image/                                     the multi-platform image (deploy/image) as an OCI layout,
-//	                                           with its SBOM and provenance attached as artifacts referring
-//	                                           to the index, and, signed, cosign's signature and attestation
-//	health-router_<version>_sbom.spdx.json     that SBOM: SPDX 2.3, the Go modules of the image's binaries, its CA bundle
+//	image/                                          the multi-platform image (deploy/image) as an OCI layout, with
+//	                                                its SBOM and provenance attached as artifacts referring to the
+//	                                                index and, signed, cosign's signature and attestation
+//	health-router_<version>_sbom.spdx.json          that SBOM: SPDX 2.3, the Go modules of the image's binaries, its CA bundle
 //	health-router_<version>_provenance.intoto.json  that provenance: an in-toto statement of SLSA provenance v1
-//	health-router-<version>.tgz                the Helm chart, packaged by helm, pulling the image by digest
-//	health-router_<version>_<os>_<arch>.tar.gz the CLI: the binary, LICENSE, README.md
-//	SHA256SUMS                                 every other file's SHA-256, as sha256sum -c reads it
+//	health-router-<version>.tgz                     the Helm chart, packaged by helm, pulling the image by digest
+//	health-router_<version>_<os>_<arch>.tar.gz      the CLI: the binary, LICENSE, README.md
+//	SHA256SUMS                                      every other file's SHA-256, as sha256sum -c reads it
 //
-// and, with a signing key (--signing-key), as cosign signs with one:
+// and, with a signing key (--signing-key), signed as cosign signs with one:
 //
-//	health-router_<version>_provenance.dsse.json  the provenance signed: a DSSE envelope
-//	SHA256SUMS.sig                             SHA256SUMS signed, as cosign sign-blob writes it
-//	cosign.pub                                 the public key
+//	health-router_<version>_provenance.dsse.json    the provenance signed: a DSSE envelope
+//	SHA256SUMS.sig                                  SHA256SUMS signed, as cosign sign-blob writes it
+//	cosign.pub                                      the public key
 //
 //	go run ./deploy/release --out bin/release --version v0.1.0 --revision $(git rev-parse HEAD) --helm $(test/tools/helm-bin.sh) [--signing-key cosign.key]
 //	go run ./deploy/release verify --dir bin/release [--key cosign.pub]
