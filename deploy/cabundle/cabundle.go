@@ -34,12 +34,19 @@ func Pinned() []byte {
 }
 
 // Version is the version of Module built into the running program: the one go.mod pins, as
-// the program that calls it imports this package.
+// the program that calls it imports this package. Go records it in a main package's build
+// information (a program's, or its tests'), not in a test of another package.
 func Version() (string, error) {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "", fmt.Errorf("no build information: cannot tell the version of %s", Module)
 	}
+	return versionIn(bi)
+}
+
+// versionIn is Module's version in a program's build information: the replacement's, when
+// go.mod replaces it.
+func versionIn(bi *debug.BuildInfo) (string, error) {
 	for _, d := range bi.Deps {
 		if d.Path != Module {
 			continue
