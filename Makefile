@@ -17,7 +17,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/health-router/health-router/router/version
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit fmt lint fuzz bench demo replay clean image image-push release chart-docs docs manifests sim
+.PHONY: help build test unit fmt lint fuzz bench demo replay clean image image-push release release-verify chart-docs docs manifests sim
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -78,14 +78,19 @@ image-push: image ## push bin/image to REGISTRY (make image-push REGISTRY=123456
 	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make image-push REGISTRY=ghcr.io/you"; exit 1; }
 	$(GO) run ./deploy/image push --layout bin/image --ref $(REGISTRY)/health-router:$(IMAGE_TAG)
 
-# A release (deploy/release; docs/releasing.md): the image layout with its SBOM, the chart, the
-# CLI archives and SHA256SUMS, offline, reproducible. RELEASE_VERSION is SemVer: VERSION, the
-# tag (git describe), or 0.0.0-dev.g<commit> before the first one. make test releases this
-# machine's platform only (test/release); RELEASE_FLAGS="--platforms host" does the same here.
+# A release (deploy/release; docs/releasing.md): the image layout with its SBOM and SLSA
+# provenance, the chart, the CLI archives and SHA256SUMS, offline, reproducible, verified before
+# it ends. RELEASE_VERSION is SemVer: VERSION, the tag (git describe), or 0.0.0-dev.g<commit>
+# before the first one. SIGNING_KEY (a PEM ECDSA P-256 key, or cosign's with COSIGN_PASSWORD)
+# signs it as cosign does; without it the release is unsigned and says so. make test releases
+# this machine's platform only (test/release); RELEASE_FLAGS="--platforms host" does the same here.
 RELEASE_VERSION ?= $(VERSION)
 
-release: ## what a release publishes, into bin/release: the image (OCI layout) and its SBOM, the chart, CLI archives for linux and darwin (amd64, arm64), SHA256SUMS
-	$(GO) run ./deploy/release --out bin/release --version $(RELEASE_VERSION) --revision $(IMAGE_REVISION) --helm $$(test/tools/helm-bin.sh) $(RELEASE_FLAGS)
+release: ## what a release publishes, into bin/release: the image (OCI layout) with its SBOM and provenance, the chart, CLI archives for linux and darwin (amd64, arm64), SHA256SUMS; SIGNING_KEY=cosign.key signs it (cosign-compatible)
+	$(GO) run ./deploy/release --out bin/release --version $(RELEASE_VERSION) --revision $(IMAGE_REVISION) --helm $$(test/tools/helm-bin.sh) --invocation "make release" $(if $(SIGNING_KEY),--signing-key $(SIGNING_KEY)) $(RELEASE_FLAGS)
+
+release-verify: ## verify bin/release offline as a user does: checksums, provenance, SBOM, chart digest; KEY=cosign.pub: the signatures too
+	$(GO) run ./deploy/release verify --dir bin/release $(if $(KEY),--key $(KEY))
 
 # The Helm chart (deploy/charts/health-router) is the one install path; helm is built from the
 # module proxy by test/tools/helm-bin.sh and cached.

@@ -17,13 +17,14 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,8 +38,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"golang.org/x/crypto/x509roots/fallback/bundle"
 
+	"github.com/health-router/health-router/deploy/cabundle"
 	"github.com/health-router/health-router/deploy/gobuild"
 	"github.com/health-router/health-router/router/version"
 )
@@ -46,7 +47,7 @@ import (
 // Where things are in the image.
 const (
 	binaryPath = "/usr/local/bin/health-router"
-	caPath     = "/etc/ssl/certs/ca-certificates.crt"
+	caPath     = cabundle.Path
 	uid        = 65532
 )
 
@@ -117,7 +118,7 @@ func build(args []string) error {
 		}
 		o.platforms = append(o.platforms, v1.Platform{OS: osName, Architecture: arch})
 	}
-	ca := pinnedBundle()
+	ca := cabundle.Pinned()
 	if o.caBundle != "" {
 		if ca, err = os.ReadFile(o.caBundle); err != nil {
 			return fmt.Errorf("reading --ca-bundle: %w", err)
@@ -143,21 +144,6 @@ func build(args []string) error {
 	}
 	fmt.Println(d)
 	return nil
-}
-
-// pinnedBundle is the image's CA bundle: the roots of golang.org/x/crypto/x509roots/fallback
-// (Mozilla's, as Go's fallback roots), PEM-encoded in the module's order. A root the module
-// distrusts after a date is left out: a PEM file cannot carry the date, and leaving it out is
-// the safe side (a certificate issued under it before the date fails; none of AWS's does).
-func pinnedBundle() []byte {
-	var b bytes.Buffer
-	for r := range bundle.Roots() {
-		if r.Constraint != nil {
-			continue
-		}
-		_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: r.Certificate}) // a bytes.Buffer does not fail
-	}
-	return b.Bytes()
 }
 
 // labels are the OCI annotations the image config and the index carry.
@@ -306,48 +292,65 @@ func push(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--ref %q: %w", *ref, err)
 	}
-	idx, referrers, err := load(*dir)
+	l, err := load(*dir)
 	if err != nil {
 		return err
 	}
-	if err := remote.WriteIndex(tag, idx, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+	auth := remote.WithAuthFromKeychain(authn.DefaultKeychain)
+	if err := remote.WriteIndex(tag, l.index, auth); err != nil {
 		return fmt.Errorf("pushing to %s: %w", tag, err)
 	}
-	d, err := idx.Digest()
+	d, err := l.index.Digest()
 	if err != nil {
 		return err
 	}
-	// The referrers (the release's SBOM) go by digest after the index they name: a registry
-	// with the OCI referrers API links them itself, for one without it go-containerregistry
-	// keeps the referrers index under the tag sha256-<digest>, as cosign and oras do.
-	for _, r := range referrers {
+	// The referrers (the release's SBOM and provenance) go by digest after the index they name:
+	// a registry with the OCI referrers API links them itself, for one without it
+	// go-containerregistry keeps the referrers index under the tag sha256-<digest>, as cosign
+	// and oras do.
+	for _, r := range l.referrers {
 		rd, err := r.Digest()
 		if err != nil {
 			return err
 		}
-		if err := remote.Write(tag.Context().Digest(rd.String()), r, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+		if err := remote.Write(tag.Context().Digest(rd.String()), r, auth); err != nil {
 			return fmt.Errorf("pushing %s's referrer %s: %w", d, rd, err)
+		}
+	}
+	// cosign's signature and attestation go under the tags cosign looks them up by.
+	for _, t := range slices.Sorted(maps.Keys(l.cosign)) {
+		if err := remote.Write(tag.Context().Tag(t), l.cosign[t], auth); err != nil {
+			return fmt.Errorf("pushing %s's %s: %w", d, t, err)
 		}
 	}
 	fmt.Printf("%s@%s\n", tag.Context(), d)
 	return nil
 }
 
-// load returns the image index `image build` wrote into an OCI layout directory, and the
-// artifacts in the layout that refer to it (their subject is the index: the SBOM
-// `make release` attaches).
-func load(dir string) (v1.ImageIndex, []v1.Image, error) {
+// loaded is what a layout of `image build` (and `make release`) holds: the image index, the
+// artifacts that refer to it, and cosign's signature and attestation of it by their tags.
+type loaded struct {
+	index     v1.ImageIndex
+	referrers []v1.Image
+	cosign    map[string]v1.Image
+}
+
+// load returns the image index `image build` wrote into an OCI layout directory, the artifacts
+// in the layout that refer to it (their subject is the index: the SBOM and provenance
+// `make release` attaches), and cosign's signature and attestation of it (named in index.json
+// with cosign's tags, sha256-<digest>.sig and .att: `make release SIGNING_KEY=...`).
+func load(dir string) (loaded, error) {
 	p, err := layout.FromPath(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading OCI layout %s: %w", dir, err)
+		return loaded{}, fmt.Errorf("reading OCI layout %s: %w", dir, err)
 	}
 	outer, err := p.ImageIndex()
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading OCI layout %s: %w", dir, err)
+		return loaded{}, fmt.Errorf("reading OCI layout %s: %w", dir, err)
 	}
 	m, err := outer.IndexManifest()
 	if err != nil {
-		return nil, nil, err
+		return loaded{}, err
 	}
 	var indexes, others []v1.Descriptor
 	for _, desc := range m.Manifests {
@@ -358,26 +361,30 @@ func load(dir string) (v1.ImageIndex, []v1.Image, error) {
 		}
 	}
 	if len(indexes) != 1 {
-		return nil, nil, fmt.Errorf("OCI layout %s: want one image index, found %d", dir, len(indexes))
+		return loaded{}, fmt.Errorf("OCI layout %s: want one image index, found %d", dir, len(indexes))
 	}
-	idx, err := outer.ImageIndex(indexes[0].Digest)
-	if err != nil {
-		return nil, nil, err
+	l := loaded{cosign: map[string]v1.Image{}}
+	if l.index, err = outer.ImageIndex(indexes[0].Digest); err != nil {
+		return loaded{}, err
 	}
-	var referrers []v1.Image
+	d := indexes[0].Digest
 	for _, desc := range others {
 		img, err := outer.Image(desc.Digest)
 		if err != nil {
-			return nil, nil, err
+			return loaded{}, err
+		}
+		if t := desc.Annotations[refAnnotation]; t == d.Algorithm+"-"+d.Hex+".sig" || t == d.Algorithm+"-"+d.Hex+".att" {
+			l.cosign[t] = img
+			continue
 		}
 		im, err := img.Manifest()
 		if err != nil {
-			return nil, nil, err
+			return loaded{}, err
 		}
-		if im.Subject == nil || im.Subject.Digest != indexes[0].Digest {
-			return nil, nil, fmt.Errorf("OCI layout %s: %s is neither the image index nor an artifact referring to it", dir, desc.Digest)
+		if im.Subject == nil || im.Subject.Digest != d {
+			return loaded{}, fmt.Errorf("OCI layout %s: %s is neither the image index, an artifact referring to it, nor cosign's signature of it", dir, desc.Digest)
 		}
-		referrers = append(referrers, img)
+		l.referrers = append(l.referrers, img)
 	}
-	return idx, referrers, nil
+	return l, nil
 }

@@ -54,41 +54,71 @@ func tarGz(epoch time.Time, header *gzip.Header, files []archiveFile) ([]byte, e
 }
 
 // retime rewrites a gzip-compressed tar of regular files (a chart helm packaged) with tarGz:
-// the same files in the same order, with the epoch in place of helm's time of packaging.
-func retime(tgz []byte, epoch time.Time) ([]byte, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(tgz))
-	if err != nil {
-		return nil, err
-	}
-	header := zr.Header
-	tr := tar.NewReader(zr)
+// the same files in the same order, with the epoch in place of helm's time of packaging. edit,
+// when not nil, may change a file's content (a packaged chart's values).
+func retime(tgz []byte, epoch time.Time, edit func(name string, body []byte) ([]byte, error)) ([]byte, error) {
+	var header gzip.Header
 	var files []archiveFile
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		if h.Typeflag != tar.TypeReg {
-			return nil, fmt.Errorf("%s: entry of type %q, want only regular files", h.Name, h.Typeflag)
-		}
-		body, err := io.ReadAll(tr)
-		if err != nil {
-			return nil, err
+	err := walkTgzHeader(tgz, &header, func(h *tar.Header, body []byte) error {
+		if edit != nil {
+			var err error
+			if body, err = edit(h.Name, body); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
+			}
 		}
 		files = append(files, archiveFile{name: h.Name, mode: h.Mode, body: body})
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return tarGz(epoch, &header, files)
 }
 
-// checksums is SHA256SUMS of every regular file under fsys, in the format `sha256sum -c` reads
-// (hash, two spaces, slash-separated path), sorted by path.
+// walkTgz calls fn with each file of a gzip-compressed tar of regular files, in order.
+func walkTgz(tgz []byte, fn func(name string, body []byte) error) error {
+	return walkTgzHeader(tgz, nil, func(h *tar.Header, body []byte) error { return fn(h.Name, body) })
+}
+
+// walkTgzHeader is walkTgz with each entry's tar header, and the gzip header into header when
+// not nil. An entry other than a regular file is an error.
+func walkTgzHeader(tgz []byte, header *gzip.Header, fn func(h *tar.Header, body []byte) error) error {
+	zr, err := gzip.NewReader(bytes.NewReader(tgz))
+	if err != nil {
+		return err
+	}
+	if header != nil {
+		*header = zr.Header
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if h.Typeflag != tar.TypeReg {
+			return fmt.Errorf("%s: entry of type %q, want only regular files", h.Name, h.Typeflag)
+		}
+		body, err := io.ReadAll(tr)
+		if err != nil {
+			return err
+		}
+		if err := fn(h, body); err != nil {
+			return err
+		}
+	}
+}
+
+// checksums is SHA256SUMS of every regular file under fsys but itself and the signature and
+// key written after it, in the format `sha256sum -c` reads (hash, two spaces, slash-separated
+// path), sorted by path.
 func checksums(fsys fs.FS) ([]byte, error) {
 	var buf bytes.Buffer
 	err := fs.WalkDir(fsys, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || path == sumsFile {
+		if err != nil || d.IsDir() || unsummed(path) {
 			return err
 		}
 		if !d.Type().IsRegular() {

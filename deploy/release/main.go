@@ -1,26 +1,38 @@
 // Command release writes into one directory what a release of health-router publishes, built
-// on this machine with nothing but the Go module proxy and the caches:
+// on this machine with nothing but the Go module proxy and the caches, and verifies it:
 //
-//	image/                                     the multi-platform image (deploy/image) as an OCI layout,
-//	                                           with its SBOM attached as an artifact referring to the index
-//	health-router_<version>_sbom.spdx.json     that SBOM: SPDX 2.3, the Go modules of the image's binaries
-//	health-router-<version>.tgz                the Helm chart, packaged by helm
-//	health-router_<version>_<os>_<arch>.tar.gz the CLI: the binary, LICENSE, README.md
-//	SHA256SUMS                                 every other file's SHA-256, as sha256sum -c reads it
+//	image/                                          the multi-platform image (deploy/image) as an OCI layout, with
+//	                                                its SBOM and provenance attached as artifacts referring to the
+//	                                                index and, signed, cosign's signature and attestation
+//	health-router_<version>_sbom.spdx.json          that SBOM: SPDX 2.3, the Go modules of the image's binaries, its CA bundle
+//	health-router_<version>_provenance.intoto.json  that provenance: an in-toto statement of SLSA provenance v1
+//	health-router-<version>.tgz                     the Helm chart, packaged by helm, pulling the image by digest
+//	health-router_<version>_<os>_<arch>.tar.gz      the CLI: the binary, LICENSE, README.md
+//	SHA256SUMS                                      every other file's SHA-256, as sha256sum -c reads it
 //
-//	go run ./deploy/release --out bin/release --version v0.1.0 --revision $(git rev-parse HEAD) --helm $(test/tools/helm-bin.sh)
+// and, with a signing key (--signing-key), signed as cosign signs with one:
+//
+//	health-router_<version>_provenance.dsse.json    the provenance signed: a DSSE envelope
+//	SHA256SUMS.sig                                  SHA256SUMS signed, as cosign sign-blob writes it
+//	cosign.pub                                      the public key
+//
+//	go run ./deploy/release --out bin/release --version v0.1.0 --revision $(git rev-parse HEAD) --helm $(test/tools/helm-bin.sh) [--signing-key cosign.key]
+//	go run ./deploy/release verify --dir bin/release [--key cosign.pub]
 //
 // Every file is reproducible: its timestamps are SOURCE_DATE_EPOCH (the commit time, from the
 // Makefile), its entries in a fixed order with fixed owners and modes, the binaries built by
-// deploy/gobuild. A linux CLI archive holds the image's own binary for that platform, taken out
-// of the image rather than built again, so the two cannot differ and the build is not repeated.
+// deploy/gobuild, the signatures deterministic. A linux CLI archive holds the image's own
+// binary for that platform, taken out of the image rather than built again, so the two cannot
+// differ and the build is not repeated. Before it finishes, the release verifies what it wrote
+// as `release verify` does (verify.go).
 package main
 
 import (
-	"bytes"
+	"crypto/ecdsa"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,8 +55,12 @@ const (
 	sumsFile = "SHA256SUMS"
 )
 
-func sbomFile(version string) string  { return "health-router_" + version + "_sbom.spdx.json" }
-func chartFile(version string) string { return "health-router-" + version + ".tgz" }
+func sbomFile(version string) string { return "health-router_" + version + "_sbom.spdx.json" }
+func provenanceFile(version string) string {
+	return "health-router_" + version + "_provenance.intoto.json"
+}
+func envelopeFile(version string) string { return "health-router_" + version + "_provenance.dsse.json" }
+func chartFile(version string) string    { return "health-router-" + version + ".tgz" }
 func cliFile(version string, p platform) string {
 	return fmt.Sprintf("health-router_%s_%s_%s.tar.gz", version, p.os, p.arch)
 }
@@ -92,6 +108,12 @@ type options struct {
 	readme                         string
 	platforms, imagePlatforms      []platform
 	epoch                          time.Time
+	// invocation and builderID are what the provenance says built the release.
+	invocation, builderID string
+	// imageRepository is where the chart pulls the image from (its values.yaml).
+	imageRepository string
+	// key signs the release; nil: it is unsigned.
+	key *ecdsa.PrivateKey
 }
 
 func main() {
@@ -102,6 +124,9 @@ func main() {
 }
 
 func run(args []string) error {
+	if len(args) > 0 && args[0] == "verify" {
+		return runVerify(args[1:], os.Stdout)
+	}
 	o, err := parse(args)
 	if err != nil {
 		return err
@@ -121,6 +146,9 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.helm, "helm", os.Getenv("HELM_BIN"), "the helm binary (default $HELM_BIN; make release passes test/tools/helm-bin.sh's)")
 	fs.StringVar(&o.license, "license", "LICENSE", "the LICENSE file the CLI archives carry")
 	fs.StringVar(&o.readme, "readme", "README.md", "the README the CLI archives carry")
+	fs.StringVar(&o.invocation, "invocation", "go run ./deploy/release", "how the release was asked for, for the provenance (make release passes its own)")
+	fs.StringVar(&o.builderID, "builder-id", defaultBuilderID, "the provenance's builder id: who ran the build (a CI system's URI)")
+	signingKey := fs.String("signing-key", "", "a PEM ECDSA P-256 private key (PKCS #8, EC, or cosign's encrypted key with COSIGN_PASSWORD) to sign the release with; none: unsigned")
 	platforms := fs.String("platforms", "linux/amd64,linux/arm64,darwin/amd64,darwin/arm64", "comma-separated os/arch list of the CLI archives; host: this machine's")
 	imagePlatforms := fs.String("image-platforms", "linux/amd64,linux/arm64", "comma-separated linux/arch list of the image")
 	if err := fs.Parse(args); err != nil {
@@ -156,6 +184,22 @@ func parse(args []string) (options, error) {
 		return o, fmt.Errorf("SOURCE_DATE_EPOCH=%q: want seconds since 1970 (the Makefile sets it to the commit time), so that the release is reproducible", epoch)
 	}
 	o.epoch = time.Unix(secs, 0).UTC()
+	if o.imageRepository, err = chartRepository(o.chart); err != nil {
+		return o, fmt.Errorf("--chart: %w", err)
+	}
+	if *signingKey != "" {
+		raw, err := os.ReadFile(*signingKey)
+		if err != nil {
+			return o, fmt.Errorf("--signing-key: %w", err)
+		}
+		var password []byte
+		if p, ok := os.LookupEnv("COSIGN_PASSWORD"); ok {
+			password = []byte(p)
+		}
+		if o.key, err = loadSigningKey(raw, password); err != nil {
+			return o, fmt.Errorf("--signing-key %s: %w", *signingKey, err)
+		}
+	}
 	return o, nil
 }
 
@@ -205,12 +249,12 @@ func release(o options) error {
 	if err := os.WriteFile(filepath.Join(o.out, sbomFile(o.version)), sbom, 0o644); err != nil {
 		return err
 	}
-	if err := attachSBOM(layoutDir, img.desc, sbom, sbomFile(o.version), o.epoch); err != nil {
+	if err := attachArtifact(layoutDir, img.desc, spdxMediaType, sbom, sbomFile(o.version), o.epoch); err != nil {
 		return fmt.Errorf("attaching the SBOM to %s: %w", layoutDir, err)
 	}
 
-	step("packaging the chart %s (helm)", o.chart)
-	if err := packageChart(o, work); err != nil {
+	step("packaging the chart %s (helm), pulling the image by its digest", o.chart)
+	if err := packageChart(o, work, img.desc.Digest); err != nil {
 		return err
 	}
 
@@ -251,6 +295,47 @@ func release(o options) error {
 		}
 	}
 
+	if err := seal(o, img, os.Stderr, step); err != nil {
+		return err
+	}
+	fmt.Printf("health-router %s (%s): image index %s\n", o.version, o.revision, img.desc.Digest)
+	return listing(os.Stdout, o.out)
+}
+
+// seal finishes a release whose image, SBOM, chart and archives are in o.out: it writes the
+// provenance of them, signs (with a key), writes SHA256SUMS over everything, signs it, and
+// verifies the whole as `release verify` does, saying so on w. Unsigned, it says that too.
+func seal(o options, img image, w io.Writer, step func(format string, args ...any)) error {
+	layoutDir := filepath.Join(o.out, imageDir)
+	step("writing the provenance")
+	goVersion, _, err := modules(img.binaries)
+	if err != nil {
+		return err
+	}
+	files, err := releaseFiles(o.out, o.version)
+	if err != nil {
+		return err
+	}
+	statement, err := provenance(o, img, goVersion, files)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.out, provenanceFile(o.version)), statement, 0o644); err != nil {
+		return err
+	}
+	if err := attachArtifact(layoutDir, img.desc, intotoMediaType, statement, provenanceFile(o.version), o.epoch); err != nil {
+		return fmt.Errorf("attaching the provenance to %s: %w", layoutDir, err)
+	}
+	if err := markIndex(layoutDir, img.desc.Digest); err != nil {
+		return err
+	}
+	if o.key != nil {
+		step("signing the image index and the provenance")
+		if err := sign(o, img, statement); err != nil {
+			return err
+		}
+	}
+
 	step("writing %s", sumsFile)
 	sums, err := checksums(os.DirFS(o.out))
 	if err != nil {
@@ -259,29 +344,24 @@ func release(o options) error {
 	if err := os.WriteFile(filepath.Join(o.out, sumsFile), sums, 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("health-router %s (%s): image index %s\n", o.version, o.revision, img.desc.Digest)
-	return listing(os.Stdout, o.out)
-}
+	var pub *ecdsa.PublicKey
+	if o.key != nil {
+		pub = &o.key.PublicKey
+		sig, err := signBlob(o.key, sums)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(o.out, sumsSigFile), sig, 0o644); err != nil {
+			return err
+		}
+	}
 
-// packageChart packages the chart with helm at the release's version and writes it with
-// SOURCE_DATE_EPOCH as every entry's time (helm stamps the time of packaging).
-func packageChart(o options, work string) error {
-	dir := filepath.Join(work, "chart")
-	var stderr bytes.Buffer
-	cmd := exec.Command(o.helm, "package", o.chart, "--version", o.version, "--app-version", o.version, "--destination", dir)
-	// helm's own state stays out of the user's home.
-	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+filepath.Join(work, "helm-config"), "HELM_CACHE_HOME="+filepath.Join(work, "helm-cache"), "HELM_DATA_HOME="+filepath.Join(work, "helm-data"))
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("helm package %s: %w\n%s", o.chart, err, stderr.String())
+	step("verifying the release (release verify)")
+	if err := verifyRelease(o.out, pub, w); err != nil {
+		return fmt.Errorf("the release in %s does not verify: %w", o.out, err)
 	}
-	packaged, err := os.ReadFile(filepath.Join(dir, chartFile(o.version)))
-	if err != nil {
-		return fmt.Errorf("helm package %s: %w", o.chart, err)
+	if o.key == nil {
+		fmt.Fprintln(w, "release: UNSIGNED: no signing key (make release SIGNING_KEY=cosign.key), so no signature, no cosign.pub, no signed provenance")
 	}
-	chart, err := retime(packaged, o.epoch)
-	if err != nil {
-		return fmt.Errorf("%s: %w", chartFile(o.version), err)
-	}
-	return os.WriteFile(filepath.Join(o.out, chartFile(o.version)), chart, 0o644)
+	return nil
 }

@@ -78,11 +78,15 @@ func TestReleaseVersion(t *testing.T) {
 
 func TestParse(t *testing.T) {
 	t.Setenv("HELM_BIN", "")
-	base := []string{"--version", "v1.0.0", "--revision", "abc", "--helm", "/bin/helm"}
+	t.Setenv("COSIGN_PASSWORD", "")
+	const chart = "../charts/health-router"
+	base := []string{"--version", "v1.0.0", "--revision", "abc", "--helm", "/bin/helm", "--chart", chart}
+	key := writeKey(t, pkcs8PEM(t, newKey(t)))
 	for _, tt := range []struct {
 		name    string
 		epoch   string
 		args    []string
+		signed  bool
 		wantErr string
 	}{
 		{name: "all set", epoch: "1763726400", args: base},
@@ -91,6 +95,10 @@ func TestParse(t *testing.T) {
 		{name: "no helm", epoch: "1", args: []string{"--version", "v1.0.0", "--revision", "abc"}, wantErr: "--helm"},
 		{name: "darwin image", epoch: "1", args: append(slices.Clone(base), "--image-platforms", "darwin/arm64"), wantErr: "not linux"},
 		{name: "bad version", epoch: "1", args: []string{"--version", "main", "--revision", "abc", "--helm", "h"}, wantErr: "semantic version"},
+		{name: "signed", epoch: "1763726400", args: append(slices.Clone(base), "--signing-key", key), signed: true},
+		{name: "no key file", epoch: "1", args: append(slices.Clone(base), "--signing-key", key+".missing"), wantErr: "--signing-key"},
+		{name: "not a key", epoch: "1", args: append(slices.Clone(base), "--signing-key", "main.go"), wantErr: "--signing-key main.go: no PEM block"},
+		{name: "no chart", epoch: "1", args: append(slices.Clone(base), "--chart", "nowhere"), wantErr: "--chart"},
 	} {
 		t.Setenv("SOURCE_DATE_EPOCH", tt.epoch)
 		o, err := parse(tt.args)
@@ -106,6 +114,12 @@ func TestParse(t *testing.T) {
 		}
 		if o.version != "1.0.0" || !o.epoch.Equal(time.Unix(1763726400, 0)) || len(o.platforms) != 4 || len(o.imagePlatforms) != 2 {
 			t.Errorf("%s: %+v", tt.name, o)
+		}
+		if o.imageRepository != "ghcr.io/health-router/health-router" || o.builderID != defaultBuilderID {
+			t.Errorf("%s: image repository %q (want the chart's), builder %q", tt.name, o.imageRepository, o.builderID)
+		}
+		if (o.key != nil) != tt.signed {
+			t.Errorf("%s: signing key %v, want signed %t", tt.name, o.key != nil, tt.signed)
 		}
 	}
 }
@@ -185,11 +199,11 @@ func TestRetime(t *testing.T) {
 	if bytes.Equal(a, b) {
 		t.Fatal("the two packagings are equal already: the test proves nothing")
 	}
-	ra, err := retime(a, epoch)
+	ra, err := retime(a, epoch, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := retime(b, epoch)
+	rb, err := retime(b, epoch, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +238,7 @@ func TestRetimeRefusesLinks(t *testing.T) {
 	}
 	tw.Close()
 	zw.Close()
-	if _, err := retime(buf.Bytes(), time.Unix(0, 0)); err == nil {
+	if _, err := retime(buf.Bytes(), time.Unix(0, 0), nil); err == nil {
 		t.Error("retime kept a symlink: want only regular files")
 	}
 }

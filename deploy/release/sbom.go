@@ -3,20 +3,27 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"crypto/sha256"
 	"debug/buildinfo"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/health-router/health-router/deploy/cabundle"
 )
 
 // The SBOM is an SPDX 2.3 JSON document (spdx.github.io/spdx-spec/v2.3) written from the
 // build information Go puts in every binary (debug/buildinfo: what `go version -m` prints):
 // the modules that went into the binary, each a package with its purl, and the Go standard
-// library at the toolchain's version, as syft and Trivy list a Go binary's.
+// library at the toolchain's version, as syft and Trivy list a Go binary's. The image's one
+// other content that is not ours, the CA bundle (deploy/cabundle), is a package too, with the
+// version of the module it comes from and its SHA-256.
 
 // spdxDoc is the part of an SPDX 2.3 document the SBOM fills.
 type spdxDoc struct {
@@ -43,9 +50,17 @@ type spdxPackage struct {
 	DownloadLocation      string       `json:"downloadLocation"`
 	FilesAnalyzed         bool         `json:"filesAnalyzed"`
 	LicenseDeclared       string       `json:"licenseDeclared,omitempty"`
+	PackageFileName       string       `json:"packageFileName,omitempty"`
+	SourceInfo            string       `json:"sourceInfo,omitempty"`
+	Checksums             []spdxSum    `json:"checksums,omitempty"`
 	PrimaryPackagePurpose string       `json:"primaryPackagePurpose,omitempty"`
 	ExternalRefs          []spdxExtRef `json:"externalRefs,omitempty"`
 	Comment               string       `json:"comment,omitempty"`
+}
+
+type spdxSum struct {
+	Algorithm     string `json:"algorithm"`
+	ChecksumValue string `json:"checksumValue"`
 }
 
 type spdxExtRef struct {
@@ -170,7 +185,7 @@ func spdxDocument(o options, img image) ([]byte, error) {
 		CreationInfo: spdxCreationInfo{
 			Created:  o.epoch.UTC().Format(time.RFC3339),
 			Creators: []string{"Organization: health-router", "Tool: health-router-deploy-release"},
-			Comment:  fmt.Sprintf("The Go modules of the health-router binaries in the image index %s (%s), from their build information.", img.desc.Digest, strings.Join(platformNames(img.binaries), ", ")),
+			Comment:  fmt.Sprintf("The Go modules of the health-router binaries in the image index %s (%s), from their build information, and the images' CA bundle.", img.desc.Digest, strings.Join(platformNames(img.binaries), ", ")),
 		},
 		Packages:      []spdxPackage{main},
 		Relationships: []spdxRelationship{{"SPDXRef-DOCUMENT", "DESCRIBES", mainID}},
@@ -195,6 +210,11 @@ func spdxDocument(o options, img image) ([]byte, error) {
 		ExternalRefs:          []spdxExtRef{{"PACKAGE-MANAGER", "purl", purl("stdlib", goVersion)}},
 		Comment:               "the Go standard library and runtime the binaries are built with",
 	})
+	ca, err := caPackage(img)
+	if err != nil {
+		return nil, err
+	}
+	add(ca)
 	for _, m := range mods {
 		p := spdxPackage{
 			Name:                  m.path,
@@ -216,10 +236,82 @@ func spdxDocument(o options, img image) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
+// caPackage is the SBOM's package of the image's CA bundle: the file every image of the index
+// has at cabundle.Path, which must be the bundle go.mod pins (deploy/release never asks
+// deploy/image for another), named by the module it comes from and its SHA-256.
+func caPackage(img image) (spdxPackage, error) {
+	pinned := cabundle.Pinned()
+	for _, p := range sortedPlatforms(img.binaries) {
+		if !bytes.Equal(img.caBundles[p], pinned) {
+			return spdxPackage{}, fmt.Errorf("the %s image's %s is not the CA bundle go.mod pins (%s)", p, cabundle.Path, cabundle.Module)
+		}
+	}
+	v, err := cabundle.Version()
+	if err != nil {
+		return spdxPackage{}, err
+	}
+	sum := sha256.Sum256(pinned)
+	// No purl: the file is not the Go module (which the binaries may hold too, under its purl).
+	return spdxPackage{
+		Name:                  "ca-certificates",
+		SPDXID:                "SPDXRef-Package-ca-certificates",
+		VersionInfo:           v,
+		DownloadLocation:      "NOASSERTION",
+		PackageFileName:       cabundle.Path,
+		SourceInfo:            "the roots of the Go module " + cabundle.Module + " " + v + " (Mozilla's), PEM-encoded by deploy/image",
+		Checksums:             []spdxSum{{Algorithm: "SHA256", ChecksumValue: hex.EncodeToString(sum[:])}},
+		PrimaryPackagePurpose: "FILE",
+		Comment:               "the CA certificate bundle of every image in the index, at " + cabundle.Path + " (SSL_CERT_FILE)",
+	}, nil
+}
+
 func platformNames[V any](m map[platform]V) []string {
 	var out []string
 	for _, p := range sortedPlatforms(m) {
 		out = append(out, p.String())
 	}
 	return out
+}
+
+// checkSBOM checks that the SBOM lists what the image holds: every module of every platform's
+// binary at the version that went in and the Go standard library at the binaries' Go version,
+// all read again from their build information, and each image's CA bundle by its SHA-256.
+func checkSBOM(raw []byte, img image) error {
+	var doc spdxDoc
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return fmt.Errorf("reading the SBOM: %w", err)
+	}
+	purls, sums := map[string]bool{}, map[string]bool{}
+	for _, p := range doc.Packages {
+		for _, r := range p.ExternalRefs {
+			if r.ReferenceType == "purl" {
+				purls[r.ReferenceLocator] = true
+			}
+		}
+		for _, c := range p.Checksums {
+			if c.Algorithm == "SHA256" {
+				sums[strings.ToLower(c.ChecksumValue)] = true
+			}
+		}
+	}
+	goVersion, mods, err := modules(img.binaries)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if !purls[purl("stdlib", goVersion)] {
+		errs = append(errs, fmt.Errorf("the SBOM does not list the Go standard library at %s, the binaries' Go", goVersion))
+	}
+	for _, m := range mods {
+		if !purls[purl(m.path, m.version)] {
+			errs = append(errs, fmt.Errorf("the SBOM does not list the module %s %s, which the binaries hold", m.path, m.version))
+		}
+	}
+	for _, p := range sortedPlatforms(img.caBundles) {
+		sum := sha256.Sum256(img.caBundles[p])
+		if !sums[hex.EncodeToString(sum[:])] {
+			errs = append(errs, fmt.Errorf("the SBOM lists no package with the SHA-256 %x of the %s image's CA bundle", sum, p))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,15 +1,20 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/health-router/health-router/deploy/cabundle"
 )
 
 func TestPurl(t *testing.T) {
@@ -68,7 +73,8 @@ func TestSPDXDocument(t *testing.T) {
 	digest := v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("ab", 32)}
 	o := options{version: "1.2.3", revision: "0123abc", source: "https://github.com/health-router/health-router", epoch: time.Unix(1763726400, 0)}
 	// Two platforms with the same modules: each module is listed once.
-	img := image{desc: v1.Descriptor{Digest: digest}, binaries: map[platform][]byte{{"linux", "amd64"}: bin, {"linux", "arm64"}: bin}}
+	ca := cabundle.Pinned()
+	img := image{desc: v1.Descriptor{Digest: digest}, binaries: map[platform][]byte{{"linux", "amd64"}: bin, {"linux", "arm64"}: bin}, caBundles: map[platform][]byte{{"linux", "amd64"}: ca, {"linux", "arm64"}: ca}}
 	raw, err := spdxDocument(o, img)
 	if err != nil {
 		t.Fatal(err)
@@ -100,14 +106,17 @@ func TestSPDXDocument(t *testing.T) {
 			t.Errorf("package %s: SPDXID %q invalid or used twice", p.Name, p.SPDXID)
 		}
 		ids[p.SPDXID] = true
+		if p.Name == "ca-certificates" { // a file, not a Go module: checked below
+			continue
+		}
 		if p.FilesAnalyzed || p.DownloadLocation == "" || len(p.ExternalRefs) != 1 {
 			t.Errorf("package %+v", p)
 			continue
 		}
 		byPurl[p.ExternalRefs[0].ReferenceLocator]++
 	}
-	if len(doc.Packages) != len(bi.Deps)+2 {
-		t.Errorf("%d packages, want the %d modules, the standard library and health-router", len(doc.Packages), len(bi.Deps))
+	if len(doc.Packages) != len(bi.Deps)+3 {
+		t.Errorf("%d packages, want the %d modules, the standard library, the CA bundle and health-router", len(doc.Packages), len(bi.Deps))
 	}
 	for _, d := range bi.Deps {
 		m := moduleOf(d)
@@ -120,6 +129,23 @@ func TestSPDXDocument(t *testing.T) {
 			t.Errorf("no package %s", want)
 		}
 	}
+	// The CA bundle: the module it comes from at the version this build has, and its SHA-256.
+	caVersion, err := cabundle.Version()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(ca)
+	var caPkg *spdxPackage
+	for i, p := range doc.Packages {
+		if p.Name == "ca-certificates" {
+			caPkg = &doc.Packages[i]
+		}
+	}
+	if caPkg == nil || caPkg.VersionInfo != caVersion || caPkg.PackageFileName != cabundle.Path || len(caPkg.Checksums) != 1 ||
+		caPkg.Checksums[0] != (spdxSum{"SHA256", hex.EncodeToString(sum[:])}) || !strings.Contains(caPkg.SourceInfo, cabundle.Module+" "+caVersion) {
+		t.Errorf("the CA bundle's package %+v: want %s %s, its SHA-256 %x, at %s", caPkg, cabundle.Module, caVersion, sum, cabundle.Path)
+	}
+
 	if main := doc.Packages[0]; main.LicenseDeclared != "Apache-2.0" || !strings.HasSuffix(main.DownloadLocation, "@0123abc") || main.PrimaryPackagePurpose != "APPLICATION" {
 		t.Errorf("the application's package %+v", main)
 	}
@@ -146,9 +172,77 @@ func TestSPDXDocument(t *testing.T) {
 	}
 }
 
+func TestSPDXDocumentRefusesAnotherCABundle(t *testing.T) {
+	bin, _ := testBinary(t)
+	img := image{binaries: map[platform][]byte{{"linux", "amd64"}: bin}, caBundles: map[platform][]byte{{"linux", "amd64"}: []byte("-----BEGIN CERTIFICATE-----\n")}}
+	if _, err := spdxDocument(options{version: "1.2.3"}, img); err == nil || !strings.Contains(err.Error(), "not the CA bundle go.mod pins") {
+		t.Errorf("an SBOM of an image with another CA bundle: %v, want an error", err)
+	}
+}
+
 func TestSPDXDocumentRefusesNonGo(t *testing.T) {
 	img := image{binaries: map[platform][]byte{{"linux", "amd64"}: []byte("#!/bin/sh\n")}}
 	if _, err := spdxDocument(options{}, img); err == nil {
 		t.Error("an SBOM of a binary without build information: want an error")
+	}
+}
+
+// TestCheckSBOM: the check `release verify` makes of the SBOM against the image fails when the
+// SBOM lacks a module of a binary, the standard library, or the CA bundle.
+func TestCheckSBOM(t *testing.T) {
+	bin, bi := testBinary(t)
+	ca := cabundle.Pinned()
+	img := image{desc: v1.Descriptor{Digest: v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("ab", 32)}},
+		binaries: map[platform][]byte{{"linux", "amd64"}: bin}, caBundles: map[platform][]byte{{"linux", "amd64"}: ca}}
+	raw, err := spdxDocument(options{version: "1.2.3", revision: "abc", source: "https://example.com/hr", epoch: time.Unix(0, 0)}, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep := moduleOf(bi.Deps[len(bi.Deps)/2])
+	without := func(drop func(p spdxPackage) bool) []byte {
+		var doc spdxDoc
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var kept []spdxPackage
+		for _, p := range doc.Packages {
+			if !drop(p) {
+				kept = append(kept, p)
+			}
+		}
+		if len(kept) != len(doc.Packages)-1 {
+			t.Fatalf("dropped %d packages, want one", len(doc.Packages)-len(kept))
+		}
+		doc.Packages = kept
+		b, err := json.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	otherCA := image{desc: img.desc, binaries: img.binaries, caBundles: map[platform][]byte{{"linux", "amd64"}: append(slices.Clone(ca), '\n')}}
+	for _, tt := range []struct {
+		name    string
+		sbom    []byte
+		img     image
+		wantErr string
+	}{
+		{name: "complete", sbom: raw, img: img},
+		{name: "a module missing", sbom: without(func(p spdxPackage) bool { return p.Name == dep.path && p.VersionInfo == dep.version }), img: img, wantErr: "does not list the module " + dep.path + " " + dep.version},
+		{name: "the standard library missing", sbom: without(func(p spdxPackage) bool { return p.Name == "stdlib" }), img: img, wantErr: "Go standard library"},
+		{name: "the CA bundle missing", sbom: without(func(p spdxPackage) bool { return p.Name == "ca-certificates" }), img: img, wantErr: "CA bundle"},
+		{name: "another CA bundle in the image", sbom: raw, img: otherCA, wantErr: "CA bundle"},
+		{name: "not JSON", sbom: []byte("SPDXVersion: SPDX-2.3"), img: img, wantErr: "reading the SBOM"},
+	} {
+		err := checkSBOM(tt.sbom, tt.img)
+		if tt.wantErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tt.name, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: %v, want an error with %q", tt.name, err, tt.wantErr)
+		}
 	}
 }

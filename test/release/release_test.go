@@ -1,12 +1,16 @@
 // Package release_test runs `make release`'s tool (deploy/release) for this machine's platform
 // only, as make test can afford (the image for linux/<this arch>, one CLI archive; the four
-// platforms of a real release would cross-compile three more binaries), and checks what a
-// user checks: SHA256SUMS verifies and covers every file; the OCI layout holds the image index
-// and an SBOM that refers to it, which names the binary's Go modules at the versions the build
-// selected (sigs.k8s.io/karpenter, aws-sdk-go-v2, and every one `go version -m` lists); the
-// chart archive is one helm reads, lints and renders with the release's image tag; the CLI
-// archive holds the image's own binary, LICENSE and README.md; and `deploy/image push` takes
-// the SBOM along to a registry, with and without the referrers API.
+// platforms of a real release would cross-compile three more binaries), signed with a
+// throwaway key, and checks what a user checks: SHA256SUMS verifies and covers every file; the
+// OCI layout holds the image index and an SBOM and a provenance that refer to it; the SBOM
+// names the binary's Go modules at the versions the build selected (sigs.k8s.io/karpenter,
+// aws-sdk-go-v2, and every one `go version -m` lists) and the image's CA bundle; the
+// signatures (SHA256SUMS.sig, the index's, the provenance's DSSE envelope) verify with the
+// public key as cosign checks them, here with nothing but the standard library; `release
+// verify` passes with that key and fails with another; the chart archive is one helm reads,
+// lints and renders with the release's image by digest; the CLI archive holds the image's own
+// binary, LICENSE and README.md; and `deploy/image push` takes the SBOM, the provenance and
+// cosign's signature and attestation along to a registry, with and without the referrers API.
 package release_test
 
 import (
@@ -14,9 +18,15 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +62,9 @@ const (
 	version  = "1.2.3-test.1" // the files' version: the tag without its v
 	revision = "0123456789abcdef0123456789abcdef01234567"
 	spdxType = "application/spdx+json"
+	intoto   = "application/vnd.in-toto+json"
+	// repository is the chart's default image.repository: what the signature names.
+	repository = "ghcr.io/health-router/health-router"
 )
 
 // host is the one platform released: the CLI for this machine, the image for linux on its
@@ -82,9 +95,11 @@ func helmBin(t *testing.T) string {
 }
 
 var released struct {
-	once sync.Once
-	dir  string
-	err  error
+	once   sync.Once
+	dir    string
+	key    *ecdsa.PrivateKey // the throwaway key the release is signed with
+	stderr string
+	err    error
 }
 
 // release runs deploy/release once for the tests of this package and returns its directory.
@@ -100,8 +115,12 @@ func release(t *testing.T) string {
 			return
 		}
 		released.dir = filepath.Join(dir, "release")
+		keyFile := filepath.Join(dir, "signing.pem")
+		if released.key, released.err = writeKey(keyFile); released.err != nil {
+			return
+		}
 		cmd := exec.Command("go", "run", "./deploy/release", "--out", released.dir, "--version", tag, "--revision", revision,
-			"--helm", helmBin(t), "--platforms", host, "--image-platforms", "linux/"+runtime.GOARCH)
+			"--helm", helmBin(t), "--platforms", host, "--image-platforms", "linux/"+runtime.GOARCH, "--signing-key", keyFile)
 		cmd.Dir = repoRoot(t)
 		cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.Itoa(epoch))
 		var stdout, stderr bytes.Buffer
@@ -111,12 +130,26 @@ func release(t *testing.T) string {
 			released.err = fmt.Errorf("deploy/release: %w\n%s", err, stderr.String())
 			return
 		}
+		released.stderr = stderr.String()
 		t.Logf("released %s in %s:\n%s", host, time.Since(start).Round(time.Millisecond), stdout.String())
 	})
 	if released.err != nil {
 		t.Fatal(released.err)
 	}
 	return released.dir
+}
+
+// writeKey writes a new ECDSA P-256 key, PKCS #8 PEM, to path.
+func writeKey(path string) (*ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return key, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
 }
 
 func TestMain(m *testing.M) {
@@ -138,14 +171,16 @@ func TestFiles(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	goos, goarch, _ := strings.Cut(host, "/")
-	want := []string{"SHA256SUMS", "health-router-" + version + ".tgz", "health-router_" + version + "_" + goos + "_" + goarch + ".tar.gz", "health-router_" + version + "_sbom.spdx.json", "image"}
+	want := []string{"SHA256SUMS", "SHA256SUMS.sig", "cosign.pub", "health-router-" + version + ".tgz", "health-router_" + version + "_" + goos + "_" + goarch + ".tar.gz",
+		"health-router_" + version + "_provenance.dsse.json", "health-router_" + version + "_provenance.intoto.json", "health-router_" + version + "_sbom.spdx.json", "image"}
 	if !slices.Equal(names, want) {
 		t.Errorf("files %q, want %q", names, want)
 	}
 }
 
 // TestChecksums reads SHA256SUMS as sha256sum -c does: every line's file has that hash, and
-// every file but SHA256SUMS has a line.
+// every file but SHA256SUMS and the two written after it (its signature, the public key) has a
+// line.
 func TestChecksums(t *testing.T) {
 	dir := release(t)
 	sums, err := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
@@ -175,7 +210,7 @@ func TestChecksums(t *testing.T) {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, path)
-		if rel != "SHA256SUMS" && !listed[filepath.ToSlash(rel)] {
+		if rel != "SHA256SUMS" && rel != "SHA256SUMS.sig" && rel != "cosign.pub" && !listed[filepath.ToSlash(rel)] {
 			t.Errorf("%s is not in SHA256SUMS", rel)
 		}
 		return nil
@@ -196,12 +231,17 @@ func TestChecksums(t *testing.T) {
 	}
 }
 
-// layoutParts is the release's OCI layout: the image index and the SBOM artifact.
+// layoutParts is the release's OCI layout: the image index, the SBOM and provenance artifacts,
+// and cosign's signature and attestation.
 type layoutParts struct {
-	index     v1.ImageIndex
-	indexDesc v1.Descriptor
-	sbomDesc  v1.Descriptor
-	sbom      v1.Image
+	index          v1.ImageIndex
+	indexDesc      v1.Descriptor
+	sbomDesc       v1.Descriptor
+	sbom           v1.Image
+	provenanceDesc v1.Descriptor
+	sigDesc        v1.Descriptor
+	attDesc        v1.Descriptor
+	outer          v1.ImageIndex
 }
 
 func openLayout(t *testing.T, dir string) layoutParts {
@@ -218,30 +258,114 @@ func openLayout(t *testing.T, dir string) layoutParts {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Manifests) != 2 {
-		t.Fatalf("index.json lists %d manifests, want the image index and the SBOM: %+v", len(m.Manifests), m.Manifests)
+	if len(m.Manifests) != 5 {
+		t.Fatalf("index.json lists %d manifests, want the image index, the SBOM, the provenance, the signature and the attestation: %+v", len(m.Manifests), m.Manifests)
 	}
-	var lp layoutParts
+	lp := layoutParts{outer: outer}
+	// The index first: the signatures' tags name its digest.
 	for _, d := range m.Manifests {
-		switch {
-		case d.MediaType == types.OCIImageIndex && d.Annotations["org.opencontainers.image.ref.name"] == version:
+		if d.MediaType == types.OCIImageIndex && d.Annotations["org.opencontainers.image.ref.name"] == version {
 			lp.indexDesc = d
 			if lp.index, err = outer.ImageIndex(d.Digest); err != nil {
 				t.Fatal(err)
 			}
+		}
+	}
+	if lp.index == nil {
+		t.Fatalf("index.json %+v: no image index named %s", m.Manifests, version)
+	}
+	cosignTag := "sha256-" + lp.indexDesc.Digest.Hex
+	for _, d := range m.Manifests {
+		switch {
+		case d.Digest == lp.indexDesc.Digest:
 		case d.MediaType == types.OCIManifestSchema1 && d.ArtifactType == spdxType:
 			lp.sbomDesc = d
 			if lp.sbom, err = outer.Image(d.Digest); err != nil {
 				t.Fatal(err)
 			}
+		case d.MediaType == types.OCIManifestSchema1 && d.ArtifactType == intoto:
+			lp.provenanceDesc = d
+		case d.Annotations["org.opencontainers.image.ref.name"] == cosignTag+".sig":
+			lp.sigDesc = d
+		case d.Annotations["org.opencontainers.image.ref.name"] == cosignTag+".att":
+			lp.attDesc = d
 		default:
 			t.Fatalf("index.json: unexpected %+v", d)
 		}
 	}
-	if lp.index == nil || lp.sbom == nil {
-		t.Fatalf("index.json %+v: want an image index named %s and an SBOM", m.Manifests, version)
+	if lp.sbom == nil || lp.provenanceDesc.Digest.Hex == "" || lp.sigDesc.Digest.Hex == "" || lp.attDesc.Digest.Hex == "" {
+		t.Fatalf("index.json %+v: want an SBOM, a provenance, %s.sig and %s.att", m.Manifests, cosignTag, cosignTag)
 	}
 	return lp
+}
+
+// layer returns the content of a manifest's only layer and its descriptor.
+func layer(t *testing.T, lp layoutParts, d v1.Descriptor) ([]byte, v1.Descriptor) {
+	t.Helper()
+	img, err := lp.outer.Image(d.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Layers) != 1 {
+		t.Fatalf("%s has %d layers, want one", d.Digest, len(m.Layers))
+	}
+	l, err := img.LayerByDigest(m.Layers[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, m.Layers[0]
+}
+
+// imageFile is a file of the released image, from its one layer.
+func imageFile(t *testing.T, lp layoutParts, path string) []byte {
+	t.Helper()
+	im, err := lp.index.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := lp.index.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[len(layers)-1].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			t.Fatalf("no %s in the image", path)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == path {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+	}
 }
 
 // TestLayout checks the image index (one image, linux on this architecture, labelled with the
@@ -295,8 +419,12 @@ func TestLayout(t *testing.T) {
 type spdx struct {
 	SPDXVersion string `json:"spdxVersion"`
 	Packages    []struct {
-		Name         string `json:"name"`
-		VersionInfo  string `json:"versionInfo"`
+		Name        string `json:"name"`
+		VersionInfo string `json:"versionInfo"`
+		Checksums   []struct {
+			Algorithm     string `json:"algorithm"`
+			ChecksumValue string `json:"checksumValue"`
+		} `json:"checksums"`
 		ExternalRefs []struct {
 			ReferenceType    string `json:"referenceType"`
 			ReferenceLocator string `json:"referenceLocator"`
@@ -373,8 +501,28 @@ func TestSBOM(t *testing.T) {
 			t.Errorf("go version -m: %s %s; the SBOM: %q", path, v, inSBOM[path])
 		}
 	}
-	if extra := len(doc.Packages) - 2 - len(fromGo); extra != 0 { // health-router and stdlib besides
+	if extra := len(doc.Packages) - 3 - len(fromGo); extra != 0 { // health-router, stdlib and the CA bundle besides
 		t.Errorf("the SBOM lists %d packages more than go version -m's modules", extra)
+	}
+
+	// The image's CA bundle, by the SHA-256 of the file in the image, at the version of its
+	// module go.mod selects.
+	cmd = exec.Command("go", "list", "-m", "-f", "{{.Version}}", "golang.org/x/crypto/x509roots/fallback")
+	cmd.Dir = repoRoot(t)
+	out, err = cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caVersion := strings.TrimSpace(string(out))
+	sum := sha256.Sum256(imageFile(t, lp, "etc/ssl/certs/ca-certificates.crt"))
+	found := false
+	for _, p := range doc.Packages {
+		for _, c := range p.Checksums {
+			found = found || (c.Algorithm == "SHA256" && c.ChecksumValue == hex.EncodeToString(sum[:]) && p.VersionInfo == caVersion)
+		}
+	}
+	if !found {
+		t.Errorf("the SBOM lists no package with the SHA-256 %x of the image's CA bundle at %s, the version go.mod selects", sum, caVersion)
 	}
 }
 
@@ -448,35 +596,7 @@ func TestCLIArchive(t *testing.T) {
 		t.Logf("on %s the CLI is built for the archive; the image's binary is linux's", runtime.GOOS)
 		return
 	}
-	lp := openLayout(t, dir)
-	im, _ := lp.index.IndexManifest()
-	img, err := lp.index.Image(im.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := layers[len(layers)-1].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	var inImage []byte
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if h.Name == "usr/local/bin/health-router" {
-			inImage, _ = io.ReadAll(tr)
-		}
-	}
+	inImage := imageFile(t, openLayout(t, dir), "usr/local/bin/health-router")
 	if inImage == nil || !bytes.Equal(inImage, files["health-router"]) {
 		t.Errorf("the archive's binary (%d bytes) is not the image's (%d bytes)", len(files["health-router"]), len(inImage))
 	}
@@ -504,7 +624,7 @@ func helm(t *testing.T, args ...string) (string, error) {
 }
 
 // TestChart reads the packaged chart as a user's helm does: its metadata, a strict lint,
-// and the image a default install runs, which is the release's.
+// and the image a default install runs, which is the release's, by digest.
 func TestChart(t *testing.T) {
 	dir := release(t)
 	tgz := filepath.Join(dir, "health-router-"+version+".tgz")
@@ -535,8 +655,8 @@ func TestChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "image: ghcr.io/health-router/health-router:" + version + "\n"; !strings.Contains(out, want) {
-		t.Errorf("the packaged chart's Deployment does not run the release's image (%q):\n%s", strings.TrimSpace(want), out)
+	if want := "image: " + repository + ":" + version + "@" + openLayout(t, dir).indexDesc.Digest.String() + "\n"; !strings.Contains(out, want) {
+		t.Errorf("the packaged chart's Deployment does not run the release's image by digest (%q):\n%s", strings.TrimSpace(want), out)
 	}
 }
 
@@ -578,20 +698,174 @@ func TestPush(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(rm.Manifests) != 1 || rm.Manifests[0].Digest != lp.sbomDesc.Digest {
-				t.Fatalf("referrers of %s: %+v, want the SBOM %s", desc.Digest, rm.Manifests, lp.sbomDesc.Digest)
+			got := map[v1.Hash]bool{}
+			for _, d := range rm.Manifests {
+				got[d.Digest] = true
 			}
-			img, err := remote.Image(r.Context().Digest(rm.Manifests[0].Digest.String()))
-			if err != nil {
-				t.Fatal(err)
+			if len(rm.Manifests) != 2 || !got[lp.sbomDesc.Digest] || !got[lp.provenanceDesc.Digest] {
+				t.Fatalf("referrers of %s: %+v, want the SBOM %s and the provenance %s", desc.Digest, rm.Manifests, lp.sbomDesc.Digest, lp.provenanceDesc.Digest)
 			}
-			m, err := img.Manifest()
-			if err != nil {
-				t.Fatal(err)
+			for _, want := range []struct {
+				digest       v1.Hash
+				artifactType string
+			}{{lp.sbomDesc.Digest, spdxType}, {lp.provenanceDesc.Digest, intoto}} {
+				img, err := remote.Image(r.Context().Digest(want.digest.String()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				m, err := img.Manifest()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.ArtifactType != want.artifactType || m.Subject == nil || m.Subject.Digest != desc.Digest {
+					t.Errorf("the pushed referrer %s: artifactType %q subject %+v, want %s of %s", want.digest, m.ArtifactType, m.Subject, want.artifactType, desc.Digest)
+				}
 			}
-			if m.ArtifactType != spdxType || m.Subject == nil || m.Subject.Digest != desc.Digest {
-				t.Errorf("the pushed referrer: artifactType %q subject %+v, want the SBOM of %s", m.ArtifactType, m.Subject, desc.Digest)
+			// cosign's signature and attestation, where cosign looks them up: the tags
+			// sha256-<digest>.sig and .att of the index.
+			for suffix, want := range map[string]v1.Hash{".sig": lp.sigDesc.Digest, ".att": lp.attDesc.Digest} {
+				d, err := remote.Head(r.Context().Tag("sha256-" + desc.Digest.Hex + suffix))
+				if err != nil || d.Digest != want {
+					t.Errorf("the tag sha256-<index>%s: %v, %v; want %s", suffix, d, err, want)
+				}
 			}
 		})
+	}
+}
+
+// TestSignatures checks the signatures as cosign checks them with a key, with the standard
+// library alone (not deploy/release's code): cosign.pub is the signing key's; SHA256SUMS.sig
+// is the base64 ECDSA signature of SHA256SUMS's SHA-256 (cosign verify-blob); the index's
+// signature is of cosign's simple-signing payload naming its digest (cosign verify); the
+// attestation is a DSSE envelope of the provenance statement, signed over DSSE's PAE (cosign
+// verify-attestation), whose subjects are the index and the release's files.
+func TestSignatures(t *testing.T) {
+	dir := release(t)
+	lp := openLayout(t, dir)
+	pubPEM, err := os.ReadFile(filepath.Join(dir, "cosign.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(pubPEM)
+	if block == nil || block.Type != "PUBLIC KEY" {
+		t.Fatalf("cosign.pub %q is not a PEM PUBLIC KEY", pubPEM)
+	}
+	k, err := x509.ParsePKIXPublicKey(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, ok := k.(*ecdsa.PublicKey)
+	if !ok || !pub.Equal(&released.key.PublicKey) {
+		t.Fatal("cosign.pub is not the signing key's public key")
+	}
+	verifies := func(msg []byte, b64 string) bool {
+		sig, err := base64.StdEncoding.DecodeString(b64)
+		h := sha256.Sum256(msg)
+		return err == nil && ecdsa.VerifyASN1(pub, h[:], sig)
+	}
+
+	sums, _ := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
+	sumsSig, _ := os.ReadFile(filepath.Join(dir, "SHA256SUMS.sig"))
+	if !verifies(sums, string(sumsSig)) {
+		t.Error("SHA256SUMS.sig does not verify as cosign verify-blob --key cosign.pub checks it")
+	}
+
+	payload, desc := layer(t, lp, lp.sigDesc)
+	var simple struct {
+		Critical struct {
+			Identity struct {
+				DockerReference string `json:"docker-reference"`
+			} `json:"identity"`
+			Image struct {
+				DockerManifestDigest string `json:"docker-manifest-digest"`
+			} `json:"image"`
+			Type string `json:"type"`
+		} `json:"critical"`
+	}
+	if err := json.Unmarshal(payload, &simple); err != nil {
+		t.Fatal(err)
+	}
+	c := simple.Critical
+	if desc.MediaType != "application/vnd.dev.cosign.simplesigning.v1+json" || c.Type != "cosign container image signature" ||
+		c.Image.DockerManifestDigest != lp.indexDesc.Digest.String() || c.Identity.DockerReference != repository {
+		t.Errorf("the signature's payload %s (%s): want cosign's simple signing of %s@%s", payload, desc.MediaType, repository, lp.indexDesc.Digest)
+	}
+	if !verifies(payload, desc.Annotations["dev.cosignproject.cosign/signature"]) {
+		t.Error("the image index's signature does not verify with cosign.pub")
+	}
+
+	envelope, desc := layer(t, lp, lp.attDesc)
+	file, _ := os.ReadFile(filepath.Join(dir, "health-router_"+version+"_provenance.dsse.json"))
+	if !bytes.Equal(envelope, file) || desc.MediaType != "application/vnd.dsse.envelope.v1+json" || desc.Annotations["predicateType"] != "https://slsa.dev/provenance/v1" {
+		t.Errorf("the attestation %s: want the DSSE envelope beside it, of SLSA provenance v1", desc.Annotations)
+	}
+	var env struct {
+		PayloadType string `json:"payloadType"`
+		Payload     string `json:"payload"`
+		Signatures  []struct {
+			Sig string `json:"sig"`
+		} `json:"signatures"`
+	}
+	if err := json.Unmarshal(envelope, &env); err != nil {
+		t.Fatal(err)
+	}
+	statement, err := base64.StdEncoding.DecodeString(env.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pae := fmt.Sprintf("DSSEv1 %d %s %d %s", len(env.PayloadType), env.PayloadType, len(statement), statement)
+	if env.PayloadType != intoto || len(env.Signatures) != 1 || !verifies([]byte(pae), env.Signatures[0].Sig) {
+		t.Errorf("the provenance envelope (%s, %d signatures) does not verify with cosign.pub", env.PayloadType, len(env.Signatures))
+	}
+	onDisk, _ := os.ReadFile(filepath.Join(dir, "health-router_"+version+"_provenance.intoto.json"))
+	provenanceLayer, _ := layer(t, lp, lp.provenanceDesc)
+	if !bytes.Equal(statement, onDisk) || !bytes.Equal(provenanceLayer, onDisk) {
+		t.Error("the envelope, the provenance file and the provenance artifact do not hold one statement")
+	}
+	var st struct {
+		Type    string `json:"_type"`
+		Subject []struct {
+			Name   string            `json:"name"`
+			Digest map[string]string `json:"digest"`
+		} `json:"subject"`
+		PredicateType string `json:"predicateType"`
+	}
+	if err := json.Unmarshal(statement, &st); err != nil {
+		t.Fatal(err)
+	}
+	subjects := map[string]string{}
+	for _, s := range st.Subject {
+		subjects[s.Name] = s.Digest["sha256"]
+	}
+	want := map[string]string{repository: lp.indexDesc.Digest.Hex}
+	for _, f := range []string{"health-router-" + version + ".tgz", cliName(), "health-router_" + version + "_sbom.spdx.json"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		want[f] = hex.EncodeToString(sum[:])
+	}
+	if st.Type != "https://in-toto.io/Statement/v1" || st.PredicateType != "https://slsa.dev/provenance/v1" || fmt.Sprint(subjects) != fmt.Sprint(want) {
+		t.Errorf("statement %s of %s about %v, want an in-toto v1 SLSA provenance v1 about %v", st.Type, st.PredicateType, subjects, want)
+	}
+}
+
+// TestVerifyCommand runs `release verify` as docs/releasing.md tells a user to, with the
+// release's public key. The release ran it before it finished, and said so. (That it fails with
+// another key, or on any tampering, deploy/release's unit tests check: no second build here.)
+func TestVerifyCommand(t *testing.T) {
+	dir := release(t)
+	if strings.Contains(released.stderr, "UNSIGNED") || !strings.Contains(released.stderr, "verify: image index sha256:") {
+		t.Errorf("the signed release's output:\n%s", released.stderr)
+	}
+	cmd := exec.Command("go", "run", "./deploy/release", "verify", "--dir", dir, "--key", filepath.Join(dir, "cosign.pub"))
+	cmd.Dir = repoRoot(t)
+	out, err := cmd.CombinedOutput()
+	for _, want := range []string{"SHA256SUMS.sig: the key signed SHA256SUMS", "the key signed it", "provenance: its subjects are", "SBOM: it lists", "chart: a default install pulls the image by its digest"} {
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Errorf("release verify --key cosign.pub: %v, want %q:\n%s", err, want, out)
+			break
+		}
 	}
 }
