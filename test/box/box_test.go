@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -40,17 +41,25 @@ func TestBoxRunsAWorkload(t *testing.T) {
 	defer cancel()
 	c := b.Client()
 
-	// Three nodes, as three EC2 instances' kubelets register them.
-	names := []string{"box-a", "box-b", "box-c"}
-	for _, name := range names {
-		node, err := b.AddNode(ctx, box.NodeSpec{Name: name, Labels: map[string]string{"pool": "kafka"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.HasPrefix(node.Spec.ProviderID, "aws:///eu-west-1a/i-") || node.Status.NodeInfo.BootID == "" || !box.Ready(node) {
-			t.Fatalf("node %s: providerID %q, boot ID %q, ready %v", name, node.Spec.ProviderID, node.Status.NodeInfo.BootID, box.Ready(node))
-		}
+	// Three nodes, as three EC2 instances' kubelets register them (at once: each waits for the
+	// node lifecycle controller's next pass).
+	g, gctx := errgroup.WithContext(ctx)
+	for _, name := range []string{"box-a", "box-b", "box-c"} {
+		g.Go(func() error {
+			node, err := b.AddNode(gctx, box.NodeSpec{Name: name, Labels: map[string]string{"pool": "kafka"}})
+			if err != nil {
+				return err
+			}
+			if !strings.HasPrefix(node.Spec.ProviderID, "aws:///eu-west-1a/i-") || node.Status.NodeInfo.BootID == "" || !box.Ready(node) {
+				return fmt.Errorf("node %s: providerID %q, boot ID %q, ready %v", name, node.Spec.ProviderID, node.Status.NodeInfo.BootID, box.Ready(node))
+			}
+			return nil
+		})
 	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("3 nodes Ready and known to the node lifecycle controller (%s)", time.Since(start).Round(time.Millisecond))
 
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)

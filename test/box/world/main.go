@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/health-router/health-router/test/box"
@@ -57,10 +58,16 @@ func run() error {
 		fmt.Println("\nstopping kwok, kube-scheduler, kube-controller-manager, kube-apiserver and etcd")
 		return b.Stop()
 	}
+	// At once: each waits for the node lifecycle controller's next pass (5 s) to know its Node.
+	g, gctx := errgroup.WithContext(ctx)
 	for i := range nodes {
-		if _, err := b.AddNode(ctx, box.NodeSpec{Name: fmt.Sprintf("box-%d", i+1)}); err != nil {
-			return errors.Join(err, stopped())
-		}
+		g.Go(func() error {
+			_, err := b.AddNode(gctx, box.NodeSpec{Name: fmt.Sprintf("box-%d", i+1)})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return errors.Join(err, stopped())
 	}
 	fmt.Printf(`
 The box is up (%s): etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and kwok
