@@ -40,23 +40,16 @@ start=$SECONDS
 # only the directory).
 progress() { printf 'envtest: [%3dm%02ds] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$*" >&2; }
 
-staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
-  cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
-  cri-client cri-streaming csi-translation-lib dynamic-resource-allocation endpointslice externaljwt
-  kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
-  mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming)
-minor=${K8S_VERSION#1.}
-# Built inside this repository's own module graph (a copy of go.mod and go.sum, so the
-# repository's files are never written), with the staging modules pinned to the release as
-# k8s.io/kubernetes requires: every package kube-apiserver shares with the router (client-go,
-# apimachinery, the API types, grpc, protobuf, ~700 of them) is then the version the router is
-# compiled against, and with make's flags (cgo off, -trimpath) the build cache already holds
-# it from `go vet` and the tests. go.mod keeps the shared modules at the versions this release
-# needs, so adding k8s.io/kubernetes upgrades only modules the router does not compile.
+# Built inside this repository's own module graph (k8s-modfile.sh: a copy of go.mod and
+# go.sum, so the repository's files are never written, with the staging modules pinned to the
+# release): every package kube-apiserver shares with the router (~700 of them) is then the
+# version the router is compiled against and already in the build cache. go.mod keeps the
+# shared modules at the versions this release needs, so adding k8s.io/kubernetes upgrades only
+# modules the router does not compile.
+# shellcheck source=k8s-modfile.sh
+source "$(dirname "$0")/k8s-modfile.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-cp "$root/go.mod" "$work/envtest.mod"
-cp "$root/go.sum" "$work/envtest.sum"
-for m in "${staging[@]}"; do echo "replace k8s.io/$m => k8s.io/$m v0.${minor}" >>"$work/envtest.mod"; done
+k8s_modfile "$work" envtest
 cd "$root"
 export CGO_ENABLED=0
 modfile=-modfile=$work/envtest.mod

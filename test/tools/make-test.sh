@@ -30,7 +30,10 @@ if [[ $rc == 0 ]]; then
   # The Terraform suite runs the Lambda's and test/terraform's Go tests itself. test/release
   # runs `make release` for this platform only, after test/image (go list's order) has
   # compiled the image's binary: it adds a link and the archives, not a cross-compile.
-  packages=$(go list ./... | grep -v -e /test/terraform -e /lambda/)
+  # test/box (the cluster in a box, issue 37) is left out for now: its first run builds
+  # kube-controller-manager, kube-scheduler and kwok (test/tools/world-bins.sh, kwok-bin.sh), a
+  # cold build not yet timed against CI's budget. `go test ./test/box` runs it.
+  packages=$(go list ./... | grep -v -e /test/terraform -e /lambda/ -e /test/box)
   # shellcheck disable=SC2086
   $timed go-test go test -p 1 -count=1 -timeout 30m $packages || rc=$?
   # The Karpenter version matrix: its own modules, one per Karpenter version.
