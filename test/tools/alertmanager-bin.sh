@@ -6,31 +6,14 @@
 set -euo pipefail
 
 VERSION=${ALERTMANAGER_VERSION:-v0.34.2}
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/alertmanager/${VERSION}
-if [[ -x $cache/alertmanager ]]; then
-  echo "$cache/alertmanager"
-  exit 0
-fi
-
-command -v go >/dev/null || { echo "alertmanager-bin.sh: go is not on PATH (needed to build alertmanager)" >&2; exit 1; }
-
-# One build at a time: a second caller waits for the first one's result.
-mkdir -p "$cache"
-exec 9>"$cache.lock"
-if ! flock -n 9; then
-  echo "alertmanager: another process is building alertmanager into $cache; waiting for it" >&2
-  flock 9
-fi
-if [[ -x $cache/alertmanager ]]; then
-  echo "$cache/alertmanager"
-  exit 0
-fi
+# shellcheck source=tool-cache.sh
+source "$(dirname "$0")/tool-cache.sh"
+cache=$tool_cache_root/alertmanager/${VERSION}
+tool_ready alertmanager "$cache" "$cache/alertmanager" alertmanager alertmanager
 
 export GOTOOLCHAIN=${GOTOOLCHAIN_ALERTMANAGER:-auto}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-start=$SECONDS
-progress() { printf 'alertmanager: [%3dm%02ds] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$*" >&2; }
 
 echo "alertmanager: first run on this machine: building alertmanager ${VERSION} from source (Go module proxy) into $cache" >&2
 echo "alertmanager:   this takes a few minutes on 2 cores; later runs reuse the cached binary at once" >&2

@@ -10,35 +10,15 @@ set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.37.0}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/envtest/v${K8S_VERSION}-etcd${ETCD_VERSION}
-if [[ -x $cache/kube-apiserver && -x $cache/etcd ]]; then
-  echo "$cache"
-  exit 0
-fi
-
-command -v go >/dev/null || { echo "envtest-bins.sh: go is not on PATH (needed to build kube-apiserver and etcd)" >&2; exit 1; }
-
-# One build at a time: a second caller (make demo while make test builds) waits for the
-# first one's result instead of starting its own build.
-mkdir -p "$cache"
-exec 9>"$cache.lock"
-if ! flock -n 9; then
-  echo "envtest: another process is building kube-apiserver and etcd into $cache; waiting for it" >&2
-  flock 9
-fi
-if [[ -x $cache/kube-apiserver && -x $cache/etcd ]]; then
-  echo "$cache"
-  exit 0
-fi
+# shellcheck source=tool-cache.sh
+source "$(dirname "$0")/tool-cache.sh"
+cache=$tool_cache_root/envtest/v${K8S_VERSION}-etcd${ETCD_VERSION}
+tool_ready envtest "$cache" "$cache" "kube-apiserver and etcd" kube-apiserver etcd
 
 export GOTOOLCHAIN=${GOTOOLCHAIN_ENVTEST:-auto}
 export GOFLAGS=-mod=mod
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-start=$SECONDS
-# progress reports a step on stderr with the time since the build began (stdout carries
-# only the directory).
-progress() { printf 'envtest: [%3dm%02ds] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$*" >&2; }
 
 # Built inside this repository's own module graph (k8s-modfile.sh: a copy of go.mod and
 # go.sum, so the repository's files are never written, with the staging modules pinned to the

@@ -9,27 +9,13 @@ HELM_VERSION=${HELM_VERSION:-v3.22.0}
 # The Kubernetes version `helm template` and `helm lint` assume without a cluster: helm's own
 # Makefile stamps the minor version of its client-go (v0.37 for helm v3.22.0).
 HELM_K8S_MINOR=${HELM_K8S_MINOR:-37}
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/helm/${HELM_VERSION}-k8s1.${HELM_K8S_MINOR}
-if [[ -x $cache/helm ]]; then
-  echo "$cache/helm"
-  exit 0
-fi
-command -v go >/dev/null || { echo "helm-bin.sh: go is not on PATH" >&2; exit 1; }
+# shellcheck source=tool-cache.sh
+source "$(dirname "$0")/tool-cache.sh"
+cache=$tool_cache_root/helm/${HELM_VERSION}-k8s1.${HELM_K8S_MINOR}
+tool_ready helm "$cache" "$cache/helm" helm helm
 
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-# One build at a time: a second caller (a suite while make test builds the tools in the
-# background) waits for the first one's result instead of starting its own build.
-mkdir -p "$cache"
-exec 9>"$cache.lock"
-if ! flock -n 9; then
-  echo "helm: another process is building helm into $cache; waiting for it" >&2
-  flock 9
-fi
-if [[ -x $cache/helm ]]; then
-  echo "$cache/helm"
-  exit 0
-fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "building helm ${HELM_VERSION} into $cache (first run only, a minute or two; cached afterwards)" >&2

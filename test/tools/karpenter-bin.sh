@@ -28,24 +28,10 @@ key=$VERSION
 if [[ ${1:-} == repair ]]; then
   key=$VERSION-repair-$(sha256sum "$root/test/tools/_karpenter-controller/toleration.go" | cut -c1-12)
 fi
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/karpenter/${key}
-if [[ -x $cache/controller ]]; then
-  echo "$cache/controller"
-  exit 0
-fi
-
-# One build at a time: a second caller (a suite while make test builds the tools in the
-# background) waits for the first one's result instead of starting its own build.
-mkdir -p "$cache"
-exec 9>"$cache.lock"
-if ! flock -n 9; then
-  echo "karpenter: another process is building the controller into $cache; waiting for it" >&2
-  flock 9
-fi
-if [[ -x $cache/controller ]]; then
-  echo "$cache/controller"
-  exit 0
-fi
+# shellcheck source=tool-cache.sh
+source "$(dirname "$0")/tool-cache.sh"
+cache=$tool_cache_root/karpenter/${key}
+tool_ready karpenter "$cache" "$cache/controller" "the controller" controller
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -7,34 +7,15 @@
 set -euo pipefail
 
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/kwok/${KWOK_VERSION}
-if [[ -x $cache/kwok ]]; then
-  echo "$cache/kwok"
-  exit 0
-fi
-command -v go >/dev/null || { echo "kwok-bin.sh: go is not on PATH (needed to build kwok)" >&2; exit 1; }
-
-# One build at a time: a second caller waits for the first one's result instead of starting
-# its own build.
-mkdir -p "$cache"
-exec 9>"$cache.lock"
-if ! flock -n 9; then
-  echo "kwok: another process is building kwok into $cache; waiting for it" >&2
-  flock 9
-fi
-if [[ -x $cache/kwok ]]; then
-  echo "$cache/kwok"
-  exit 0
-fi
+# shellcheck source=tool-cache.sh
+source "$(dirname "$0")/tool-cache.sh"
+cache=$tool_cache_root/kwok/${KWOK_VERSION}
+tool_ready kwok "$cache" "$cache/kwok" kwok kwok
 
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-start=$SECONDS
-# progress reports a step on stderr with the time since the build began (stdout carries
-# only the path).
-progress() { printf 'kwok: [%3dm%02ds] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$*" >&2; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 echo "kwok: first run on this machine: building kwok ${KWOK_VERSION} from source (Go module proxy) into $cache" >&2
 # Built inside this repository's own module graph (a copy of go.mod and go.sum; the

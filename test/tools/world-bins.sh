@@ -14,35 +14,15 @@
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.37.0}
-cache=${HEALTH_ROUTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/health-router}/world/v${K8S_VERSION}
-if [[ -x $cache/kube-controller-manager && -x $cache/kube-scheduler ]]; then
-  echo "$cache"
-  exit 0
-fi
-
-command -v go >/dev/null || { echo "world-bins.sh: go is not on PATH (needed to build kube-controller-manager and kube-scheduler)" >&2; exit 1; }
-
-# One build at a time: a second caller (make world while a test builds the box) waits for the
-# first one's result instead of starting its own build.
-mkdir -p "$cache"
-exec 9>"$cache.lock"
-if ! flock -n 9; then
-  echo "world: another process is building kube-controller-manager and kube-scheduler into $cache; waiting for it" >&2
-  flock 9
-fi
-if [[ -x $cache/kube-controller-manager && -x $cache/kube-scheduler ]]; then
-  echo "$cache"
-  exit 0
-fi
+# shellcheck source=tool-cache.sh
+source "$(dirname "$0")/tool-cache.sh"
+cache=$tool_cache_root/world/v${K8S_VERSION}
+tool_ready world "$cache" "$cache" "kube-controller-manager and kube-scheduler" kube-controller-manager kube-scheduler
 
 export GOTOOLCHAIN=${GOTOOLCHAIN_ENVTEST:-auto}
 export GOFLAGS=-mod=mod
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-start=$SECONDS
-# progress reports a step on stderr with the time since the build began (stdout carries
-# only the directory).
-progress() { printf 'world: [%3dm%02ds] %s\n' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)) "$*" >&2; }
 
 # The same module graph as envtest's build (k8s-modfile.sh): this repository's go.mod with the
 # staging modules pinned to the release.
