@@ -45,7 +45,7 @@ func Doctor(ctx context.Context, o options.Doctor, restCfg *rest.Config) (doctor
 	d := doctor.New(sqs.NewFromConfig(awsCfg), eventbridge.NewFromConfig(awsCfg), ec2.NewFromConfig(awsCfg), iam.NewFromConfig(awsCfg), sts.NewFromConfig(awsCfg), kube)
 	return d.Run(ctx, doctor.Config{
 		QueueURL: o.QueueURL, DeadLetterQueueURL: o.DeadLetterQueueURL, KarpenterQueueURL: o.KarpenterQueueURL,
-		KarpenterRoleARN: o.KarpenterRoleARN, KarpenterNamespace: o.KarpenterNamespace, Namespace: o.Namespace, Gates: o.Gates,
+		KarpenterRoleARN: o.KarpenterRoleARN, KarpenterNamespace: o.KarpenterNamespace, KarpenterDeployment: o.KarpenterDeployment, Namespace: o.Namespace, Gates: o.Gates,
 		KarpenterVersion:     o.KarpenterVersion,
 		InstanceStatusPoller: o.InstanceStatusPoller, Reschedule: o.Reschedule, RebootInPlace: o.RebootInPlace, Shadow: o.Shadow,
 		EventWindows: o.EventWindows, ClusterName: o.ClusterName,

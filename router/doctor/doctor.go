@@ -6,6 +6,7 @@
 package doctor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -111,8 +112,9 @@ type Config struct {
 	QueueURL, DeadLetterQueueURL, KarpenterQueueURL string
 	// KarpenterRoleARN, when set, is checked for ec2:DescribeInstanceStatus.
 	KarpenterRoleARN string
-	// KarpenterNamespace is where Karpenter's Deployment runs, for its feature gates.
-	KarpenterNamespace string
+	// KarpenterNamespace and KarpenterDeployment name Karpenter's Deployment, for its feature
+	// gates and version. KarpenterDeployment empty: "karpenter", the name its chart gives.
+	KarpenterNamespace, KarpenterDeployment string
 	// Namespace is the router's, for the leader election Lease permissions.
 	Namespace string
 	Gates     featuregate.FeatureGate
@@ -926,17 +928,13 @@ func qualified(a authv1.ResourceAttributes) string {
 func (d *Doctor) gates(ctx context.Context, r *Report, c Config) {
 	const check = "feature gate ReservedCapacity"
 	mine := c.Gates.Enabled(checks.ReservedCapacity)
-	var deps appsv1.DeploymentList
-	if err := d.kube.List(ctx, &deps, client.InNamespace(c.KarpenterNamespace), client.MatchingLabels{"app.kubernetes.io/name": "karpenter"}); err != nil {
-		*r = append(*r, Item{Unknown, check, fmt.Sprintf("cannot read Karpenter's Deployment in %s: %v", c.KarpenterNamespace, err), "compare --feature-gates with Karpenter's settings.featureGates by hand"})
-		return
-	}
-	if len(deps.Items) == 0 {
-		*r = append(*r, Item{Unknown, check, "no Deployment labelled app.kubernetes.io/name=karpenter in " + c.KarpenterNamespace, "pass --karpenter-namespace"})
+	dep, problem := d.karpenterDeployment(ctx, c)
+	if dep == nil {
+		*r = append(*r, Item{Unknown, check, problem, "compare --feature-gates with Karpenter's settings.featureGates by hand, or " + deploymentFix})
 		return
 	}
 	theirs := true // Karpenter's default
-	for _, ctr := range deps.Items[0].Spec.Template.Spec.Containers {
+	for _, ctr := range dep.Spec.Template.Spec.Containers {
 		for _, e := range ctr.Env {
 			if e.Name == "FEATURE_GATES" {
 				for _, kv := range strings.Split(e.Value, ",") {
@@ -966,17 +964,12 @@ const CheckKarpenterVersion = "Karpenter version"
 func (d *Doctor) karpenterVersion(ctx context.Context, r *Report, c Config) {
 	mine := c.KarpenterVersion
 	fix := "set --karpenter-version (chart settings.karpenterVersion) to Karpenter's version"
-	var deps appsv1.DeploymentList
-	if err := d.kube.List(ctx, &deps, client.InNamespace(c.KarpenterNamespace), client.MatchingLabels{"app.kubernetes.io/name": "karpenter"}); err != nil {
-		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; cannot read Karpenter's Deployment in %s: %v", mine, c.KarpenterNamespace, err), fix})
+	dep, problem := d.karpenterDeployment(ctx, c)
+	if dep == nil {
+		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; %s", mine, problem), fix + ", or " + deploymentFix})
 		return
 	}
-	if len(deps.Items) == 0 {
-		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; no Deployment labelled app.kubernetes.io/name=karpenter in %s", mine, c.KarpenterNamespace),
-			fix + ", or pass --karpenter-namespace"})
-		return
-	}
-	theirs, from := deployedKarpenter(deps.Items[0])
+	theirs, from := deployedKarpenter(*dep)
 	switch {
 	case theirs.IsZero():
 		*r = append(*r, Item{Unknown, CheckKarpenterVersion, fmt.Sprintf("the router assumes Karpenter %s; Karpenter's Deployment shows no version (%s)", mine, from), fix})
@@ -988,6 +981,38 @@ func (d *Doctor) karpenterVersion(ctx context.Context, r *Report, c Config) {
 		*r = append(*r, Item{Fail, CheckKarpenterVersion, fmt.Sprintf("the router assumes %s, Karpenter's %s says %s: they parse different kinds (a capacity-reservation interruption from v1.10)", mine, from, theirs),
 			"run the router with --karpenter-version " + theirs.String()})
 	}
+}
+
+// deploymentFix is what to do when doctor cannot find Karpenter's Deployment.
+const deploymentFix = "pass --karpenter-namespace and --karpenter-deployment (chart settings.karpenterNamespace, settings.karpenterDeployment)"
+
+// karpenterLabel is the label Karpenter's chart puts on its Deployment.
+var karpenterLabel = client.MatchingLabels{"app.kubernetes.io/name": "karpenter"}
+
+// karpenterDeployment reads Karpenter's Deployment: by its name first (the chart grants the
+// router's ServiceAccount `get` on that one Deployment only, so that doctor in the router's pod
+// can read it), then, where no Deployment has that name or the name cannot be read, the first
+// one labelled as Karpenter's chart labels it (a user running doctor with wider rights, a
+// Deployment named otherwise). nil, with what went wrong, when neither finds it.
+func (d *Doctor) karpenterDeployment(ctx context.Context, c Config) (*appsv1.Deployment, string) {
+	name := cmp.Or(c.KarpenterDeployment, "karpenter")
+	dep := &appsv1.Deployment{}
+	getErr := d.kube.Get(ctx, client.ObjectKey{Namespace: c.KarpenterNamespace, Name: name}, dep)
+	if getErr == nil {
+		return dep, ""
+	}
+	byName := "no Deployment " + c.KarpenterNamespace + "/" + name
+	if !apierrors.IsNotFound(getErr) {
+		byName = fmt.Sprintf("cannot read Karpenter's Deployment %s/%s (%v)", c.KarpenterNamespace, name, getErr)
+	}
+	var deps appsv1.DeploymentList
+	if err := d.kube.List(ctx, &deps, client.InNamespace(c.KarpenterNamespace), karpenterLabel); err != nil {
+		return nil, fmt.Sprintf("%s, nor list those labelled app.kubernetes.io/name=karpenter (%v)", byName, err)
+	}
+	if len(deps.Items) == 0 {
+		return nil, fmt.Sprintf("%s, and none labelled app.kubernetes.io/name=karpenter in %s", byName, c.KarpenterNamespace)
+	}
+	return &deps.Items[0], ""
 }
 
 // deployedKarpenter reads the version of Karpenter's Deployment and says where it read it.

@@ -440,6 +440,8 @@ type Doctor struct {
 	KarpenterQueueURL  string
 	KarpenterRoleARN   string
 	KarpenterNamespace string
+	// KarpenterDeployment is the name of Karpenter's Deployment in KarpenterNamespace.
+	KarpenterDeployment string
 	// KarpenterVersion is the router's --karpenter-version (the same environment variable).
 	KarpenterVersion signal.KarpenterVersion
 	Namespace        string
@@ -477,7 +479,8 @@ func doctorFlags(o *Doctor) (fs *pflag.FlagSet, gates *string) {
 	fs.StringVar(&o.DeadLetterQueueURL, "dead-letter-queue-url", "", "`URL` of the dead-letter queue (required)")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue, to check that no rule feeds it directly")
 	fs.StringVar(&o.KarpenterRoleARN, "karpenter-role-arn", "", "`ARN` of Karpenter's controller role, to check it cannot call ec2:DescribeInstanceStatus (needs iam:SimulatePrincipalPolicy)")
-	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "`namespace` of Karpenter's Deployment, for its feature gates")
+	fs.StringVar(&o.KarpenterNamespace, "karpenter-namespace", "kube-system", "`namespace` of Karpenter's Deployment, for its feature gates and version")
+	fs.StringVar(&o.KarpenterDeployment, "karpenter-deployment", "karpenter", "`name` of Karpenter's Deployment (else the first labelled app.kubernetes.io/name=karpenter in --karpenter-namespace)")
 	fs.Var(karpenterVersionValue{&o.KarpenterVersion}, "karpenter-version", "the router's --karpenter-version (the same environment variable), to print and compare with what Karpenter's Deployment shows")
 	o.Namespace = "health-router"
 	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "the router's `namespace`, for its leader election permissions")

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -181,6 +182,10 @@ type manifests struct {
 	grafanaDashboard   *corev1.ConfigMap
 	// metricsReader is the ClusterRole to bind to a scraper (metrics.secure only).
 	metricsReader *rbacv1.ClusterRole
+	// karpenterRole and karpenterRoleBinding let doctor in the router's pod read Karpenter's
+	// Deployment (settings.karpenterNamespace): nil when that setting is empty.
+	karpenterRole        *rbacv1.Role
+	karpenterRoleBinding *rbacv1.RoleBinding
 	// shadowReader is the ClusterRole to bind to the people who read /shadow (metrics.secure only).
 	shadowReader  *rbacv1.ClusterRole
 	networkPolicy *networkingv1.NetworkPolicy
@@ -234,8 +239,18 @@ func decode(t *testing.T, args ...string) manifests {
 			into = &m.clusterRoleBinding
 		case "Role":
 			into = &m.role
+			if strings.HasSuffix(u.GetName(), "-karpenter") {
+				seen[kind]-- // in Karpenter's namespace, for doctor
+				m.karpenterRole = &rbacv1.Role{}
+				into = m.karpenterRole
+			}
 		case "RoleBinding":
 			into = &m.roleBinding
+			if strings.HasSuffix(u.GetName(), "-karpenter") {
+				seen[kind]--
+				m.karpenterRoleBinding = &rbacv1.RoleBinding{}
+				into = m.karpenterRoleBinding
+			}
 		case "ServiceMonitor":
 			m.serviceMonitor = u
 			continue
@@ -295,6 +310,15 @@ func TestNamespaced(t *testing.T) {
 		case "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition":
 			if u.GetNamespace() != "" {
 				t.Errorf("cluster-scoped %s %s has namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
+			}
+		case "Role", "RoleBinding":
+			// Every Role in the release's namespace but the one in Karpenter's, for doctor.
+			want := namespace
+			if strings.HasSuffix(u.GetName(), "-karpenter") {
+				want = "kube-system"
+			}
+			if u.GetNamespace() != want {
+				t.Errorf("%s %s in namespace %q, want %q", u.GetKind(), u.GetName(), u.GetNamespace(), want)
 			}
 		default:
 			if u.GetNamespace() != namespace {
@@ -384,6 +408,8 @@ func TestDeployment(t *testing.T) {
 		"HEALTH_ROUTER_METRICS_BIND_ADDRESS":      ":8080",
 		"HEALTH_ROUTER_HEALTH_PROBE_BIND_ADDRESS": ":8081",
 		"HEALTH_ROUTER_SHADOW_LEDGER":             "health-router-shadow",
+		"HEALTH_ROUTER_KARPENTER_NAMESPACE":       "kube-system",
+		"HEALTH_ROUTER_KARPENTER_DEPLOYMENT":      "karpenter",
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("environment with the default values:\n got %v\nwant %v", got, want)
@@ -633,6 +659,45 @@ func TestRBACEvictions(t *testing.T) {
 	} {
 		if got := evicts(decode(t, append([]string{"-f", ciValues(t, "default")}, tt.set...)...)); got != tt.want {
 			t.Errorf("%v: evictions granted %v, want %v", tt.set, got, tt.want)
+		}
+	}
+}
+
+// TestRBACKarpenterDeployment: doctor in the router's pod reads Karpenter's Deployment (its
+// feature gates and version, issue 38): the chart grants `get` on that one Deployment, in
+// Karpenter's namespace, and nothing else there; with settings.karpenterNamespace empty, no
+// Role is made there and doctor is not pointed at it.
+func TestRBACKarpenterDeployment(t *testing.T) {
+	for _, tt := range []struct {
+		set             []string
+		namespace, name string // "": no Role
+	}{
+		{nil, "kube-system", "karpenter"},
+		{[]string{"--set", "settings.karpenterNamespace=karpenter", "--set", "settings.karpenterDeployment=karpenter-controller"}, "karpenter", "karpenter-controller"},
+		{[]string{"--set", "settings.karpenterNamespace="}, "", ""},
+	} {
+		m := decode(t, append([]string{"-f", ciValues(t, "default")}, tt.set...)...)
+		got := env(m.deployment.Spec.Template.Spec.Containers[0])
+		if got["HEALTH_ROUTER_KARPENTER_NAMESPACE"] != tt.namespace || got["HEALTH_ROUTER_KARPENTER_DEPLOYMENT"] != tt.name {
+			t.Errorf("%v: doctor's environment names %q/%q, want %q/%q", tt.set, got["HEALTH_ROUTER_KARPENTER_NAMESPACE"], got["HEALTH_ROUTER_KARPENTER_DEPLOYMENT"], tt.namespace, tt.name)
+		}
+		if tt.namespace == "" {
+			if m.karpenterRole != nil || m.karpenterRoleBinding != nil {
+				t.Errorf("%v: a Role in Karpenter's namespace is rendered: %+v", tt.set, m.karpenterRole)
+			}
+			continue
+		}
+		if m.karpenterRole == nil || m.karpenterRoleBinding == nil {
+			t.Fatalf("%v: no Role and RoleBinding in Karpenter's namespace", tt.set)
+		}
+		want := []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{tt.name}, Verbs: []string{"get"}}}
+		if m.karpenterRole.Namespace != tt.namespace || !reflect.DeepEqual(m.karpenterRole.Rules, want) {
+			t.Errorf("%v: Role %s/%s grants %+v, want %+v in %s", tt.set, m.karpenterRole.Namespace, m.karpenterRole.Name, m.karpenterRole.Rules, want, tt.namespace)
+		}
+		b := m.karpenterRoleBinding
+		sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: m.serviceAccount.Name, Namespace: m.serviceAccount.Namespace}
+		if b.Namespace != tt.namespace || b.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: m.karpenterRole.Name}) || len(b.Subjects) != 1 || b.Subjects[0] != sa {
+			t.Errorf("%v: RoleBinding %s/%s: roleRef %+v, subjects %+v; want Role %s bound to %+v only", tt.set, b.Namespace, b.Name, b.RoleRef, b.Subjects, m.karpenterRole.Name, sa)
 		}
 	}
 }

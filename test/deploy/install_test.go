@@ -255,6 +255,8 @@ func lifecycle(t *testing.T, cfg *rest.Config, c client.Client) {
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: release}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: release}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: release}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: release + "-karpenter"}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: release + "-karpenter"}},
 		sm,
 	} {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); !apierrors.IsNotFound(err) {
@@ -286,40 +288,47 @@ func rbacAuthorizes(t *testing.T, c client.Client, d *appsv1.Deployment) {
 
 	// resource may name a subresource: pods/eviction.
 	type access struct {
-		verb, group, resource, namespace string
+		verb, group, resource, namespace, name string
 	}
 	var allowed []access
 	for gr, verbs := range clusterRoleAllowlist {
 		for _, v := range verbs {
 			// Cluster-wide, and in "default", where Events of cluster-scoped objects go.
-			allowed = append(allowed, access{v, gr.group, gr.resource, ""}, access{v, gr.group, gr.resource, "default"})
+			allowed = append(allowed, access{v, gr.group, gr.resource, "", ""}, access{v, gr.group, gr.resource, "default", ""})
 		}
 	}
 	for _, v := range leaseVerbs {
-		allowed = append(allowed, access{v, "coordination.k8s.io", "leases", namespace})
+		allowed = append(allowed, access{v, "coordination.k8s.io", "leases", namespace, ""})
 	}
+	// doctor in the router's pod reads Karpenter's Deployment (settings.karpenterNamespace,
+	// karpenterDeployment): that one, by name, and nothing else in Karpenter's namespace.
+	allowed = append(allowed, access{"get", "apps", "deployments", "kube-system", "karpenter"})
 	denied := []access{
-		{"get", "", "secrets", namespace},
-		{"list", "", "secrets", ""},
-		{"delete", "", "pods", ""},
+		{"get", "", "secrets", namespace, ""},
+		{"list", "", "secrets", "", ""},
+		{"delete", "", "pods", "", ""},
 		// Pods are read uncached (issue 38 item 5): never watched; get only for the drain
 		// helper of cordon-drain and the reboot in place, off in this install.
-		{"watch", "", "pods", ""},
-		{"get", "", "pods", "default"},
-		{"create", "", "pods/eviction", "default"},
-		{"delete", "", "nodes", ""},
-		{"update", "", "nodes/status", ""},
-		{"create", "karpenter.sh", "nodeclaims", ""},
-		{"update", "karpenter.sh", "nodeclaims", ""},
-		{"patch", "karpenter.sh", "nodeclaims/status", ""},
-		{"patch", "karpenter.sh", "nodepools", ""},
-		{"update", "karpenter.k8s.aws", "ec2nodeclasses", ""},
-		{"delete", "", "events", "default"},
-		{"create", "coordination.k8s.io", "leases", "kube-system"},
-		{"delete", "coordination.k8s.io", "leases", namespace},
-		{"escalate", "rbac.authorization.k8s.io", "clusterroles", ""},
+		{"watch", "", "pods", "", ""},
+		{"get", "", "pods", "default", ""},
+		{"create", "", "pods/eviction", "default", ""},
+		{"delete", "", "nodes", "", ""},
+		{"update", "", "nodes/status", "", ""},
+		{"create", "karpenter.sh", "nodeclaims", "", ""},
+		{"update", "karpenter.sh", "nodeclaims", "", ""},
+		{"patch", "karpenter.sh", "nodeclaims/status", "", ""},
+		{"patch", "karpenter.sh", "nodepools", "", ""},
+		{"update", "karpenter.k8s.aws", "ec2nodeclasses", "", ""},
+		{"delete", "", "events", "default", ""},
+		{"create", "coordination.k8s.io", "leases", "kube-system", ""},
+		{"delete", "coordination.k8s.io", "leases", namespace, ""},
+		{"escalate", "rbac.authorization.k8s.io", "clusterroles", "", ""},
+		{"get", "apps", "deployments", "kube-system", "coredns"},
+		{"list", "apps", "deployments", "kube-system", ""},
+		{"update", "apps", "deployments", "kube-system", "karpenter"},
+		{"get", "", "secrets", "kube-system", "karpenter-cert"},
 		// The router's memory is written whole, under its resource version: no patch.
-		{"patch", "healthrouter.io", "healthrecords", ""},
+		{"patch", "healthrouter.io", "healthrecords", "", ""},
 	}
 	check := func(a access, want bool) {
 		res, sub, _ := strings.Cut(a.resource, "/")
@@ -327,14 +336,14 @@ func rbacAuthorizes(t *testing.T, c client.Client, d *appsv1.Deployment) {
 			User:   user,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: a.verb, Group: a.group, Resource: res, Subresource: sub, Namespace: a.namespace,
+				Verb: a.verb, Group: a.group, Resource: res, Subresource: sub, Namespace: a.namespace, Name: a.name,
 			},
 		}}
 		if err := c.Create(ctx, sar); err != nil {
 			t.Fatalf("SubjectAccessReview %+v: %v", a, err)
 		}
 		if sar.Status.Allowed != want {
-			t.Errorf("%s may %s %s.%s in %q: %v, want %v (%s)", user, a.verb, a.resource, a.group, a.namespace, sar.Status.Allowed, want, sar.Status.Reason)
+			t.Errorf("%s may %s %s.%s %q in %q: %v, want %v (%s)", user, a.verb, a.resource, a.group, a.name, a.namespace, sar.Status.Allowed, want, sar.Status.Reason)
 		}
 	}
 	for _, a := range allowed {

@@ -99,6 +99,8 @@ rendered: the router's default applies.
   (list "HEALTH_ROUTER_SIGNAL" $s.signal)
   (list "HEALTH_ROUTER_KARPENTER_VERSION" $s.karpenterVersion)
   (list "HEALTH_ROUTER_KARPENTER_ROLE_ARN" $s.karpenterRoleARN)
+  (list "HEALTH_ROUTER_KARPENTER_NAMESPACE" $s.karpenterNamespace)
+  (list "HEALTH_ROUTER_KARPENTER_DEPLOYMENT" (and $s.karpenterNamespace $s.karpenterDeployment))
   (list "HEALTH_ROUTER_CLOUDWATCH_INTERVAL" $s.cloudWatchInterval)
   (list "HEALTH_ROUTER_VISIBILITY_TIMEOUT" $s.visibilityTimeout)
   (list "HEALTH_ROUTER_WAIT_TIME" $s.waitTime)
