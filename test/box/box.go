@@ -89,6 +89,9 @@ type Box struct {
 	client     client.Client
 	kubeconfig string
 	procs      []*process
+	// stops stop what was started in the box after it was up (Karpenter), last first, before
+	// the box's own components.
+	stops []func() error
 }
 
 // New starts a box for a test and stops it when the test ends. Its directory is removed then,
@@ -274,9 +277,15 @@ func (b *Box) writeKubeconfig(name, user string) (string, error) {
 	return path, os.WriteFile(path, kc, 0o600)
 }
 
-// Stop stops kwok, the scheduler and the controller-manager, then the API server and etcd.
+// Stop stops what was started in the box (Karpenter), then kwok, the scheduler and the
+// controller-manager, then the API server and etcd.
 func (b *Box) Stop() error {
-	err := stopAll(b.procs)
+	var err error
+	for i := len(b.stops) - 1; i >= 0; i-- {
+		err = errors.Join(err, b.stops[i]())
+	}
+	b.stops = nil
+	err = errors.Join(err, stopAll(b.procs))
 	b.procs = nil
 	if b.env != nil {
 		err = errors.Join(err, b.env.Stop())

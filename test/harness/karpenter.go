@@ -95,6 +95,10 @@ type KarpenterStageOptions struct {
 	// controller test/tools/karpenter-bin.sh builds with "repair" reads it
 	// (HEALTH_ROUTER_REPAIR_TOLERATION); the provider's own controller would ignore it.
 	RepairToleration time.Duration
+	// Env, when set, is an envtest already running (the cluster in a box, test/box: the same
+	// CRDs as StartEnvtest's), which the stage uses and leaves running at Stop; unset, the
+	// stage starts its own.
+	Env *envtest.Environment
 }
 
 // StartKarpenterStageWith is StartKarpenterStage with options.
@@ -111,7 +115,7 @@ func StartKarpenterStageWith(ctx context.Context, bin, dir string, opts Karpente
 			s.Stop()
 		}
 	}()
-	if err := s.startKube(); err != nil {
+	if err := s.startKube(opts.Env); err != nil {
 		return nil, err
 	}
 	moto, stop, err := StartMoto()
@@ -143,39 +147,23 @@ func StartKarpenterStageWith(ctx context.Context, bin, dir string, opts Karpente
 	return s, nil
 }
 
-func (s *KarpenterStage) startKube() error {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		out, err := exec.Command(repoPath("test/tools/envtest-bins.sh")).Output()
+// startKube starts envtest (StartEnvtest: Karpenter's, the AWS provider's and the router's
+// CRDs), or uses env, started elsewhere and left running.
+func (s *KarpenterStage) startKube(env *envtest.Environment) error {
+	if env == nil {
+		started, _, err := StartEnvtest()
 		if err != nil {
-			return fmt.Errorf("building envtest binaries: %w", err)
+			return err
 		}
-		os.Setenv("KUBEBUILDER_ASSETS", strings.TrimSpace(string(out)))
+		env = started
+		s.stops = append(s.stops, func() { _ = started.Stop() })
 	}
-	var dirs []string
-	for _, module := range []string{"sigs.k8s.io/karpenter", "github.com/aws/karpenter-provider-aws"} {
-		out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
-		if err != nil {
-			return fmt.Errorf("locating module %s: %w", module, err)
-		}
-		dirs = append(dirs, filepath.Join(strings.TrimSpace(string(out)), "pkg", "apis", "crds"))
-	}
-	path, err := recordsCRDFile()
-	if err != nil {
-		return err
-	}
-	dirs = append(dirs, path)
-	s.Env = &envtest.Environment{CRDDirectoryPaths: dirs, ErrorIfCRDPathMissing: true}
-	cfg, err := s.Env.Start()
-	if err != nil {
-		return fmt.Errorf("starting envtest: %w", err)
-	}
-	s.stops = append(s.stops, func() { _ = s.Env.Stop() })
-	s.Rest = cfg
+	s.Env, s.Rest = env, env.Config
 	scheme, err := cluster.NewScheme()
 	if err != nil {
 		return err
 	}
-	s.Kube, err = client.New(cfg, client.Options{Scheme: scheme})
+	s.Kube, err = client.New(s.Rest, client.Options{Scheme: scheme})
 	return err
 }
 
