@@ -3,14 +3,10 @@ package karpenter
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,37 +28,11 @@ import (
 // adoptionNamespace is the router's namespace in this test: its shadow ledger lives there.
 const adoptionNamespace = "health-router"
 
-// router runs app.Run with o until stop is called (or the test ends), and reports its error.
+// router runs the router with o on the stage's API server until stop is called (or the test
+// ends).
 func router(t *testing.T, o options.Run) (stop func()) {
 	t.Helper()
-	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
-	t.Setenv("AWS_REGION", harness.Region)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx, o, stage.Rest, prometheus.NewRegistry(), log) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("router: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("router did not stop within 30s")
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return harness.RunRouter(t, o, stage.Rest)
 }
 
 // TestAdoption walks the way in and the way back (docs/runbook.md) beside the real Karpenter:

@@ -10,8 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,12 +19,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
-	"github.com/health-router/health-router/router/app"
 	"github.com/health-router/health-router/router/checks"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/signal"
@@ -124,27 +120,7 @@ func startRouter(t testing.TB, name string, mode signal.Mode, opts ...func(*opti
 	for _, f := range opts {
 		f(&o)
 	}
-	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
-	t.Setenv("AWS_REGION", harness.Region)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx, o, stage.Rest, prometheus.NewRegistry(), log) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("router: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("router did not stop within 30s")
-		}
-	})
+	harness.RunRouter(t, o, stage.Rest)
 	return intake
 }
 

@@ -1,0 +1,52 @@
+package harness
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+
+	"github.com/health-router/health-router/router/app"
+	"github.com/health-router/health-router/router/options"
+)
+
+// RunRouter runs the router as in production (app.Run, with its own metrics registry) on the
+// API server of cfg, with o, until stop is called or the test ends; stop reports the router's
+// error as the test's, and says so when it does not stop within 30 s. AWS credentials for the
+// local stand-ins are set in the test's environment. Its log is shown with go test -v.
+func RunRouter(t testing.TB, o options.Run, cfg *rest.Config) (stop func()) {
+	t.Helper()
+	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
+	t.Setenv("AWS_REGION", Region)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, o, cfg, prometheus.NewRegistry(), log) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("router: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("router did not stop within 30s")
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
