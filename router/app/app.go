@@ -238,8 +238,9 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	})); err != nil {
 		return err
 	}
-	// An upgrade from a router before the store: its memory on NodeClaims is adopted once
-	// (what EC2 confirms) and the old keys removed; retried while EC2 or the API server fail.
+	// An upgrade from a router before the store: its memory on NodeClaims and Nodes is adopted
+	// once (what EC2 confirms) and the old keys removed; retried while EC2 or the API server
+	// fail.
 	if err := mgr.Add(leaderRunnable(func(ctx context.Context) error {
 		backoff := time.Second
 		for {
@@ -248,10 +249,15 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 			if err == nil {
 				runs, err = inplace.AdoptRuns(ctx, mgr.GetClient(), mgr.GetAPIReader(), ec2Client, clk, log.With("component", "adopt"))
 			}
+			var drains nodedrain.Adopted
 			if err == nil {
-				if res.Removed > 0 || runs != (inplace.Adopted{}) {
+				drains, err = nodedrain.Adopt(ctx, mgr.GetClient(), mgr.GetAPIReader(), ec2Client, mgr.GetEventRecorder("health-router"), log.With("component", "adopt"))
+			}
+			if err == nil {
+				if res.Removed > 0 || runs != (inplace.Adopted{}) || drains != (nodedrain.Adopted{}) {
 					log.Info("adopted the memory of the router before the store", "deferrals_adopted", res.Adopted, "deferrals_not_adopted", res.Ended,
-						"runs_kept", runs.Kept, "runs_restarted", runs.Restarted, "runs_ended", runs.Ended, "nodeclaims_cleaned", res.Removed+runs.Removed)
+						"runs_kept", runs.Kept, "runs_restarted", runs.Restarted, "runs_ended", runs.Ended, "nodeclaims_cleaned", res.Removed+runs.Removed,
+						"node_drains_kept", drains.Kept, "node_drains_ended", drains.Ended, "nodes_cleaned", drains.Removed)
 				}
 				return nil
 			}

@@ -105,12 +105,13 @@ const routerPrefix = "healthrouter.io/"
 // routerAnnotations returns the annotations the router writes and reads on a NodeClaim
 // (healthrouter.io/*: a shadow outcome); Karpenter's own hashes and the rest are dropped,
 // and so are the keys routers before the store kept their memory in (record.Annotation,
-// record.AnnotationDrainSignalled, record.AnnotationRun): the router never reads them as its
-// memory, and the upgrade's adoption reads them from the API server.
+// record.AnnotationDrainSignalled, record.AnnotationRun on NodeClaims,
+// record.AnnotationNodeDrain on Nodes): the router never reads them as its memory, and the
+// upgrade's adoption reads them from the API server.
 func (t *Trimmer) routerAnnotations(a map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range a {
-		if strings.HasPrefix(k, routerPrefix) && k != record.Annotation && k != record.AnnotationDrainSignalled && k != record.AnnotationRun {
+		if strings.HasPrefix(k, routerPrefix) && k != record.Annotation && k != record.AnnotationDrainSignalled && k != record.AnnotationRun && k != record.AnnotationNodeDrain {
 			if out == nil {
 				out = map[string]string{}
 			}

@@ -198,8 +198,9 @@ func (c *Controller) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	}
 	return ctrl.NewControllerManagedBy(mgr).Named("deferral").
 		// The router's memory of a NodeClaim is its HealthRecord of the same name; a NodeClaim
-		// deleting or gone ends it (the sweep, where the garbage collector has not).
-		For(&record.HealthRecord{}).
+		// deleting or gone ends it (the sweep, where the garbage collector has not). The
+		// records of Nodes (router/nodedrain's) are not NodeClaims': passed by, never swept.
+		For(&record.HealthRecord{}, builder.WithPredicates(record.OfClaims())).
 		Watches(&karpv1.NodeClaim{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(record.ClaimEnds())).
 		WatchesRawSource(source.Channel(c.wake, &handler.EnqueueRequestForObject{})).
 		// SkipNameValidation: the router runs one manager per process, but tests, drills and
@@ -225,9 +226,13 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	nc := &karpv1.NodeClaim{}
 	if err := c.kube.Get(ctx, req.NamespacedName, nc); err != nil {
 		if apierrors.IsNotFound(err) {
+			c.forget(req.Name)
+			hr := &record.HealthRecord{}
+			if err := c.kube.Get(ctx, req.NamespacedName, hr); err == nil && hr.OfNode() {
+				return reconcile.Result{}, nil // a Node's record (a wake can name one): not a NodeClaim's to sweep
+			}
 			// Gone: so is what the router kept for it (the garbage collector removes an owned
 			// HealthRecord too; this sweeps one it has not, or one with no owner).
-			c.forget(req.Name)
 			return reconcile.Result{}, c.signal.Store().Delete(ctx, req.Name)
 		}
 		return reconcile.Result{}, err

@@ -13,9 +13,10 @@
 //   - the node marks go (the healthrouter.io/maintenance-at label, the healthrouter.io/maintenance
 //     annotation, the healthrouter.io/maintenance-upcoming taint), and the Node's part of a
 //     reboot in place;
-//   - a drain of a node Karpenter does not manage loses its record; the Node is uncordoned
-//     where the router cordoned it and nothing is left to wait for (dropped, or its maintenance
-//     is over), and otherwise stays cordoned with a note.
+//   - a drain of a node Karpenter does not manage loses its record (the Node's HealthRecord);
+//     the Node is uncordoned where the router cordoned it and nothing is left to wait for
+//     (dropped, or its maintenance is over), and otherwise stays cordoned with a note. The key
+//     routers before the store kept it in (healthrouter.io/node-drain) goes, and is not read.
 //
 // It refuses to run while the router's leader Lease is held: a running router would write its
 // state again behind it.
@@ -200,7 +201,12 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 		return rep, fmt.Errorf("listing healthrecords: %w", err)
 	}
 	mems := make(map[string]*record.HealthRecord, len(hrs.Items))
+	nodeRecs := map[string]*record.HealthRecord{} // the records of Nodes, by Node name
 	for i := range hrs.Items {
+		if hr := &hrs.Items[i]; hr.OfNode() {
+			nodeRecs[hr.Spec.NodeName] = hr
+			continue
+		}
 		mems[hrs.Items[i].Name] = &hrs.Items[i]
 	}
 	slices.SortFunc(claims.Items, func(a, b karpv1.NodeClaim) int { return cmp.Compare(a.Name, b.Name) })
@@ -229,7 +235,23 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 	}
 	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
 	for i := range nodes.Items {
-		rep.Items = append(rep.Items, h.node(ctx, &nodes.Items[i], runNodes)...)
+		n := &nodes.Items[i]
+		hr := nodeRecs[n.Name]
+		delete(nodeRecs, n.Name)
+		if hr != nil && hr.NodeUID() != "" && hr.NodeUID() != n.UID {
+			// The record of an earlier Node of the same name.
+			if it, ok := h.orphan(ctx, hr); ok {
+				rep.Items = append(rep.Items, it)
+			}
+			hr = nil
+		}
+		rep.Items = append(rep.Items, h.node(ctx, n, runNodes, hr)...)
+	}
+	for _, hr := range nodeRecs {
+		// A Node's record whose Node is gone: the garbage collector would have removed it.
+		if it, ok := h.orphan(ctx, hr); ok {
+			rep.Items = append(rep.Items, it)
+		}
 	}
 	if it, ok := h.ledger(ctx); ok {
 		rep.Items = append(rep.Items, it)
@@ -293,11 +315,15 @@ func (h *Handback) checkLease(ctx context.Context) error {
 	return nil
 }
 
-// orphan removes a HealthRecord whose NodeClaim is gone.
+// orphan removes a HealthRecord whose NodeClaim (or Node) is gone.
 func (h *Handback) orphan(ctx context.Context, hr *record.HealthRecord) (Item, bool) {
-	it := Item{Object: "healthrecord/" + hr.Name, NodePool: hr.Spec.NodePool, Instance: hr.Spec.InstanceID, What: WhatRecords, Done: "removed (its nodeclaim is gone)"}
+	what := "nodeclaim"
+	if hr.OfNode() {
+		what = "node"
+	}
+	it := Item{Object: "healthrecord/" + hr.Name, NodePool: hr.Spec.NodePool, Instance: hr.Spec.InstanceID, What: WhatRecords, Done: "removed (its " + what + " is gone)"}
 	if h.opts.DryRun {
-		it.Done = "would be removed (its nodeclaim is gone)"
+		it.Done = "would be removed (its " + what + " is gone)"
 		return it, true
 	}
 	if err := h.kube.Delete(ctx, hr); err != nil && !apierrors.IsNotFound(err) {
@@ -568,9 +594,9 @@ func (h *Handback) delete(ctx context.Context, nc *karpv1.NodeClaim) error {
 	return nil
 }
 
-// node ends the router's state on one Node: its marks, a drain of an unmanaged node, and the
-// Node's part of a reboot in place whose NodeClaim is gone.
-func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string]bool) []Item {
+// node ends the router's state on one Node: its marks, a drain of an unmanaged node (its
+// record hr, nil: none), and the Node's part of a reboot in place whose NodeClaim is gone.
+func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string]bool, hr *record.HealthRecord) []Item {
 	base := Item{Object: "node/" + n.Name, NodePool: n.Labels[karpv1.NodePoolLabelKey], Instance: instanceOfNode(n)}
 	var items []Item
 	var mutations []func(*corev1.Node)
@@ -584,10 +610,26 @@ func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string
 		items = append(items, it)
 		mutations = append(mutations, func(n *corev1.Node) { upcoming.Apply(n, upcoming.Marks{}) })
 	}
-	if _, ok := n.Annotations[nodedrain.AnnotationNodeDrain]; ok {
-		it, uncordon := h.nodeDrain(base, n)
+	if hr != nil {
+		if _, err := hr.Memory(); err != nil {
+			// A newer router's: left as it is, as a NodeClaim's is.
+			items = append(items, problem(base, WhatNodeDrain, err))
+			hr = nil
+		}
+	}
+	if hr != nil {
+		it, uncordon := h.nodeDrain(base, n, hr)
 		items = append(items, it)
-		mutations = append(mutations, func(n *corev1.Node) { nodedrain.UndoNode(n, uncordon) })
+		if uncordon {
+			mutations = append(mutations, func(n *corev1.Node) { n.Spec.Unschedulable = false })
+		}
+	}
+	if _, ok := n.Annotations[nodedrain.AnnotationNodeDrain]; ok {
+		// Not read: anyone with `patch nodes` writes it. Its cordon, if any, is left as it is.
+		it := base
+		it.What, it.Done = WhatNodeDrain, "removed "+nodedrain.AnnotationNodeDrain+" (kept by routers before the store; not read: the node's cordon is left as it is)"
+		items = append(items, it)
+		mutations = append(mutations, func(n *corev1.Node) { delete(n.Annotations, nodedrain.AnnotationNodeDrain) })
 	}
 	if _, ok := n.Annotations[inplace.Annotation]; ok && !runNodes[n.Name] {
 		it := base
@@ -595,7 +637,7 @@ func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string
 		items = append(items, it)
 		mutations = append(mutations, func(n *corev1.Node) { inplace.UndoNode(n, true) })
 	}
-	if len(mutations) == 0 {
+	if len(items) == 0 {
 		return nil
 	}
 	if h.opts.DryRun {
@@ -604,11 +646,19 @@ func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string
 		}
 		return items
 	}
-	if err := h.patchNode(ctx, n, func(n *corev1.Node) {
+	// The Node first (its cordon goes), then the record that says the router set it: a
+	// handback that stops between the two leaves a record, found by the next one.
+	err := h.patchNode(ctx, n, func(n *corev1.Node) {
 		for _, m := range mutations {
 			m(n)
 		}
-	}); err != nil {
+	})
+	if err == nil && hr != nil {
+		if err = h.kube.Delete(ctx, hr, client.Preconditions{UID: &hr.UID}); apierrors.IsNotFound(err) {
+			err = nil
+		}
+	}
+	if err != nil {
 		for i := range items {
 			items[i].Done, items[i].Problem = "left as it is: "+err.Error(), true
 		}
@@ -616,13 +666,17 @@ func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string
 	return items
 }
 
-// nodeDrain reports a drain of an unmanaged node and whether ending it uncordons the Node:
-// dropped, or its maintenance over (a release past), the cordon the router set goes; a drain
-// still owed stays cordoned, for its owner to finish (kubectl drain).
-func (h *Handback) nodeDrain(base Item, n *corev1.Node) (Item, bool) {
+// nodeDrain reports a drain of an unmanaged node (its record hr) and whether ending it
+// uncordons the Node: dropped, or its maintenance over (a release past), the cordon the
+// router set goes; a drain still owed stays cordoned, for its owner to finish (kubectl drain).
+func (h *Handback) nodeDrain(base Item, n *corev1.Node, hr *record.HealthRecord) (Item, bool) {
 	it := base
 	it.What = WhatNodeDrain
-	rec, _, err := nodedrain.Records(n)
+	mem, err := hr.Memory()
+	var rec nodedrain.Record
+	if err == nil {
+		rec, _, err = nodedrain.Of(mem)
+	}
 	if err != nil {
 		it.Done = "record removed; node left cordoned (the record did not parse: who cordoned it is not known)"
 		return it, false

@@ -130,9 +130,13 @@ func marked(name string, other map[string]string) *corev1.Node {
 	return n
 }
 
+// seedDrain is a key only these tests write: newClient moves its record into the Node's
+// HealthRecord, where the router keeps it (the Node's own annotations are never read).
+const seedDrain = "test.healthrouter.io/seed-node-drain"
+
 func drainRecord(rec nodedrain.Record) map[string]string {
 	raw, _ := json.Marshal(rec)
-	return map[string]string{nodedrain.AnnotationNodeDrain: string(raw)}
+	return map[string]string{seedDrain: string(raw)}
 }
 
 // forwarder records the bodies it is given; karpenter, when set, plays Karpenter acting on
@@ -162,6 +166,22 @@ func newClient(t *testing.T, objs ...client.Object) client.Client {
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
 	recordtest.FromAnnotations(t, c)
+	var nodes corev1.NodeList
+	if err := c.List(context.Background(), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		v, ok := n.Annotations[seedDrain]
+		if !ok {
+			continue
+		}
+		delete(n.Annotations, seedDrain)
+		if err := c.Update(context.Background(), n); err != nil {
+			t.Fatal(err)
+		}
+		recordtest.SeedNode(t, c, n, record.Memory{NodeDrain: json.RawMessage(v)})
+	}
 	return c
 }
 
@@ -251,6 +271,8 @@ func TestHandback(t *testing.T) {
 		// karpenter is the handback's --karpenter-version (zero: unknown).
 		karpenter signal.KarpenterVersion
 		check     func(t *testing.T, c client.Client, rep Report, f *forwarder)
+		// before changes the cluster after it is built, before the handback.
+		before func(t *testing.T, c client.Client)
 		// leftover is the router state the handback leaves (items it reports as problems, or a
 		// cordon it leaves on purpose does not count: it is not a router key).
 		leftover []string
@@ -473,6 +495,33 @@ func TestHandback(t *testing.T) {
 			}
 		},
 	}, {
+		name:    "the key routers before the store wrote (or a forger) goes, and is not read: the cordon stays",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			raw, _ := json.Marshal(nodedrain.Record{EventID: "ev-f", Kind: "scheduled-change", Started: now, Cordoned: true})
+			return []client.Object{node("node-u", true, map[string]string{nodedrain.AnnotationNodeDrain: string(raw)}, nil)}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			if !getNode(t, c, "node-u").Spec.Unschedulable {
+				t.Error("uncordoned on the word of an annotation")
+			}
+			wantItem(t, rep, "node/node-u", WhatNodeDrain, "not read")
+		},
+	}, {
+		name:    "a Node's record whose Node is gone is removed",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			return []client.Object{node("node-g", false, drainRecord(nodedrain.Record{EventID: "ev-g", Kind: "spot-interruption", Started: now, Cordoned: true}), nil)}
+		},
+		before: func(t *testing.T, c client.Client) {
+			if err := c.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-g"}}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			wantItem(t, rep, "healthrecord/"+record.NodeRecordName("node-g"), WhatRecords, "its node is gone")
+		},
+	}, {
 		name:    "the Node part of a run whose nodeclaim is gone is undone",
 		pending: PendingDrain,
 		objs: func(t *testing.T) []client.Object {
@@ -528,11 +577,14 @@ func TestHandback(t *testing.T) {
 			wantItem(t, rep, "node/node-a", WhatMarks, "would be removed")
 		},
 		leftover: []string{"healthrecord/a", "node/node-a " + upcoming.AnnotationMaintenance, "node/node-a label " + upcoming.LabelMaintenanceAt,
-			"node/node-a taint " + upcoming.TaintKey, "node/node-u " + nodedrain.AnnotationNodeDrain},
+			"node/node-a taint " + upcoming.TaintKey, "healthrecord/" + record.NodeRecordName("node-u")},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newClient(t, tt.objs(t)...)
+			if tt.before != nil {
+				tt.before(t, c)
+			}
 			var f *forwarder
 			var fwd Forwarder
 			if tt.fwd != nil {

@@ -2,8 +2,12 @@
 // self-managed nodes: a Node with no NodeClaim) when an AWS event concerns them, as
 // aws-node-termination-handler does: the router cordons the Node and evicts its pods through
 // the Eviction API with kubectl's drain helper, so that PodDisruptionBudgets are respected
-// and never overridden. The drain's record lives on the Node (AnnotationNodeDrain): the
-// elected router resumes every unfinished drain from it, one bounded pass at a time.
+// and never overridden. The drain's record lives in the router's store (router/record: the
+// Node's HealthRecord, which only the router writes), never on the Node, whose annotations
+// anyone with `patch nodes` writes: the elected router resumes every unfinished drain from the
+// store, one bounded pass at a time. The Node carries only the cordon; whenever the router's
+// cordon is on it, a record that says so (Record.Cordoned) exists: a new record is written
+// before the cordon, and a cordon goes before the record that owns it.
 package nodedrain
 
 import (
@@ -27,7 +31,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/health-router/health-router/router/cluster"
+	"github.com/health-router/health-router/router/record"
 )
 
 // Kubernetes Event reasons, on the drained Node.
@@ -108,10 +112,11 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Drainer cordons and drains Nodes that carry a Record, one pass at a time.
+// Drainer cordons and drains Nodes whose HealthRecord holds a Record, one pass at a time.
 type Drainer struct {
-	kube     client.Client        // Node reads (usually the cache) and writes
-	api      client.Reader        // fresh Node reads (the API server, not the cache)
+	kube     client.Client        // Node and HealthRecord reads (usually the cache) and writes
+	api      client.Reader        // fresh reads (the API server, not the cache)
+	store    *record.Store        // the drains' records
 	cs       kubernetes.Interface // the drain helper's pod listing and evictions
 	clock    clock.WithTicker
 	recorder events.EventRecorder
@@ -127,12 +132,13 @@ type Drainer struct {
 	warned map[string]bool
 }
 
-// New returns a Drainer. kube reads Nodes (a cache will do: the passes list them from there)
-// and writes them; api reads a Node from the API server where a decision rests on what the
-// cache trims or may not show yet (its cordon, its status, a record just written); cs lists
-// the pods of a Node and evicts them.
+// New returns a Drainer. kube reads Nodes and HealthRecords (a cache will do: the passes list
+// the records from there) and writes them; api reads from the API server where a decision
+// rests on what the cache trims or may not show yet (a Node's cordon, its status, a record
+// just written); cs lists the pods of a Node and evicts them.
 func New(kube client.Client, api client.Reader, cs kubernetes.Interface, clk clock.WithTicker, rec events.EventRecorder, log *slog.Logger, opts Options) *Drainer {
-	return &Drainer{kube: kube, api: api, cs: cs, clock: clk, recorder: rec, log: log, opts: opts.withDefaults(), lastTried: map[string]time.Time{}, warned: map[string]bool{}}
+	return &Drainer{kube: kube, api: api, store: record.NewStore(kube, api), cs: cs, clock: clk, recorder: rec, log: log, opts: opts.withDefaults(),
+		lastTried: map[string]time.Time{}, warned: map[string]bool{}}
 }
 
 // NeedLeaderElection reports true: two routers draining the same Node would double the
@@ -158,16 +164,17 @@ func (d *Drainer) Start(ctx context.Context) error {
 	}
 }
 
-// Begin records the drain on the Node and cordons it in one patch (optimistic lock, retried
-// on conflict, idempotent): already=true when the Node carries an unfinished drain, or a
-// finished one of the same event. That drain then holds the Node for dr's maintenance too
-// (Record.hold): a postponed or rescheduled maintenance moves its release, a second one is
-// held beside it, so that the Node is not handed back before AWS carries the last of them
-// out. A finished drain of another event is replaced: the instance was drained before and is
-// now drained again (an operator may have uncordoned it meanwhile); the maintenances it still
-// held are carried over. The Node is read fresh, not from the router's cache, which trims
-// spec.unschedulable: whether the router cordons it (and so may uncordon it) is decided on
-// what the Node is.
+// Begin records the drain in the store and cordons the Node (optimistic lock, retried on
+// conflict, idempotent): already=true when the Node has an unfinished drain, or a finished one
+// of the same event. That drain then holds the Node for dr's maintenance too (Record.hold): a
+// postponed or rescheduled maintenance moves its release, a second one is held beside it, so
+// that the Node is not handed back before AWS carries the last of them out. A finished drain
+// of another event is replaced: the instance was drained before and is now drained again (an
+// operator may have uncordoned it meanwhile); the maintenances it still held are carried over.
+// The Node is read fresh, not from the router's cache, which trims spec.unschedulable: whether
+// the router cordons it (and so may uncordon it) is decided on what the Node is. The record is
+// written before the cordon: a Begin that stops between the two leaves a record that says
+// Cordoned on a Node that is not, and its retry (the same event) cordons it.
 func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (already bool, err error) {
 	if dr.EventID == "" {
 		return false, fmt.Errorf("beginning a drain of node %s: no event ID", node.Name)
@@ -176,10 +183,13 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 	if err != nil {
 		return false, fmt.Errorf("beginning a drain of node %s: reading it: %w", node.Name, err)
 	}
-	err = d.update(ctx, fresh, func(n *corev1.Node) (bool, error) {
-		prev, found, err := Records(n)
+	cordon := false
+	err = d.store.UpdateNode(ctx, fresh, func(m *record.Memory) (bool, error) {
+		cordon = false
+		prev, found, err := Of(*m)
 		if err != nil {
-			// Someone else's broken record: overwriting it would lose what they meant.
+			// A record this router cannot read (a newer router's): overwriting it would lose
+			// what it meant.
 			return false, err
 		}
 		stale := found && ((prev.Running && dr.Kind == prev.Kind && !dr.EventTime.After(prev.EventTime)) ||
@@ -191,30 +201,62 @@ func (d *Drainer) Begin(ctx context.Context, node *corev1.Node, dr Drain) (alrea
 			return false, nil
 		}
 		if already {
+			// An earlier Begin of this drain stopped between the record and the cordon.
+			cordon = prev.EventID == dr.EventID && !prev.Finished() && prev.Cordoned && !fresh.Spec.Unschedulable
 			if !prev.hold(dr) {
 				return false, nil
 			}
-			n.Annotations[AnnotationNodeDrain] = encode(prev)
+			put(m, prev)
 			return true, nil
 		}
 		// A finished drain's cordon is still the router's if the Node is still cordoned.
-		cordoned := !n.Spec.Unschedulable || (found && prev.Cordoned)
+		cordoned := !fresh.Spec.Unschedulable || (found && prev.Cordoned)
 		rec := Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, EventTime: dr.EventTime, Started: d.clock.Now(), Deadline: dr.Deadline,
 			Release: dr.Release, Cordoned: cordoned}
 		if found && !prev.Closed && !prev.Running {
 			carry(&rec, prev)
 		}
-		n.Annotations[AnnotationNodeDrain] = encode(rec)
-		n.Spec.Unschedulable = true
+		put(m, rec)
+		cordon = !fresh.Spec.Unschedulable
 		return true, nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("beginning a drain of node %s: %w", node.Name, err)
 	}
+	if cordon {
+		if err := d.setCordon(ctx, node.Name, true); err != nil {
+			return already, fmt.Errorf("beginning a drain of node %s: cordoning it: %w", node.Name, err)
+		}
+	}
 	if !already {
 		d.log.Info("node cordoned for a drain", "node", node.Name, "event_id", dr.EventID, "kind", dr.Kind, "deadline", dr.Deadline)
 	}
 	return already, nil
+}
+
+// setCordon makes the Node named name unschedulable (on) or schedulable again, read fresh and
+// written under its resource version, again after a conflict; a Node already so, or gone, is
+// left as it is.
+func (d *Drainer) setCordon(ctx context.Context, name string, on bool) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := d.node(ctx, name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur.Spec.Unschedulable == on {
+			return nil
+		}
+		next := cur.DeepCopy()
+		next.Spec.Unschedulable = on
+		err = d.kube.Patch(ctx, next, client.MergeFromWithOptions(cur, client.MergeFromWithOptimisticLock{}))
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	})
 }
 
 // carry holds the new drain rec for the maintenances the finished drain prev it replaces
@@ -250,22 +292,44 @@ const impairedKey = "/impaired/"
 // ends the drain (Cancel, Drain.Recovers). Read from the cache at every poll, so that a
 // restart forgets none.
 func (d *Drainer) HeldImpaired(ctx context.Context) ([]string, error) {
-	var nodes corev1.NodeList
-	if err := d.kube.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
-	}
 	var ids []string
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		rec, ok, err := Records(n)
-		if err != nil || !ok || rec.Running || !strings.Contains(rec.Key, impairedKey) {
+	err := d.records(ctx, func(hr *record.HealthRecord, rec Record) {
+		if !rec.Running && strings.Contains(rec.Key, impairedKey) && hr.Spec.InstanceID != "" {
+			ids = append(ids, hr.Spec.InstanceID)
+		}
+	})
+	return ids, err
+}
+
+// records calls f with every Node's drain record the cache holds, and the HealthRecord it is
+// in (the cache's own object: read it, never change it). A record that does not parse is
+// passed by, said in the log.
+func (d *Drainer) records(ctx context.Context, f func(*record.HealthRecord, Record)) error {
+	var hrs record.HealthRecordList
+	// Every HealthRecord is read, without copies, to find the few of Nodes: the drains are
+	// too few to warrant an index of their own.
+	if err := d.kube.List(ctx, &hrs, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("listing healthrecords: %w", err)
+	}
+	for i := range hrs.Items {
+		hr := &hrs.Items[i]
+		if !hr.OfNode() || len(hr.Status.NodeDrain) == 0 {
 			continue
 		}
-		if id := cluster.InstanceID(n.Spec.ProviderID); id != "" {
-			ids = append(ids, id)
+		mem, err := hr.Memory()
+		if err == nil {
+			var rec Record
+			var ok bool
+			if rec, ok, err = Of(mem); err == nil && ok {
+				f(hr, rec)
+				continue
+			}
+		}
+		if err != nil {
+			d.log.Warn("node drain record ignored", "node", hr.Spec.NodeName, "healthrecord", hr.Name, "error", err)
 		}
 	}
-	return ids, nil
+	return nil
 }
 
 // node reads a Node from the API server.
@@ -291,9 +355,6 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 	}
 	if err != nil {
 		return false, fmt.Errorf("reading node %s: %w", name, err)
-	}
-	if _, _, err := Records(node); err != nil {
-		return false, nil // not one this router can trace
 	}
 	if dr.Resumes {
 		return d.resume(ctx, node, dr)
@@ -322,17 +383,18 @@ func (d *Drainer) Cancel(ctx context.Context, name string, dr Drain) (bool, erro
 }
 
 // settle applies f to the Node's drain as the write finds it (an unfinished or finished
-// drain, not a close or a running kept on the Node): f returns the drain as it stands after,
-// or end=true to end it (the record goes, the Node is uncordoned if the router cordoned it).
-// Deciding on the Node as written, not as first read, keeps a maintenance that Begin took
-// into the drain meanwhile (Record.Also) from being dropped with it. It says why on the Node
-// and reports whether the drain ended.
+// drain, not a close or a running kept): f returns the drain as it stands after, or end=true
+// to end it (the record goes, the Node is uncordoned if the router cordoned it: the cordon
+// first, then the record that owns it). Deciding on the record as written, not as first read,
+// keeps a maintenance that Begin took into the drain meanwhile (Record.Also) from being
+// dropped with it. It says why on the Node and reports whether the drain ended.
 func (d *Drainer) settle(ctx context.Context, node *corev1.Node, why string, f func(cur Record) (next Record, end bool)) (bool, error) {
-	var ended, from *Record
+	var ended, from, held *Record
 	var handed string
-	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
-		ended, from, handed = nil, nil, ""
-		cur, ok, err := Records(n)
+	uncordoned := false
+	err := d.store.UpdateNode(ctx, node, func(m *record.Memory) (bool, error) {
+		ended, from, held, handed = nil, nil, nil, ""
+		cur, ok, err := Of(*m)
 		if err != nil || !ok || cur.Closed || cur.Running {
 			return false, nil
 		}
@@ -340,8 +402,17 @@ func (d *Drainer) settle(ctx context.Context, node *corev1.Node, why string, f f
 		if end {
 			c := cur
 			ended = &c
-			return UndoNode(n, true), nil
+			if cur.Cordoned {
+				if err := d.setCordon(ctx, node.Name, false); err != nil {
+					return false, fmt.Errorf("uncordoning it: %w", err)
+				}
+				uncordoned = true
+			}
+			m.NodeDrain = nil
+			return true, nil
 		}
+		n := next
+		held = &n
 		if next.EventID == cur.EventID && slices.EqualFunc(next.Also, cur.Also, sameHeld) {
 			return false, nil
 		}
@@ -349,11 +420,18 @@ func (d *Drainer) settle(ctx context.Context, node *corev1.Node, why string, f f
 			c := cur
 			from, handed = &c, next.EventID
 		}
-		n.Annotations[AnnotationNodeDrain] = encode(next)
+		put(m, next)
 		return true, nil
 	})
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err != nil {
 		return false, fmt.Errorf("recording the drain of node %s: %w", node.Name, err)
+	}
+	if ended == nil && uncordoned && held != nil && held.Cordoned {
+		// An earlier try ended the drain and uncordoned the Node, but its write found the drain
+		// holding the Node for a maintenance taken in meanwhile: the cordon is its again.
+		if err := d.setCordon(ctx, node.Name, true); err != nil {
+			return false, fmt.Errorf("cordoning node %s again: %w", node.Name, err)
+		}
 	}
 	d.mu.Lock()
 	if ended != nil {
@@ -372,7 +450,7 @@ func (d *Drainer) settle(ctx context.Context, node *corev1.Node, why string, f f
 // sameHeld compares two held maintenances.
 func sameHeld(a, b Held) bool { return a.EventID == b.EventID && a.EventTime.Equal(b.EventTime) }
 
-// tombstone records the close dr on the Node when it has no record (or only an earlier close):
+// tombstone records the close dr for the Node when it has no record (or only an earlier close):
 // a drain in progress, a finished one, or a running is left as it is.
 func (d *Drainer) tombstone(ctx context.Context, name string, dr Drain) error {
 	if dr.EventTime.IsZero() || (dr.Key == "" && dr.Match == "") {
@@ -385,8 +463,8 @@ func (d *Drainer) tombstone(ctx context.Context, name string, dr Drain) error {
 	if err != nil {
 		return fmt.Errorf("reading node %s: %w", name, err)
 	}
-	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
-		cur, found, err := Records(n)
+	err = d.store.UpdateNode(ctx, node, func(m *record.Memory) (bool, error) {
+		cur, found, err := Of(*m)
 		if err != nil || (found && !cur.Closed) || (found && !dr.EventTime.After(cur.EventTime) && cur.Key == dr.Key) {
 			return false, nil
 		}
@@ -394,27 +472,27 @@ func (d *Drainer) tombstone(ctx context.Context, name string, dr Drain) error {
 		// The running the close it replaces kept (RunningSince) is kept too: the poller
 		// reports a cancelled event at every poll, each report newer than the last, and a
 		// stop from before the running, arriving late, must still begin no drain.
-		n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, EventTime: dr.EventTime,
+		put(m, Record{EventID: dr.EventID, Key: dr.Key, Match: dr.Match, Kind: dr.Kind, EventTime: dr.EventTime,
 			Started: now, Done: &now, Closed: true, RunningSince: cur.RunningSince})
 		return true, nil
 	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("recording the close on node %s: %w", name, err)
+	if err != nil {
+		return fmt.Errorf("recording the close for node %s: %w", name, err)
 	}
 	return nil
 }
 
 // resume handles a `running` of the instance (dr.Resumes): a drain for a stop from before it
 // ends (the stop is over: the record goes, the Node is uncordoned if the router cordoned it),
-// and the `running` is kept on the Node in its place, so that a stop from before it that
-// arrives late (SQS reorders, workers decide at once) begins none (Begin). All of it is
-// decided on the Node as the write finds it: a stop's Begin racing this running (two workers
-// of one batch) either comes first, and its drain is ended here, or finds the running.
+// and the `running` is kept in its place, so that a stop from before it that arrives late
+// (SQS reorders, workers decide at once) begins none (Begin). All of it is decided on the
+// record as the write finds it: a stop's Begin racing this running (two workers of one batch)
+// either comes first, and its drain is ended here, or finds the running.
 func (d *Drainer) resume(ctx context.Context, node *corev1.Node, dr Drain) (bool, error) {
 	var ended *Record
-	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+	err := d.store.UpdateNode(ctx, node, func(m *record.Memory) (bool, error) {
 		ended = nil
-		cur, found, err := Records(n)
+		cur, found, err := Of(*m)
 		if err != nil {
 			return false, nil // not one this router can trace
 		}
@@ -425,25 +503,28 @@ func (d *Drainer) resume(ctx context.Context, node *corev1.Node, dr Drain) (bool
 			// The stop is over, but the drain holds the Node for a maintenance still to come.
 			next, _ := cur.handOn()
 			next.RunningSince = dr.EventTime
-			n.Annotations[AnnotationNodeDrain] = encode(next)
+			put(m, next)
 			return true, nil
 		case !cur.Running && cur.Kind == dr.Kind && !cur.EventTime.IsZero() && dr.EventTime.After(cur.EventTime):
 			c := cur
 			ended = &c
+			// The cordon goes first: the record that owns it is replaced below.
 			if cur.Cordoned {
-				n.Spec.Unschedulable = false
+				if err := d.setCordon(ctx, node.Name, false); err != nil {
+					return false, fmt.Errorf("uncordoning it: %w", err)
+				}
 			}
 		case !cur.Running && cur.Finished() && cur.RunningSince.Before(dr.EventTime):
 			// Another event's drain, finished, stays (its release is still to come): the
 			// running is kept beside it, so that a stop from before it begins no drain.
 			cur.RunningSince = dr.EventTime
-			n.Annotations[AnnotationNodeDrain] = encode(cur)
+			put(m, cur)
 			return true, nil
 		default:
 			return false, nil // a drain in progress, or a later running recorded
 		}
 		now := d.clock.Now()
-		n.Annotations[AnnotationNodeDrain] = encode(Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})
+		put(m, Record{EventID: dr.EventID, Key: dr.Key, Kind: dr.Kind, EventTime: dr.EventTime, Started: now, Done: &now, Running: true})
 		return true, nil
 	})
 	if err != nil {
@@ -495,24 +576,33 @@ func (d *Drainer) featureOff(node *corev1.Node, rec Record) {
 	d.log.Warn("unmanaged-node drain carried on with cordon-drain off", "node", node.Name, "event_id", rec.EventID)
 }
 
-// Forget removes the record and uncordons the Node, if the router cordoned it; no-op without
-// a record. It reads the Node fresh, not from the cache: a cancellation can follow Begin
-// closely, before the cache shows the record, and "no record" would then leave the Node
-// cordoned.
+// Forget removes the record and uncordons the Node, if the router cordoned it (the cordon
+// first, then the record); no-op without a record. It reads the record fresh, not from the
+// cache: a cancellation can follow Begin closely, before the cache shows the record, and "no
+// record" would then leave the Node cordoned. A record that does not parse is removed, but
+// the Node stays cordoned: who cordoned it is not known.
 func (d *Drainer) Forget(ctx context.Context, name string) error {
 	node, err := d.node(ctx, name)
 	if apierrors.IsNotFound(err) {
-		return nil
+		// Gone: its record goes with it (the garbage collector's work, done now).
+		return d.store.DeleteNode(ctx, name)
 	}
 	if err != nil {
 		return fmt.Errorf("reading node %s: %w", name, err)
 	}
-	err = d.update(ctx, node, func(n *corev1.Node) (bool, error) {
-		// A record that does not parse is removed, but the Node stays cordoned: who cordoned
-		// it is not known.
-		return UndoNode(n, true), nil
+	err = d.store.UpdateNode(ctx, node, func(m *record.Memory) (bool, error) {
+		if len(m.NodeDrain) == 0 {
+			return false, nil
+		}
+		if rec, _, err := Of(*m); err == nil && rec.Cordoned {
+			if err := d.setCordon(ctx, name, false); err != nil {
+				return false, fmt.Errorf("uncordoning it: %w", err)
+			}
+		}
+		m.NodeDrain = nil
+		return true, nil
 	})
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err != nil {
 		return fmt.Errorf("forgetting the drain of node %s: %w", name, err)
 	}
 	d.mu.Lock()
@@ -521,44 +611,52 @@ func (d *Drainer) Forget(ctx context.Context, name string) error {
 	return nil
 }
 
-// Pass evicts the pods of every Node that carries an unfinished record, once (bounded work
-// per pass: Options.PerPass nodes at once, each eviction round bounded by
+// Pass evicts the pods of every Node whose record in the store is unfinished, once (bounded
+// work per pass: Options.PerPass nodes at once, each eviction round bounded by
 // Options.EvictTimeout), marks a record Done once only DaemonSet and mirror pods remain, and
 // posts Events on the Node: ReasonNodeDrained when done, ReasonNodeDrainBlocked (Warning,
 // once per record) when a PodDisruptionBudget refuses an eviction past the record's
-// deadline. It returns the number of Nodes still draining.
+// deadline. It returns the number of Nodes still draining. Nothing on the Node is read as a
+// drain: only the router writes the store.
 func (d *Drainer) Pass(ctx context.Context) (int, error) {
-	var nodes corev1.NodeList
-	// Every Node is read, without copies, to find the few with a record: the router's cache
-	// holds Nodes already, and the drains are too few to warrant an index of their own.
-	if err := d.kube.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
-		return d.Draining(), fmt.Errorf("listing nodes: %w", err)
+	type found struct {
+		hr  *record.HealthRecord
+		rec Record
+	}
+	var all []found
+	if err := d.records(ctx, func(hr *record.HealthRecord, rec Record) { all = append(all, found{hr, rec}) }); err != nil {
+		return d.Draining(), err
 	}
 	var todo []pending
 	byName := map[string]*corev1.Node{}
 	now := d.clock.Now()
 	var errs []error
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		rec, ok, err := Records(n)
-		if err != nil {
-			d.log.Warn("node drain record ignored", "node", n.Name, "error", err)
-			continue
-		}
-		if at, held := rec.ReleaseAt(); ok && rec.Finished() && held && !now.Before(at) {
-			if err := d.release(ctx, n.Name, rec, at); err != nil {
+	for _, f := range all {
+		rec, name := f.rec, f.hr.Spec.NodeName
+		if at, held := rec.ReleaseAt(); rec.Finished() && held && !now.Before(at) {
+			if err := d.release(ctx, name, rec, at); err != nil {
 				errs = append(errs, err)
 			}
 			continue
 		}
-		if !ok || rec.Finished() {
+		if rec.Finished() {
 			continue
+		}
+		n := &corev1.Node{}
+		if err := d.kube.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+			if !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("reading node %s: %w", name, err))
+			}
+			continue // gone: the garbage collector removes its record
+		}
+		if uid := f.hr.NodeUID(); uid != "" && n.UID != "" && uid != n.UID {
+			continue // the record of an earlier Node of the same name, not of this one
 		}
 		if d.opts.Off {
 			d.featureOff(n, rec)
 		}
-		todo = append(todo, pending{node: n.Name, rec: rec})
-		byName[n.Name] = n
+		todo = append(todo, pending{node: name, rec: rec})
+		byName[name] = n
 	}
 	d.mu.Lock()
 	for name := range d.lastTried {
@@ -581,7 +679,7 @@ func (d *Drainer) Pass(ctx context.Context) (int, error) {
 	roundErrs := make([]error, len(work))
 	for i, p := range work {
 		wg.Go(func() {
-			finished[i], roundErrs[i] = d.drainNode(ctx, byName[p.node].DeepCopy(), p.rec)
+			finished[i], roundErrs[i] = d.drainNode(ctx, byName[p.node], p.rec)
 		})
 	}
 	wg.Wait()
@@ -633,12 +731,12 @@ func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) 
 	}
 	refused := round.Refused
 	overdue := len(refused) > 0 && rec.Overdue(d.clock.Now())
-	// warn is decided on the Node as written, not as the cache showed it: a pass that read a
-	// stale copy must not warn a second time.
+	// warn is decided on the record as written, not as the cache showed it: a pass that read
+	// a stale copy must not warn a second time.
 	warn := false
-	uerr := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+	uerr := d.store.UpdateNode(ctx, node, func(m *record.Memory) (bool, error) {
 		warn = false
-		cur, ok, err := Records(n)
+		cur, ok, err := Of(*m)
 		if err != nil || !ok || cur.EventID != rec.EventID || cur.Finished() {
 			return false, nil // forgotten, replaced or finished meanwhile: nothing of ours to record
 		}
@@ -647,10 +745,10 @@ func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) 
 		if overdue && !cur.Warned {
 			cur.Warned, warn = true, true
 		}
-		n.Annotations[AnnotationNodeDrain] = encode(cur)
+		put(m, cur)
 		return true, nil
 	})
-	if uerr != nil && !apierrors.IsNotFound(uerr) {
+	if uerr != nil {
 		return false, fmt.Errorf("recording the drain of node %s: %w", node.Name, uerr)
 	}
 	if warn && uerr == nil {
@@ -670,20 +768,17 @@ func (d *Drainer) finish(ctx context.Context, node *corev1.Node, rec Record, log
 	now := d.clock.Now()
 	// Only the pass that writes Done says so: another one may have read a stale copy.
 	wrote := false
-	err := d.update(ctx, node, func(n *corev1.Node) (bool, error) {
+	err := d.store.UpdateNode(ctx, node, func(m *record.Memory) (bool, error) {
 		wrote = false
-		cur, ok, err := Records(n)
+		cur, ok, err := Of(*m)
 		if err != nil || !ok || cur.EventID != rec.EventID || cur.Finished() {
 			return false, nil
 		}
 		cur.Done, cur.LastError = &now, ""
-		n.Annotations[AnnotationNodeDrain] = encode(cur)
+		put(m, cur)
 		wrote = true
 		return true, nil
 	})
-	if apierrors.IsNotFound(err) {
-		return true, nil // the Node is gone: so are its pods
-	}
 	if err != nil {
 		return false, fmt.Errorf("recording the end of the drain of node %s: %w", node.Name, err)
 	}
@@ -782,34 +877,6 @@ func evict(h *drain.Helper, cs kubernetes.Interface, pods []corev1.Pod) error {
 		return fmt.Errorf("the API server does not serve policy/v1 evictions (found %q): refusing to delete pods without their budgets", gv.String())
 	}
 	return h.DeleteOrEvictPods(pods)
-}
-
-// update applies mutate to a copy of node and patches it with an optimistic lock; on a
-// conflict it reads the Node fresh from the API server (the cache may not have caught up)
-// and tries again. mutate returns false when there is nothing to change.
-func (d *Drainer) update(ctx context.Context, node *corev1.Node, mutate func(*corev1.Node) (bool, error)) error {
-	cur := node
-	first := true
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if !first {
-			fresh, err := d.node(ctx, node.Name)
-			if err != nil {
-				return err
-			}
-			cur = fresh
-		}
-		first = false
-		base := cur.DeepCopy()
-		next := cur.DeepCopy()
-		if next.Annotations == nil {
-			next.Annotations = map[string]string{}
-		}
-		changed, err := mutate(next)
-		if err != nil || !changed {
-			return err
-		}
-		return d.kube.Patch(ctx, next, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-	})
 }
 
 // logWriter turns the drain helper's progress lines into log records.

@@ -12,17 +12,20 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/health-router/health-router/router/record"
 )
 
-// AnnotationNodeDrain holds, as JSON, the Record of a drain the router carries out itself on
-// a Node that Karpenter does not manage.
-const AnnotationNodeDrain = "healthrouter.io/node-drain"
+// AnnotationNodeDrain held, on the Node, the Record of a drain routers before the store kept
+// there. It is no longer read: anyone with `patch nodes` writes it. A router that starts
+// beside one adopts it once, on what EC2 confirms (Adopt), and removes it.
+const AnnotationNodeDrain = record.AnnotationNodeDrain
 
-// Record is the drain the router keeps on a Node it drains itself, in the annotation
-// healthrouter.io/node-drain (JSON): the event, its kind, when it began, and the bound
+// Record is the drain the router keeps of a Node it drains itself, in the Node's HealthRecord
+// (router/record's Memory.NodeDrain, JSON): the event, its kind, when it began, and the bound
 // (the event's deadline minus drain-lead, or zero for none); Done when no evictable pod is
-// left. The Node is the record's only home: a restarted or newly elected router resumes
-// every unfinished drain from it.
+// left. The store is the record's only home, and only the router writes it: a restarted or
+// newly elected router resumes every unfinished drain from it.
 type Record struct {
 	EventID string `json:"event_id"`
 	// Key is the event across its updates (an AWS Health ARN), Match the scheduled
@@ -194,29 +197,32 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// UndoNode removes n's record and, when uncordon is set and the record says the router
-// cordoned the Node, uncordons it; it reports whether n changed. A record that does not
-// parse is removed, but the Node stays cordoned: who cordoned it is not known.
-func UndoNode(n *corev1.Node, uncordon bool) bool {
-	if _, ok := n.Annotations[AnnotationNodeDrain]; !ok {
-		return false
-	}
-	rec, _, err := Records(n)
-	delete(n.Annotations, AnnotationNodeDrain)
-	if uncordon && err == nil && rec.Cordoned {
-		n.Spec.Unschedulable = false
-	}
-	return true
-}
-
 // Finished reports whether the drain is done.
 func (r Record) Finished() bool { return r.Done != nil }
 
 // Overdue reports whether the drain's bound has passed at now (never, without a bound).
 func (r Record) Overdue(now time.Time) bool { return !r.Deadline.IsZero() && !now.Before(r.Deadline) }
 
-// Records returns a Node's record (ok=false if none, err if the annotation does not parse).
-func Records(n *corev1.Node) (Record, bool, error) {
+// Of returns the drain record a Node's memory holds (ok=false if none, err if it does not
+// parse).
+func Of(m record.Memory) (Record, bool, error) {
+	if len(m.NodeDrain) == 0 {
+		return Record{}, false, nil
+	}
+	rec, err := decode(string(m.NodeDrain))
+	if err != nil {
+		return Record{}, false, fmt.Errorf("the node drain record: %w", err)
+	}
+	return rec, true, nil
+}
+
+// put makes r the drain record of m.
+func put(m *record.Memory, r Record) { m.NodeDrain = json.RawMessage(encode(r)) }
+
+// FromAnnotation returns the record routers before the store kept on the Node n
+// (AnnotationNodeDrain; ok=false if none, err if it does not parse): read by Adopt only, and
+// taken on nothing but what EC2 confirms.
+func FromAnnotation(n *corev1.Node) (Record, bool, error) {
 	v, ok := n.Annotations[AnnotationNodeDrain]
 	if !ok {
 		return Record{}, false, nil
@@ -259,8 +265,9 @@ func encode(r Record) string {
 	return string(b)
 }
 
-// lastErrorMax bounds LastError: the annotation is read with the Node by every watcher of
-// Nodes, and a round that failed for a hundred pods must not grow it by a hundred messages.
+// lastErrorMax bounds LastError: the record is read by every watcher of HealthRecords (and
+// bounded by the store's MaxBytes), and a round that failed for a hundred pods must not grow
+// it by a hundred messages.
 const lastErrorMax = 1024
 
 // truncate shortens s to at most n bytes, on a rune boundary, marking the cut.

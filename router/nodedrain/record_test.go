@@ -1,6 +1,7 @@
 package nodedrain
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -14,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/health-router/health-router/router/record"
 )
 
 var (
@@ -30,7 +33,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		rec  Record
-		want string // the annotation, exactly: it is the record's contract with people and older routers
+		want string // the record, exactly: it is the record's contract with people and other routers
 	}{
 		{"new, no deadline", Record{EventID: "e1", Kind: "spot-interruption", Started: t0},
 			`{"event_id":"e1","kind":"spot-interruption","started":"2026-03-01T12:00:00Z"}`},
@@ -46,9 +49,12 @@ func TestRecordRoundTrip(t *testing.T) {
 			if got != tc.want {
 				t.Fatalf("encode:\n got %s\nwant %s", got, tc.want)
 			}
-			back, ok, err := Records(node(map[string]string{AnnotationNodeDrain: got}))
+			back, ok, err := Of(record.Memory{NodeDrain: json.RawMessage(got)})
 			if err != nil || !ok {
-				t.Fatalf("Records: ok=%v err=%v", ok, err)
+				t.Fatalf("Of: ok=%v err=%v", ok, err)
+			}
+			if ann, ok, err := FromAnnotation(node(map[string]string{AnnotationNodeDrain: got})); err != nil || !ok || !reflect.DeepEqual(ann, back) {
+				t.Errorf("FromAnnotation: %+v ok=%v err=%v, want the record Of reads", ann, ok, err)
 			}
 			if !back.Started.Equal(tc.rec.Started) || !back.Deadline.Equal(tc.rec.Deadline) || (back.Done == nil) != (tc.rec.Done == nil) ||
 				(back.Done != nil && !back.Done.Equal(*tc.rec.Done)) {
@@ -64,7 +70,46 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
-func TestRecords(t *testing.T) {
+// TestOf: a Node's drain is read from its memory in the store, never from the Node: an
+// annotation on the Node, however well formed, is no record (issue 36).
+func TestOf(t *testing.T) {
+	const valid = `{"event_id":"x","kind":"k","started":"2026-03-01T12:00:00Z"}`
+	for _, tc := range []struct {
+		name    string
+		mem     record.Memory
+		ok      bool
+		wantErr string
+		eventID string
+	}{
+		{"no memory", record.Memory{}, false, "", ""},
+		{"other memory only", record.Memory{Shadow: json.RawMessage(`{"outcomes":[]}`)}, false, "", ""},
+		{"a record", record.Memory{NodeDrain: json.RawMessage(valid)}, true, "", "x"},
+		{"unknown fields ignored (a newer router's record)", record.Memory{NodeDrain: json.RawMessage(`{"event_id":"x","future":1}`)}, true, "", "x"},
+		{"not JSON", record.Memory{NodeDrain: json.RawMessage(`draining`)}, false, "the node drain record", ""},
+		{"no event", record.Memory{NodeDrain: json.RawMessage(`{}`)}, false, "no event_id", ""},
+		{"bad time", record.Memory{NodeDrain: json.RawMessage(`{"event_id":"x","started":"yesterday"}`)}, false, "cannot parse", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, ok, err := Of(tc.mem)
+			if ok != tc.ok {
+				t.Errorf("ok = %v, want %v", ok, tc.ok)
+			}
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("unexpected error %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("error %v, want one containing %q", err, tc.wantErr)
+			}
+			if rec.EventID != tc.eventID {
+				t.Errorf("event ID %q, want %q", rec.EventID, tc.eventID)
+			}
+		})
+	}
+}
+
+// TestFromAnnotation: the key routers before the store wrote, read by the upgrade's adoption
+// only.
+func TestFromAnnotation(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		ann     map[string]string
@@ -75,14 +120,12 @@ func TestRecords(t *testing.T) {
 		{"no annotations", nil, false, "", ""},
 		{"other annotations", map[string]string{"a": "b"}, false, "", ""},
 		{"a record", map[string]string{AnnotationNodeDrain: `{"event_id":"x","kind":"k","started":"2026-03-01T12:00:00Z"}`}, true, "", "x"},
-		{"unknown fields ignored (a newer router's record)", map[string]string{AnnotationNodeDrain: `{"event_id":"x","future":1}`}, true, "", "x"},
 		{"not JSON", map[string]string{AnnotationNodeDrain: `draining`}, false, "healthrouter.io/node-drain of node ip-10-0-0-1", ""},
 		{"empty", map[string]string{AnnotationNodeDrain: ``}, false, "unexpected end of JSON", ""},
 		{"no event", map[string]string{AnnotationNodeDrain: `{}`}, false, "no event_id", ""},
-		{"bad time", map[string]string{AnnotationNodeDrain: `{"event_id":"x","started":"yesterday"}`}, false, "cannot parse", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rec, ok, err := Records(node(tc.ann))
+			rec, ok, err := FromAnnotation(node(tc.ann))
 			if ok != tc.ok {
 				t.Errorf("ok = %v, want %v", ok, tc.ok)
 			}

@@ -58,7 +58,7 @@ func routerWrites(t *testing.T, r *rig) []string {
 		if !upcoming.Current(&n).None() {
 			out = append(out, n.Name+": marked")
 		}
-		if _, ok := n.Annotations[nodedrain.AnnotationNodeDrain]; ok {
+		if len(recordtest.NodeMemory(t, r.kube, n.Name).NodeDrain) > 0 {
 			out = append(out, n.Name+": node drain")
 		}
 	}

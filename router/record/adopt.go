@@ -203,8 +203,12 @@ func schedules(ctx context.Context, api statusAPI, ids []string) (map[string][]s
 }
 
 // instanceOf is the EC2 instance ID of nc's provider ID (aws:///<zone>/<id>), or "".
-func instanceOf(nc *karpv1.NodeClaim) string {
-	_, rest, ok := strings.Cut(nc.Status.ProviderID, ":///")
+func instanceOf(nc *karpv1.NodeClaim) string { return instanceOfProvider(nc.Status.ProviderID) }
+
+// instanceOfProvider is the EC2 instance ID of a provider ID (aws:///<zone>/<id>), or "":
+// router/cluster's InstanceID, restated, as cluster reads this package.
+func instanceOfProvider(providerID string) string {
+	_, rest, ok := strings.Cut(providerID, ":///")
 	if !ok {
 		return ""
 	}

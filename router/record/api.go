@@ -79,6 +79,10 @@ type Memory struct {
 	// Shadow is the would-be outcomes of a pool in shadow (router/shadow's, which that
 	// package reads and writes): told, never acted on.
 	Shadow json.RawMessage `json:"shadow,omitempty"`
+	// NodeDrain is the router's own drain of a Node Karpenter does not manage
+	// (router/nodedrain's Record, which that package reads and writes), kept in the Node's
+	// HealthRecord (NodeRecordName).
+	NodeDrain json.RawMessage `json:"nodeDrain,omitempty"`
 }
 
 // Drain is a drain signalled: for which event, when, and how (forwarded to Karpenter's queue
@@ -105,7 +109,7 @@ func (m Memory) Equal(o Memory) bool {
 
 // Empty reports whether there is nothing to keep.
 func (m Memory) Empty() bool {
-	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0 && len(m.Shadow) == 0
+	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0 && len(m.Shadow) == 0 && len(m.NodeDrain) == 0
 }
 
 // RunView is what the readers of a reboot in place that do not run it (the marks, the pacer,
@@ -195,7 +199,47 @@ func Summarize(m Memory) Summary {
 	if len(m.Shadow) > 0 {
 		return Summary{Phase: PhaseShadow, Action: "none (shadow)"}
 	}
+	if d, ok := m.NodeDrainView(); ok {
+		switch {
+		case d.Done == nil:
+			return Summary{Phase: PhaseDraining, Event: d.EventID, Kind: d.Kind, Action: ActionCordonDrain, When: at(d.Started)}
+		case !d.Release.IsZero():
+			return Summary{Phase: PhaseIdle, Event: d.EventID, Kind: d.Kind, Action: ActionHoldUntilRelease, When: at(d.Release)}
+		}
+	}
 	return Summary{Phase: PhaseIdle}
+}
+
+// Actions of a Node's drain in its Summary.
+const (
+	// ActionCordonDrain: the router cordons the Node and evicts its pods.
+	ActionCordonDrain = "cordon-drain"
+	// ActionHoldUntilRelease: the drain is done and the Node stays cordoned until AWS's
+	// maintenance is over (When), then the router uncordons it.
+	ActionHoldUntilRelease = "hold until release"
+)
+
+// NodeDrainView is what the summary needs of a Node's drain (router/nodedrain owns the
+// rest): its event, when it began, when it was done, and its release.
+type NodeDrainView struct {
+	EventID string     `json:"event_id"`
+	Kind    string     `json:"kind"`
+	Started time.Time  `json:"started"`
+	Done    *time.Time `json:"done,omitempty"`
+	Release time.Time  `json:"release,omitzero"`
+	// Closed and Running mark no drain but a close or a running kept for late reports.
+	Closed  bool `json:"closed,omitempty"`
+	Running bool `json:"running,omitempty"`
+}
+
+// NodeDrainView returns the drain m holds, when it is one (not a close or a running kept
+// to recognise late reports). A drain that does not parse is none here.
+func (m Memory) NodeDrainView() (NodeDrainView, bool) {
+	var d NodeDrainView
+	if len(m.NodeDrain) == 0 || json.Unmarshal(m.NodeDrain, &d) != nil || d.EventID == "" || d.Closed || d.Running {
+		return NodeDrainView{}, false
+	}
+	return d, true
 }
 
 // HealthRecordList is a list of HealthRecords.
@@ -220,6 +264,7 @@ func (m *Memory) DeepCopyInto(out *Memory) {
 	}
 	out.Run = slices.Clone(m.Run)
 	out.Shadow = slices.Clone(m.Shadow)
+	out.NodeDrain = slices.Clone(m.NodeDrain)
 }
 
 // DeepCopy returns a copy of r that shares no slice with it.

@@ -52,7 +52,8 @@ func (s *Store) Of(ctx context.Context, nc *karpv1.NodeClaim) Memory {
 	return m
 }
 
-// Load reads the memory of the NodeClaim named name through r (the store's readers, a
+// Load reads the memory of the NodeClaim named name (or the HealthRecord so named: a Node's,
+// NodeRecordName) through r (the store's readers, a
 // model's cache, a command's client): nothing kept is an empty Memory.
 func Load(ctx context.Context, r client.Reader, name string) (Memory, error) {
 	hr := &HealthRecord{}
@@ -60,7 +61,7 @@ func Load(ctx context.Context, r client.Reader, name string) (Memory, error) {
 		if apierrors.IsNotFound(err) || isNoStore(err) {
 			return Memory{}, nil
 		}
-		return Memory{}, fmt.Errorf("reading the healthrecord of nodeclaim %s: %w", name, err)
+		return Memory{}, fmt.Errorf("reading healthrecord %s: %w", name, err)
 	}
 	return hr.Memory()
 }
@@ -85,19 +86,34 @@ func (h *HealthRecord) Memory() (Memory, error) {
 // behind). mutate returns false when there is nothing to change; its error ends the update.
 // A memory of a newer format is not given to mutate: the update fails with ErrUnreadable.
 func (s *Store) Update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*Memory) (bool, error)) error {
+	return s.update(ctx, nc.Name, "nodeclaim "+nc.Name, false, func() *HealthRecord { return newHealthRecord(nc) }, nil, mutate)
+}
+
+// update is Update of the HealthRecord named name (of what, for errors): read from the cache
+// first unless fresh, built by build when it is created; a record stale reports as another
+// object's (a Node of the same name, gone) is deleted and its memory taken as empty.
+func (s *Store) update(ctx context.Context, name, what string, fresh bool, build func() *HealthRecord, stale func(*HealthRecord) bool, mutate func(*Memory) (bool, error)) error {
 	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var r client.Reader = s.kube
-		if !first {
+		if !first || fresh {
 			r = s.fresh
 		}
 		first = false
 		hr := &HealthRecord{}
 		exists := true
-		if err := r.Get(ctx, client.ObjectKey{Name: nc.Name}, hr); apierrors.IsNotFound(err) {
+		if err := r.Get(ctx, client.ObjectKey{Name: name}, hr); apierrors.IsNotFound(err) {
 			exists = false
 		} else if err != nil {
-			return fmt.Errorf("reading the healthrecord of nodeclaim %s: %w", nc.Name, err)
+			return fmt.Errorf("reading the healthrecord of %s: %w", what, err)
+		}
+		if exists && stale != nil && stale(hr) {
+			// Its spec is immutable: the record goes, and the write creates this object's.
+			err := s.kube.Delete(ctx, hr, client.Preconditions{UID: ptr.To(hr.UID), ResourceVersion: ptr.To(hr.ResourceVersion)})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting the stale healthrecord %s: %w", name, err)
+			}
+			hr, exists = &HealthRecord{}, false
 		}
 		mem, err := hr.Memory()
 		if err != nil {
@@ -119,7 +135,7 @@ func (s *Store) Update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*M
 			return err
 		}
 		if b, err := json.Marshal(mem); err != nil {
-			return fmt.Errorf("encoding the memory of nodeclaim %s: %w", nc.Name, err)
+			return fmt.Errorf("encoding the memory of %s: %w", what, err)
 		} else if len(b) > MaxBytes {
 			return fmt.Errorf("%w: %d bytes, %d records (bound %d bytes)", ErrTooLarge, len(b), len(mem.Records), MaxBytes)
 		}
@@ -127,17 +143,17 @@ func (s *Store) Update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*M
 		// subresource: the router is its only writer, and a create through the subresource
 		// would drop the status, a second request for every first write).
 		if !exists {
-			hr = newHealthRecord(nc)
+			hr = build()
 			hr.Status = HealthRecordStatus{Version: Version, Memory: mem, Summary: Summarize(mem)}
 			if err := s.kube.Create(ctx, hr); err != nil {
 				if apierrors.IsAlreadyExists(err) {
 					// Another writer created it first: read it and apply mutate to its memory.
-					return apierrors.NewConflict(GroupVersion.WithResource(Resource).GroupResource(), nc.Name, err)
+					return apierrors.NewConflict(GroupVersion.WithResource(Resource).GroupResource(), name, err)
 				}
 				if apierrors.IsRequestEntityTooLargeError(err) {
 					return fmt.Errorf("%w: %w", ErrTooLarge, err)
 				}
-				return fmt.Errorf("creating the healthrecord of nodeclaim %s: %w", nc.Name, err)
+				return fmt.Errorf("creating the healthrecord of %s: %w", what, err)
 			}
 			return nil
 		}
@@ -173,7 +189,7 @@ func newHealthRecord(nc *karpv1.NodeClaim) *HealthRecord {
 		ObjectMeta: metav1.ObjectMeta{Name: nc.Name, Labels: map[string]string{}},
 		Spec:       HealthRecordSpec{NodeClaim: nc.Name, NodeName: nc.Status.NodeName, NodePool: nc.Labels[karpv1.NodePoolLabelKey]},
 	}
-	hr.Spec.InstanceID = instanceOf(nc)
+	hr.Spec.InstanceID = instanceOfProvider(nc.Status.ProviderID)
 	if pool := hr.Spec.NodePool; pool != "" {
 		hr.Labels[karpv1.NodePoolLabelKey] = pool
 	}

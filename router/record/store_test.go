@@ -2,11 +2,13 @@ package record
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -14,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/health-router/health-router/router/event"
@@ -177,6 +180,11 @@ func TestSummarize(t *testing.T) {
 		{"a run over", Memory{Run: []byte(`{"version":1,"event_id":"run-1","step":"done","outcome":"done"}`)}, PhaseIdle, ""},
 		{"a run that does not parse", Memory{Run: []byte(`{"event_id":`)}, PhaseIdle, ""},
 		{"shadow outcomes only", Memory{Shadow: []byte(`{"version":1}`)}, PhaseShadow, ""},
+		{"a node drain in progress", Memory{NodeDrain: []byte(`{"event_id":"n1","kind":"spot-interruption","started":"2026-03-01T12:00:00Z"}`)}, PhaseDraining, "n1"},
+		{"a node drain done, held until AWS's release", Memory{NodeDrain: []byte(`{"event_id":"n1","kind":"scheduled-change","started":"2026-03-01T12:00:00Z","done":"2026-03-01T12:01:00Z","release":"2026-03-01T15:00:00Z"}`)}, PhaseIdle, "n1"},
+		{"a node drain done, its instance ends", Memory{NodeDrain: []byte(`{"event_id":"n1","kind":"spot-interruption","started":"2026-03-01T12:00:00Z","done":"2026-03-01T12:01:00Z"}`)}, PhaseIdle, ""},
+		{"a close kept for a node", Memory{NodeDrain: []byte(`{"event_id":"c1","started":"2026-03-01T12:00:00Z","done":"2026-03-01T12:00:00Z","closed":true}`)}, PhaseIdle, ""},
+		{"a node drain that does not parse", Memory{NodeDrain: []byte(`{"event_id":`)}, PhaseIdle, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -189,5 +197,85 @@ func TestSummarize(t *testing.T) {
 				t.Errorf("OutOfService %v in phase %s", out, tt.phase)
 			}
 		})
+	}
+}
+
+// The store's life of a Node's memory (a Node Karpenter does not manage): created on the
+// first write, named after the Node and owned by it, with no NodeClaim; read fresh; deleted
+// once empty; a record of an earlier Node of the same name is replaced, not inherited.
+func TestStoreNode(t *testing.T) {
+	ctx := context.Background()
+	c := storeClient(t, interceptor.Funcs{})
+	st := NewStore(c, c)
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ip-10-0-0-1", UID: "node-uid-1"}, Spec: corev1.NodeSpec{ProviderID: "aws:///eu-west-1a/i-0abc"}}
+	drain := json.RawMessage(`{"event_id":"e1","kind":"spot-interruption","started":"2026-03-01T12:00:00Z"}`)
+	put := func(v json.RawMessage) func(*Memory) (bool, error) {
+		return func(m *Memory) (bool, error) { m.NodeDrain = v; return true, nil }
+	}
+	if err := st.UpdateNode(ctx, n, put(drain)); err != nil {
+		t.Fatal(err)
+	}
+	hr := &HealthRecord{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "node.ip-10-0-0-1"}, hr); err != nil {
+		t.Fatal(err)
+	}
+	if hr.Spec != (HealthRecordSpec{NodeName: "ip-10-0-0-1", InstanceID: "i-0abc"}) || !hr.OfNode() || hr.NodeUID() != "node-uid-1" {
+		t.Errorf("spec %+v, owners %+v", hr.Spec, hr.OwnerReferences)
+	}
+	if o := hr.OwnerReferences; len(o) != 1 || o[0].APIVersion != "v1" || o[0].Kind != "Node" || o[0].Name != n.Name {
+		t.Errorf("owner %+v", o)
+	}
+	if hr.Status.Phase != PhaseDraining || hr.Status.Action != ActionCordonDrain {
+		t.Errorf("summary %+v", hr.Status.Summary)
+	}
+	if m, err := st.NodeMemory(ctx, n.Name); err != nil || string(m.NodeDrain) != string(drain) {
+		t.Errorf("NodeMemory: %s, %v", m.NodeDrain, err)
+	}
+	if m, err := st.FreshNodeMemory(ctx, n.Name); err != nil || string(m.NodeDrain) != string(drain) {
+		t.Errorf("FreshNodeMemory: %s, %v", m.NodeDrain, err)
+	}
+	// A NodeClaim's memory of the same short name is another record.
+	if m, err := st.Get(ctx, n.Name); err != nil || !m.Empty() {
+		t.Errorf("a NodeClaim named as the Node sees %+v, %v", m, err)
+	}
+
+	// A Node of the same name, made again: the old record is not its memory.
+	again := n.DeepCopy()
+	again.UID = "node-uid-2"
+	var seen Memory
+	if err := st.UpdateNode(ctx, again, func(m *Memory) (bool, error) { seen = *m; m.NodeDrain = drain; return true, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !seen.Empty() {
+		t.Errorf("the new Node inherited the old one's memory: %s", seen.NodeDrain)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Name: "node.ip-10-0-0-1"}, hr); err != nil || hr.NodeUID() != "node-uid-2" {
+		t.Errorf("record after the Node was made again: owner %s, %v", hr.NodeUID(), err)
+	}
+
+	// Empty: the record goes.
+	if err := st.UpdateNode(ctx, again, put(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Name: "node.ip-10-0-0-1"}, hr); !apierrors.IsNotFound(err) {
+		t.Errorf("an empty memory was kept: %v", err)
+	}
+}
+
+func TestNodeRecordName(t *testing.T) {
+	if got := NodeRecordName("ip-10-0-0-1.eu-west-1.compute.internal"); got != "node.ip-10-0-0-1.eu-west-1.compute.internal" {
+		t.Errorf("NodeRecordName = %s", got)
+	}
+	long := strings.Repeat("a", 253)
+	got := NodeRecordName(long)
+	if len(got) > 253 || !strings.HasPrefix(got, NodePrefix) || got == NodeRecordName(strings.Repeat("b", 253)) || got != NodeRecordName(long) {
+		t.Errorf("NodeRecordName of a 253-character name = %s (%d characters)", got, len(got))
+	}
+	// The predicate of the controllers that mean NodeClaims passes a NodeClaim's record only.
+	claims := OfClaims()
+	nodeRec := &HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: "node.a"}, Spec: HealthRecordSpec{NodeName: "a"}}
+	claimRec := &HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: "nc-1"}, Spec: HealthRecordSpec{NodeClaim: "nc-1", NodeName: "a"}}
+	if claims.Generic(ctrlevent.GenericEvent{Object: nodeRec}) || !claims.Generic(ctrlevent.GenericEvent{Object: claimRec}) {
+		t.Error("OfClaims passes a Node's record, or holds a NodeClaim's back")
 	}
 }

@@ -46,7 +46,7 @@ func TestRender(t *testing.T) {
 	doc := string(b)
 	for _, want := range []string{
 		"| `healthrouter.io/action` |", "| `healthrouter.io/action.scheduled-change.<type>` |",
-		"| `healthrecords.healthrouter.io` | custom resource (`HealthRecord`, cluster-scoped, one per NodeClaim) |", "| `HealthEventDrained` |",
+		"| `healthrecords.healthrouter.io` | custom resource (`HealthRecord`, cluster-scoped, one per NodeClaim, and one per Node Karpenter does not manage that the router drains) |", "| `HealthEventDrained` |",
 		"### `health-router run`", "| `--queue-url` | `HEALTH_ROUTER_QUEUE_URL` |", "| `-o`, `--output` | `HEALTH_ROUTER_OUTPUT` or `HEALTH_ROUTER_O` | `table` |", "### `health-router version`",
 		"| `--visibility-timeout` | `HEALTH_ROUTER_VISIBILITY_TIMEOUT` | `30s` |",
 		"| `" + metrics.Decisions + "` | counter | `kind`, `action`, `nodepool` |",

@@ -54,8 +54,9 @@ func New(cache, api client.Reader, kube client.Writer, log *slog.Logger, reg pro
 func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("upcoming").
 		For(&karpv1.NodeClaim{}, builder.WithPredicates(recordsChanged())).
-		// The router's memory of a NodeClaim is its HealthRecord of the same name.
-		Watches(&record.HealthRecord{}, &handler.EnqueueRequestForObject{}).
+		// The router's memory of a NodeClaim is its HealthRecord of the same name (a Node's
+		// record, router/nodedrain's, names no NodeClaim).
+		Watches(&record.HealthRecord{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(record.OfClaims())).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.nodeClaimsOfNode), builder.WithPredicates(nodeChanged())).
 		Watches(&karpv1.NodePool{}, handler.EnqueueRequestsFromMapFunc(c.nodeClaimsOfPool), builder.WithPredicates(taintSettingChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: ptr.To(true)}).

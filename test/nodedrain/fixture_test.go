@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/router/nodedrain"
+	store "github.com/health-router/health-router/router/record"
 )
 
 // t0 is the fake clock's start.
@@ -92,20 +93,62 @@ func (s *setup) begin(node, eventID string, deadline time.Time) {
 	if err != nil || already {
 		s.t.Fatalf("Begin(%s): already=%v err=%v", node, already, err)
 	}
-	eventually(s.t, "the cache shows the drain of "+node, func() bool {
-		n := &corev1.Node{}
-		return kube.Get(s.ctx, client.ObjectKey{Name: node}, n) == nil && n.Annotations[nodedrain.AnnotationNodeDrain] != ""
-	})
+	eventually(s.t, "the cache shows the drain of "+node, func() bool { return cachedStored(s.t, node) != "" })
 }
 
 // record returns a Node's drain record as the API server holds it.
 func record(t *testing.T, node string) (nodedrain.Record, bool) {
 	t.Helper()
-	rec, ok, err := nodedrain.Records(getNode(t, node))
+	rec, ok, err := freshRecord(t, node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rec, ok
+}
+
+// freshRecord returns a Node's drain record as the API server holds it (in the Node's
+// HealthRecord; a record of an earlier Node of the same name is none).
+func freshRecord(t *testing.T, node string) (nodedrain.Record, bool, error) {
+	t.Helper()
+	return nodedrain.Of(nodeMemory(t, direct, node))
+}
+
+// cachedRecord is freshRecord through the cache, as Pass reads it.
+func cachedRecord(t *testing.T, node string) (nodedrain.Record, bool, error) {
+	t.Helper()
+	return nodedrain.Of(nodeMemory(t, kube, node))
+}
+
+// stored is a Node's drain record as the API server holds it, in JSON ("" for none).
+func stored(t *testing.T, node string) string {
+	t.Helper()
+	return string(nodeMemory(t, direct, node).NodeDrain)
+}
+
+// cachedStored is stored through the cache.
+func cachedStored(t *testing.T, node string) string {
+	t.Helper()
+	return string(nodeMemory(t, kube, node).NodeDrain)
+}
+
+// nodeMemory reads the memory of the Node named node through r: none if the Node is gone,
+// or if the HealthRecord is an earlier Node's of the same name (envtest runs no garbage
+// collector).
+func nodeMemory(t *testing.T, r client.Reader, node string) store.Memory {
+	t.Helper()
+	hr := &store.HealthRecord{}
+	err := r.Get(context.Background(), client.ObjectKey{Name: store.NodeRecordName(node)}, hr)
+	if apierrors.IsNotFound(err) {
+		return store.Memory{}
+	}
+	must(t, err)
+	n := &corev1.Node{}
+	if err := r.Get(context.Background(), client.ObjectKey{Name: node}, n); err != nil || (hr.NodeUID() != "" && hr.NodeUID() != n.UID) {
+		return store.Memory{}
+	}
+	m, err := hr.Memory()
+	must(t, err)
+	return m
 }
 
 func must(t *testing.T, err error) {
@@ -144,6 +187,11 @@ func newNode(t *testing.T, name string, cordoned bool) {
 	t.Cleanup(func() {
 		if err := direct.Delete(ctx, n); err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("deleting node %s: %v", name, err)
+		}
+		// The garbage collector's work (envtest runs none): the Node's record goes with it.
+		hr := &store.HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: store.NodeRecordName(name)}}
+		if err := direct.Delete(ctx, hr); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting the record of node %s: %v", name, err)
 		}
 		eventually(t, "the cache forgets node "+name, func() bool {
 			return apierrors.IsNotFound(kube.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{}))

@@ -38,8 +38,8 @@ func TestPostponedMaintenanceMovesTheRelease(t *testing.T) {
 		t.Fatal("the Node went back into service at the first start's end, with the postponed reboot still to come")
 	}
 	s.releasePass("postponed-a", later.Add(2*time.Hour))
-	if n := getNode(t, "postponed-a"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
-		t.Errorf("after the postponed maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	if n := getNode(t, "postponed-a"); n.Spec.Unschedulable || stored(t, n.Name) != "" {
+		t.Errorf("after the postponed maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, stored(t, n.Name))
 	}
 }
 
@@ -105,10 +105,10 @@ func TestRunningAgainHandsTheStopDrainOn(t *testing.T) {
 // finishDrain runs passes until the cache shows the Node's drain done (no pods: one pass).
 func (s *setup) finishDrain(node string) {
 	s.t.Helper()
-	eventually(s.t, "the cache shows the drain", func() bool { return cached(s.t, node).Annotations[nodedrain.AnnotationNodeDrain] != "" })
+	eventually(s.t, "the cache shows the drain", func() bool { return cachedStored(s.t, node) != "" })
 	s.pass()
 	eventually(s.t, "the cache shows it done", func() bool {
-		rec, ok, _ := nodedrain.Records(cached(s.t, node))
+		rec, ok, _ := cachedRecord(s.t, node)
 		return ok && rec.Finished()
 	})
 }
@@ -117,8 +117,8 @@ func (s *setup) finishDrain(node string) {
 // the cache shows the record as written.
 func (s *setup) releasePass(node string, at time.Time) {
 	s.t.Helper()
-	want := getNode(s.t, node).Annotations[nodedrain.AnnotationNodeDrain]
-	eventually(s.t, "the cache shows the record", func() bool { return cached(s.t, node).Annotations[nodedrain.AnnotationNodeDrain] == want })
+	want := stored(s.t, node)
+	eventually(s.t, "the cache shows the record", func() bool { return cachedStored(s.t, node) == want })
 	s.clock.SetTime(at)
 	n := getNode(s.t, node)
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}

@@ -36,8 +36,8 @@ func TestCancelEndsTheDrain(t *testing.T) {
 		t.Fatalf("the maintenance's close: ended=%v err=%v", ended, err)
 	}
 	n := getNode(t, "cancel-a")
-	if n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
-		t.Errorf("after the cancel: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	if n.Spec.Unschedulable || stored(t, n.Name) != "" {
+		t.Errorf("after the cancel: unschedulable %v, record %q", n.Spec.Unschedulable, stored(t, n.Name))
 	}
 }
 
@@ -96,10 +96,10 @@ func TestReleasedAfterTheReboot(t *testing.T) {
 	if _, err := s.drainer.Begin(s.ctx, getNode(t, "release-a"), nodedrain.Drain{EventID: "ev-1", Kind: "scheduled-change", Release: release}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the cache shows the drain", func() bool { return cached(t, "release-a").Annotations[nodedrain.AnnotationNodeDrain] != "" })
+	eventually(t, "the cache shows the drain", func() bool { return cachedStored(t, "release-a") != "" })
 	s.pass()
 	eventually(t, "the cache shows it done", func() bool {
-		rec, ok, _ := nodedrain.Records(cached(t, "release-a"))
+		rec, ok, _ := cachedRecord(t, "release-a")
 		return ok && rec.Finished()
 	})
 	s.pass()
@@ -111,8 +111,8 @@ func TestReleasedAfterTheReboot(t *testing.T) {
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	must(t, direct.Status().Update(s.ctx, n))
 	s.pass()
-	if n := getNode(t, "release-a"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
-		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	if n := getNode(t, "release-a"); n.Spec.Unschedulable || stored(t, n.Name) != "" {
+		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, stored(t, n.Name))
 	}
 }
 
@@ -195,7 +195,7 @@ func TestRunningRacesTheStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := getNode(t, "race-a"); !ended || n.Spec.Unschedulable {
-		t.Errorf("the running decided beside the stop: ended=%v, still cordoned=%v, record %s", ended, n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+		t.Errorf("the running decided beside the stop: ended=%v, still cordoned=%v, record %s", ended, n.Spec.Unschedulable, stored(t, n.Name))
 	}
 }
 
@@ -220,8 +220,8 @@ func TestRecoveryEndsTheImpairedDrain(t *testing.T) {
 	if ended, err := s.drainer.Cancel(s.ctx, "impaired-a", recovered); err != nil || !ended {
 		t.Fatalf("the recovery: ended=%v err=%v", ended, err)
 	}
-	if n := getNode(t, "impaired-a"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
-		t.Errorf("after the recovery: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	if n := getNode(t, "impaired-a"); n.Spec.Unschedulable || stored(t, n.Name) != "" {
+		t.Errorf("after the recovery: unschedulable %v, record %q", n.Spec.Unschedulable, stored(t, n.Name))
 	}
 	eventually(t, "the poller no longer watches it", func() bool {
 		ids, err := s.drainer.HeldImpaired(s.ctx)
@@ -242,10 +242,10 @@ func TestLateStopBesideAFinishedDrain(t *testing.T) {
 	if _, err := s.drainer.Begin(s.ctx, getNode(t, "beside-a"), nodedrain.Drain{EventID: "ev-1", Kind: "scheduled-change", Release: release}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the cache shows the drain", func() bool { return cached(t, "beside-a").Annotations[nodedrain.AnnotationNodeDrain] != "" })
+	eventually(t, "the cache shows the drain", func() bool { return cachedStored(t, "beside-a") != "" })
 	s.pass()
 	eventually(t, "the cache shows it done", func() bool {
-		rec, ok, _ := nodedrain.Records(cached(t, "beside-a"))
+		rec, ok, _ := cachedRecord(t, "beside-a")
 		return ok && rec.Finished()
 	})
 	stopped := t0.Add(-3 * time.Minute)
@@ -257,7 +257,7 @@ func TestLateStopBesideAFinishedDrain(t *testing.T) {
 	if err != nil || !already {
 		t.Fatalf("a stop older than the running: already=%v err=%v", already, err)
 	}
-	rec, _, _ := nodedrain.Records(getNode(t, "beside-a"))
+	rec, _, _ := freshRecord(t, "beside-a")
 	if rec.EventID != "ev-1" {
 		t.Errorf("the maintenance's record was replaced: %+v", rec)
 	}
@@ -267,8 +267,8 @@ func TestLateStopBesideAFinishedDrain(t *testing.T) {
 	must(t, direct.Status().Update(s.ctx, n))
 	eventually(t, "the cache shows the Node Ready", func() bool { return len(cached(t, "beside-a").Status.Conditions) > 0 })
 	s.pass()
-	if n := getNode(t, "beside-a"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
-		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	if n := getNode(t, "beside-a"); n.Spec.Unschedulable || stored(t, n.Name) != "" {
+		t.Errorf("after the maintenance: unschedulable %v, record %q", n.Spec.Unschedulable, stored(t, n.Name))
 	}
 }
 
@@ -356,7 +356,7 @@ func TestFeatureOffCarriesTheDrainOn(t *testing.T) {
 	if _, err := on.drainer.Begin(on.ctx, getNode(t, "off-2"), dr); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the cache shows the second drain", func() bool { return cached(t, "off-2").Annotations[nodedrain.AnnotationNodeDrain] != "" })
+	eventually(t, "the cache shows the second drain", func() bool { return cachedStored(t, "off-2") != "" })
 
 	// The restart, with the feature off.
 	off := newSetup(t, nodedrain.Options{Off: true})
@@ -381,7 +381,7 @@ func TestFeatureOffCarriesTheDrainOn(t *testing.T) {
 	if ended, err := off.drainer.Cancel(off.ctx, "off-2", closing); err != nil || !ended {
 		t.Fatalf("the close with the feature off: ended=%v err=%v", ended, err)
 	}
-	if n := getNode(t, "off-2"); n.Spec.Unschedulable || n.Annotations[nodedrain.AnnotationNodeDrain] != "" {
-		t.Errorf("after the close: unschedulable %v, record %q", n.Spec.Unschedulable, n.Annotations[nodedrain.AnnotationNodeDrain])
+	if n := getNode(t, "off-2"); n.Spec.Unschedulable || stored(t, n.Name) != "" {
+		t.Errorf("after the close: unschedulable %v, record %q", n.Spec.Unschedulable, stored(t, n.Name))
 	}
 }

@@ -2,6 +2,8 @@ package nodedrain
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/router/nodedrain"
+	store "github.com/health-router/health-router/router/record"
+	"github.com/health-router/health-router/router/record/recordtest"
 )
 
 // TestBeginCordonsAndRecords: Begin cordons and records in one write; a second Begin, from a
@@ -36,7 +40,7 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 		!rec.Cordoned || rec.Finished() || rec.Attempts != 0 {
 		t.Errorf("record after Begin: ok=%v %+v", ok, rec)
 	}
-	annotation, rv := n.Annotations[nodedrain.AnnotationNodeDrain], n.ResourceVersion
+	annotation, rv := stored(t, "begin-a"), n.ResourceVersion
 
 	// The stale copy's resourceVersion conflicts: Begin reads the Node afresh and finds the
 	// record. A fresh copy finds it at once. Neither writes.
@@ -46,8 +50,8 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 			t.Errorf("second Begin (from resourceVersion %s): already=%v err=%v", from.ResourceVersion, already, err)
 		}
 	}
-	if n := getNode(t, "begin-a"); n.ResourceVersion != rv || n.Annotations[nodedrain.AnnotationNodeDrain] != annotation {
-		t.Errorf("a second Begin wrote: resourceVersion %s -> %s, record %s -> %s", rv, n.ResourceVersion, annotation, n.Annotations[nodedrain.AnnotationNodeDrain])
+	if n := getNode(t, "begin-a"); n.ResourceVersion != rv || stored(t, "begin-a") != annotation {
+		t.Errorf("a second Begin wrote: resourceVersion %s -> %s, record %s -> %s", rv, n.ResourceVersion, annotation, stored(t, "begin-a"))
 	}
 
 	// Someone else's cordon stays after Forget.
@@ -58,15 +62,14 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 		t.Error("the record claims a cordon the router did not set")
 	}
 
-	// A record that does not parse is not overwritten.
+	// A record that does not parse (a newer router's) is not overwritten.
 	broken := getNode(t, "begin-broken")
-	broken.Annotations = map[string]string{nodedrain.AnnotationNodeDrain: "draining"}
-	must(t, direct.Update(s.ctx, broken))
-	if _, err := s.drainer.Begin(s.ctx, broken, nodedrain.Drain{EventID: "ev-4", Kind: "spot-interruption", Deadline: time.Time{}}); err == nil || !strings.Contains(err.Error(), nodedrain.AnnotationNodeDrain) {
-		t.Errorf("Begin over a broken record: %v, want an error naming the annotation", err)
+	recordtest.SeedNode(t, direct, broken, store.Memory{NodeDrain: json.RawMessage(`{"future":1}`)})
+	if _, err := s.drainer.Begin(s.ctx, broken, nodedrain.Drain{EventID: "ev-4", Kind: "spot-interruption", Deadline: time.Time{}}); err == nil || !strings.Contains(err.Error(), "no event_id") {
+		t.Errorf("Begin over a broken record: %v, want an error saying why it does not parse", err)
 	}
-	if getNode(t, "begin-broken").Annotations[nodedrain.AnnotationNodeDrain] != "draining" {
-		t.Error("Begin overwrote a broken record")
+	if stored(t, "begin-broken") != `{"future":1}` || getNode(t, "begin-broken").Spec.Unschedulable {
+		t.Error("Begin overwrote a broken record, or cordoned beside it")
 	}
 
 	for _, tc := range []struct {
@@ -75,8 +78,8 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 	}{{"begin-a", false}, {"begin-cordoned", true}} {
 		must(t, s.drainer.Forget(s.ctx, tc.node))
 		n := getNode(t, tc.node)
-		if _, ok := n.Annotations[nodedrain.AnnotationNodeDrain]; ok || n.Spec.Unschedulable != tc.unschedulable {
-			t.Errorf("after Forget(%s): record %q, unschedulable %v (want %v)", tc.node, n.Annotations[nodedrain.AnnotationNodeDrain], n.Spec.Unschedulable, tc.unschedulable)
+		if stored(t, tc.node) != "" || n.Spec.Unschedulable != tc.unschedulable {
+			t.Errorf("after Forget(%s): record %q, unschedulable %v (want %v)", tc.node, stored(t, tc.node), n.Spec.Unschedulable, tc.unschedulable)
 		}
 	}
 	// Forget without a record, or without a Node, does nothing.
@@ -92,6 +95,26 @@ func TestBeginCordonsAndRecords(t *testing.T) {
 	}
 	if !s.drainer.NeedLeaderElection() {
 		t.Error("the drainer must run on the leader only")
+	}
+}
+
+// TestBeginRetriedCordons: a Begin that stopped between its two writes left the record, which
+// says the router cordons the Node, and no cordon; the retry of the same event finds its record
+// and cordons the Node. Whenever the router's cordon is on a Node, a record that says so exists.
+func TestBeginRetriedCordons(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "retried-a", false)
+	rec := fmt.Sprintf(`{"event_id":"ev-1","kind":"spot-interruption","started":%q,"cordoned":true}`, t0.Format(time.RFC3339))
+	recordtest.SeedNode(t, direct, getNode(t, "retried-a"), store.Memory{NodeDrain: json.RawMessage(rec)})
+	already, err := s.drainer.Begin(s.ctx, getNode(t, "retried-a"), nodedrain.Drain{EventID: "ev-1", Kind: "spot-interruption"})
+	if err != nil || !already {
+		t.Fatalf("the retried Begin: already=%v err=%v", already, err)
+	}
+	if !getNode(t, "retried-a").Spec.Unschedulable {
+		t.Error("the retried Begin left the Node its record says the router cordons uncordoned")
+	}
+	if got, ok := record(t, "retried-a"); !ok || got.EventID != "ev-1" || !got.Cordoned || got.Finished() {
+		t.Errorf("the record changed: %+v", got)
 	}
 }
 
@@ -147,11 +170,7 @@ func TestPassEvictsAndFinishes(t *testing.T) {
 
 	// A done record is not worked on again.
 	eventually(t, "the cache shows the drain done", func() bool {
-		n := &corev1.Node{}
-		if kube.Get(s.ctx, client.ObjectKey{Name: "worker-1"}, n) != nil {
-			return false
-		}
-		rec, _, _ := nodedrain.Records(n)
+		rec, _, _ := cachedRecord(t, "worker-1")
 		return rec.Finished()
 	})
 	if left := s.pass(); left != 0 {
@@ -300,13 +319,9 @@ func TestPerPass(t *testing.T) {
 		t.Errorf("first pass: %d draining, %d done; want 1 and 1", left, done())
 	}
 	eventually(t, "the cache shows one drain done", func() bool {
-		var nodes corev1.NodeList
-		if kube.List(s.ctx, &nodes) != nil {
-			return false
-		}
 		c := 0
-		for i := range nodes.Items {
-			if rec, ok, _ := nodedrain.Records(&nodes.Items[i]); ok && rec.Finished() {
+		for _, n := range []string{"empty-a", "empty-b"} {
+			if rec, ok, _ := cachedRecord(t, n); ok && rec.Finished() {
 				c++
 			}
 		}

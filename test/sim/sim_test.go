@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"pgregory.net/rapid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -517,8 +518,11 @@ func (m *machine) Forged(t *rapid.T) {
 
 // ForgedWrite writes, as anyone with `patch nodeclaims` can, the keys routers before the
 // store kept their memory in onto a live NodeClaim: a deferral due now of a Spot warning for
-// its own instance, a drain stamp, and a reboot in place of its own instance at its reboot. The router reads neither: nothing is owed, and the
-// model fails any drain, reboot or delete that follows from them.
+// its own instance, a drain stamp, and a reboot in place of its own instance at its reboot;
+// and, as anyone with `patch nodes` can, an unfinished drain (healthrouter.io/node-drain) onto
+// that NodeClaim's Node and onto the managed node group's node. The router reads none of
+// them: nothing is owed, and the model fails any drain, reboot, delete, cordon or eviction
+// that follows from them.
 func (m *machine) ForgedWrite(t *rapid.T) {
 	inst := m.pick(t, "instance")
 	var claims karpv1.NodeClaimList
@@ -544,6 +548,18 @@ func (m *machine) ForgedWrite(t *rapid.T) {
 			record.DrainStamp("forged-"+inst, at.Add(-time.Hour), "forward"), record.AnnotationRun, run)
 		if err := m.w.store.Patch(m.ctx, nc, client.RawPatch(types.MergePatchType, patch)); err != nil {
 			t.Fatal(err)
+		}
+		// An unfinished drain, as a router before the store wrote it, that says it cordoned.
+		drain := fmt.Sprintf(`{"event_id":"forged-%s","kind":"spot-interruption","started":%q,"cordoned":true}`, inst, at.Format(time.RFC3339))
+		for _, name := range []string{nc.Status.NodeName, UnmanagedNode} {
+			if name == "" {
+				continue
+			}
+			patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, nodedrain.AnnotationNodeDrain, drain)
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			if err := m.w.store.Patch(m.ctx, n, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+				t.Fatal(err)
+			}
 		}
 		forgedWrites.Add(1)
 		return
@@ -812,8 +828,37 @@ func (m *machine) checkUnmanaged(t *rapid.T) {
 	if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: UnmanagedNode}, &n); err != nil {
 		t.Fatal(err)
 	}
-	if n.Spec.Unschedulable && !m.m.holdsCordon(m.m.insts[UnmanagedInstance], m.now()) {
-		t.Fatalf("%s: unmanaged node %s left cordoned with nothing to drain it for (record %s)", m.now().Format(time.RFC3339), n.Name, n.Annotations[nodedrain.AnnotationNodeDrain])
+	mem, err := record.Load(m.ctx, m.w.store, record.NodeRecordName(UnmanagedNode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds := m.m.holdsCordon(m.m.insts[UnmanagedInstance], m.now())
+	if n.Spec.Unschedulable && !holds {
+		t.Fatalf("%s: unmanaged node %s left cordoned with nothing to drain it for (record %s)", m.now().Format(time.RFC3339), n.Name, mem.NodeDrain)
+	}
+	// A drain unfinished in the store is one the next pass evicts the pods of.
+	if rec, ok, _ := nodedrain.Of(mem); ok && !rec.Finished() && !rec.Closed && !rec.Running && !holds {
+		t.Fatalf("%s: unmanaged node %s has a drain in progress with nothing to drain it for (record %s)", m.now().Format(time.RFC3339), n.Name, mem.NodeDrain)
+	}
+	// The router drains a managed node through Karpenter, never itself: no Node of a live
+	// NodeClaim has a drain of the router's own (a forged healthrouter.io/node-drain on it
+	// is not one).
+	var claims karpv1.NodeClaimList
+	if err := m.w.store.List(m.ctx, &claims); err != nil {
+		t.Fatal(err)
+	}
+	for i := range claims.Items {
+		nc := &claims.Items[i]
+		if nc.Status.NodeName == "" || !nc.DeletionTimestamp.IsZero() {
+			continue
+		}
+		mem, err := record.Load(m.ctx, m.w.store, record.NodeRecordName(nc.Status.NodeName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec, ok, _ := nodedrain.Of(mem); ok && !rec.Finished() {
+			t.Fatalf("%s: node %s of nodeclaim %s has a drain of the router's own (record %s)", m.now().Format(time.RFC3339), nc.Status.NodeName, nc.Name, mem.NodeDrain)
+		}
 	}
 }
 
@@ -1219,6 +1264,13 @@ func (m *machine) checkNoOrphans(t *rapid.T) {
 		t.Fatal(err)
 	}
 	for _, hr := range hrs.Items {
+		if hr.OfNode() {
+			// A Node's record (the unmanaged drain): owned by its Node, which stays.
+			if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: hr.Spec.NodeName}, &corev1.Node{}); apierrors.IsNotFound(err) {
+				t.Fatalf("healthrecord %s is left after its node is gone: %+v", hr.Name, hr.Status)
+			}
+			continue
+		}
 		nc := &karpv1.NodeClaim{}
 		if err := m.w.store.Get(m.ctx, client.ObjectKey{Name: hr.Name}, nc); apierrors.IsNotFound(err) {
 			t.Fatalf("healthrecord %s is left after its nodeclaim is gone: %+v", hr.Name, hr.Status)

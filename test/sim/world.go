@@ -817,6 +817,9 @@ func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 	names := make([]string, 0, len(hrs.Items))
 	versions := map[string]string{}
 	for _, hr := range hrs.Items {
+		if hr.OfNode() {
+			continue // the watch's predicate (record.OfClaims): a Node's record is not a NodeClaim's
+		}
 		v := hr.ResourceVersion + "/" + claimVersion[hr.Name]
 		versions[hr.Name] = v
 		// The watch hands a changed record over at once; otherwise its requeue time decides.
@@ -1054,8 +1057,11 @@ func (w *world) awsActs(ctx context.Context, plan func(instance, eventID string)
 			if err := w.store.Get(ctx, client.ObjectKey{Name: UnmanagedNode}, &n); err != nil {
 				return nil, err
 			}
-			rec := n.Annotations[nodedrain.AnnotationNodeDrain]
-			acts = append(acts, awsAct{instance: d.inst, eventID: d.eid, start: d.start, outOfService: n.Spec.Unschedulable, why: fmt.Sprintf("cordoned %v, record %s", n.Spec.Unschedulable, rec)})
+			mem, err := record.Load(ctx, w.store, record.NodeRecordName(UnmanagedNode))
+			if err != nil {
+				return nil, err
+			}
+			acts = append(acts, awsAct{instance: d.inst, eventID: d.eid, start: d.start, outOfService: n.Spec.Unschedulable, why: fmt.Sprintf("cordoned %v, record %s", n.Spec.Unschedulable, mem.NodeDrain)})
 			if p.visible {
 				if err := w.reboot(ctx, UnmanagedNode); err != nil {
 					return nil, err

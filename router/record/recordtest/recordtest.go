@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -44,6 +45,27 @@ func Seed(t testing.TB, c client.Client, nc *karpv1.NodeClaim, mem record.Memory
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// SeedNode writes mem as the memory of the Node n, through the store as the router writes it.
+func SeedNode(t testing.TB, c client.Client, n *corev1.Node, mem record.Memory) {
+	t.Helper()
+	if err := record.NewStore(c, c).UpdateNode(context.Background(), n, func(m *record.Memory) (bool, error) {
+		*m = mem
+		return true, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// NodeMemory is the memory of the Node named node as c reads it.
+func NodeMemory(t testing.TB, c client.Reader, node string) record.Memory {
+	t.Helper()
+	m, err := record.Load(context.Background(), c, record.NodeRecordName(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // runAnnotation held a reboot in place's run on the NodeClaim before the store (router/inplace
