@@ -26,6 +26,7 @@ import (
 	"github.com/health-router/health-router/test/bench/gen"
 	"github.com/health-router/health-router/test/box"
 	"github.com/health-router/health-router/test/harness"
+	"github.com/health-router/health-router/test/harness/inproc"
 )
 
 // TestBoxKarpenterAlone runs the kafka StatefulSet on a Karpenter NodePool in the box, with no
@@ -63,7 +64,7 @@ func TestBoxRouterInFront(t *testing.T) {
 		policy.AnnotationWindowDuration: "10m",
 	})
 	intake := k.queue(t, "box-intake")
-	harness.RunRouter(t, options.Run{
+	inproc.Router(t, options.Run{
 		QueueURL: intake, DeadLetterQueueURL: k.queue(t, "box-dlq"), Signal: signal.ModeForward, KarpenterQueueURL: k.stage.QueueURL,
 		Workers: 10, Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 5 * time.Second,
 		Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: k.stage.Moto, Gates: checks.NewFeatureGates(),

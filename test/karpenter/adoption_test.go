@@ -23,6 +23,7 @@ import (
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/router/upcoming"
 	"github.com/health-router/health-router/test/harness"
+	"github.com/health-router/health-router/test/harness/inproc"
 )
 
 // adoptionNamespace is the router's namespace in this test: its shadow ledger lives there.
@@ -32,7 +33,7 @@ const adoptionNamespace = "health-router"
 // ends).
 func router(t *testing.T, o options.Run) (stop func()) {
 	t.Helper()
-	return harness.RunRouter(t, o, stage.Rest)
+	return inproc.Router(t, o, stage.Rest)
 }
 
 // TestAdoption walks the way in and the way back (docs/runbook.md) beside the real Karpenter:

@@ -27,6 +27,7 @@ import (
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/signal"
 	"github.com/health-router/health-router/test/harness"
+	"github.com/health-router/health-router/test/harness/inproc"
 )
 
 // stage is the one envtest + moto + Karpenter of the package.
@@ -120,7 +121,7 @@ func startRouter(t testing.TB, name string, mode signal.Mode, opts ...func(*opti
 	for _, f := range opts {
 		f(&o)
 	}
-	harness.RunRouter(t, o, stage.Rest)
+	inproc.Router(t, o, stage.Rest)
 	return intake
 }
 
