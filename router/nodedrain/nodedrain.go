@@ -716,9 +716,17 @@ func (d *Drainer) release(ctx context.Context, name string, rec Record, at time.
 	return nil // not Ready yet: the next pass looks again
 }
 
-// drainNode runs one eviction round on a Node and records its outcome.
+// drainNode runs one eviction round on a Node and records its outcome. A drain whose record
+// says the router cordons the Node first makes sure it is cordoned: a Begin that stopped
+// between its record and its cordon, with no retry to come, would otherwise evict pods from a
+// schedulable Node, where the scheduler puts them back.
 func (d *Drainer) drainNode(ctx context.Context, node *corev1.Node, rec Record) (finished bool, err error) {
 	log := d.log.With("node", node.Name, "event_id", rec.EventID, "kind", rec.Kind)
+	if rec.Cordoned {
+		if err := d.setCordon(ctx, node.Name, true); err != nil {
+			return false, fmt.Errorf("cordoning node %s before its eviction round: %w", node.Name, err)
+		}
+	}
 	round, err := EvictRound(ctx, d.cs, node.Name, d.opts.EvictTimeout, log)
 	pods := round.Left
 	if err == nil && len(pods) == 0 {

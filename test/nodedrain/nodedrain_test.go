@@ -118,6 +118,23 @@ func TestBeginRetriedCordons(t *testing.T) {
 	}
 }
 
+// TestPassCordonsFirst: a record that says the router cordons its Node, on a Node that is not
+// cordoned (a Begin stopped between the two writes, and no retry came), has the pass cordon the
+// Node before it evicts: evicted from a schedulable Node, a pod would be put back there.
+func TestPassCordonsFirst(t *testing.T) {
+	s := newSetup(t, nodedrain.Options{})
+	newNode(t, "stopped-a", false)
+	rec := fmt.Sprintf(`{"event_id":"ev-1","kind":"spot-interruption","started":%q,"cordoned":true}`, t0.Format(time.RFC3339))
+	recordtest.SeedNode(t, direct, getNode(t, "stopped-a"), store.Memory{NodeDrain: json.RawMessage(rec)})
+	eventually(t, "the cache shows the record", func() bool { _, ok, _ := cachedRecord(t, "stopped-a"); return ok })
+	if left := s.pass(); left != 0 {
+		t.Errorf("Pass left %d nodes draining, want 0 (no pod on it)", left)
+	}
+	if !getNode(t, "stopped-a").Spec.Unschedulable {
+		t.Error("the pass evicted from a Node its record says the router cordons, without cordoning it")
+	}
+}
+
 // TestPassEvictsAndFinishes: one pass evicts, through the Eviction API, the pods of a
 // ReplicaSet, a bare pod and a pod with emptyDir; it leaves the DaemonSet's pod and the
 // mirror pod, and pods of other Nodes; it marks the record done and says so once.
