@@ -12,7 +12,8 @@
 # holds the suites that wait on servers and clocks (envtest, moto, the real Karpenter): they
 # keep a core busy about half the time. Beside it, at a lower priority (nice), run the ones
 # that only compute and have no deadline of their own: the simulation (a fake clock) and the
-# image's two-platform build (a cross-compile), then the release; then Terraform's suite. On 2
+# image's two-platform build (a cross-compile), then the release; then Terraform's suite and
+# the cluster in a box. On 2
 # cores the second stream takes the time the first leaves idle; run one after the other, the
 # two took 57 minutes from empty caches (docs/testing.md).
 set -euo pipefail
@@ -41,19 +42,19 @@ fi
 # The second stream: the simulation, then the image (both platforms), then the release, which
 # runs `make release` for this platform only once test/image has compiled the image's binary
 # (a link and the archives, not a cross-compile); then Terraform's suite, at the usual priority
-# (it waits on moto and envtest), which runs the Lambda's and test/terraform's Go tests itself.
-# Its output is kept and shown when both streams are done.
+# (it waits on moto and envtest), which runs the Lambda's and test/terraform's Go tests itself;
+# then the cluster in a box (test/box: the real Karpenter alone and with the router in front),
+# whose controller-manager, scheduler and kwok the tools' background build makes last. Its
+# output is kept and shown when both streams are done.
 side=(./test/sim ./test/image ./test/release)
 (
   side_rc=0
   $timed go-side nice -n 10 go test -p 1 -count=1 -timeout 30m "${side[@]}" || side_rc=$?
   $timed terraform test/tools/terraform-tests.sh || side_rc=$?
+  $timed box go test -p 1 -count=1 -timeout 20m ./test/box/... || side_rc=$?
   exit "$side_rc"
 ) >"$log.side" 2>&1 &
 side_pid=$!
-# test/box (the cluster in a box, issue 37) is left out for now: its first run builds
-# kube-controller-manager, kube-scheduler and kwok (test/tools/world-bins.sh, kwok-bin.sh), a
-# cold build not yet timed against CI's budget. `go test ./test/box` runs it.
 packages=$(go list ./... | grep -v -e /test/terraform -e /lambda/ -e /test/box -e '/test/sim$' -e '/test/image$' -e '/test/release$')
 # shellcheck disable=SC2086
 $timed go-test go test -p 1 -count=1 -timeout 30m $packages || rc=$?
@@ -61,7 +62,7 @@ $timed go-test go test -p 1 -count=1 -timeout 30m $packages || rc=$?
 $timed karpenter test/tools/karpenter-versions.sh || rc=$?
 side_rc=0
 wait "$side_pid" || side_rc=$?
-echo "--- the second stream (simulation, image, release, Terraform):"
+echo "--- the second stream (simulation, image, release, Terraform, the box):"
 cat "$log.side"
 finish_tools
 if [[ $rc != 0 ]]; then
