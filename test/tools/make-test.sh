@@ -8,20 +8,20 @@
 # downloading modules and the suites spend waiting on servers. A failed build fails the run,
 # whether or not a suite asked for that tool.
 #
-# After go vet the suites run in two streams, one package at a time each. The main stream
-# holds the suites that wait on servers and clocks (envtest, moto, the real Karpenter): they
-# keep a core busy about half the time. Beside it, at a lower priority (nice), run the ones
-# that only compute and have no deadline of their own: the simulation (a fake clock) and the
-# image's two-platform build (a cross-compile), then the release; then Terraform's suite and
-# the cluster in a box. On 2
-# cores the second stream takes the time the first leaves idle; run one after the other, the
-# two took 57 minutes from empty caches (docs/testing.md).
+# After go vet the suites run in three streams, one package at a time each. The main stream
+# holds the Go suites that wait on servers and clocks (envtest, moto, the real Karpenter): they
+# keep a core busy about half the time. Beside it, Terraform's suite and the cluster in a box,
+# which wait too; and at a lower priority (nice) the suites that only compute and have no
+# deadline of their own: the simulation (a fake clock) and the image's two-platform build (a
+# cross-compile), then the release. On 2 cores the other streams take the time the main one
+# leaves idle; one after the other, the suites took 55 minutes from empty caches
+# (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 timed=test/tools/timed.sh
 "${MAKE:-make}" --no-print-directory fmt # before anything is built: a format error fails at once
 log=$(mktemp)
-trap 'rm -f "$log" "$log.env" "$log.side"' EXIT
+trap 'rm -f "$log" "$log.env" "$log.side" "$log.compute"' EXIT
 $timed tools test/tools/tools-env.sh >"$log.env" 2>"$log" &
 tools=$!
 finish_tools() {
@@ -39,17 +39,19 @@ if [[ $rc != 0 ]]; then
   finish_tools
   exit "$rc"
 fi
-# The second stream: the simulation, then the image (both platforms), then the release, which
-# runs `make release` for this platform only once test/image has compiled the image's binary
-# (a link and the archives, not a cross-compile); then Terraform's suite, at the usual priority
-# (it waits on moto and envtest), which runs the Lambda's and test/terraform's Go tests itself;
-# then the cluster in a box (test/box: the real Karpenter alone and with the router in front),
-# whose controller-manager, scheduler and kwok the tools' background build makes last. Its
-# output is kept and shown when both streams are done.
-side=(./test/sim ./test/image ./test/release)
+# Beside the main stream, two more. The one that computes, at the lower priority: the
+# simulation, then the image (both platforms), then the release, which runs `make release` for
+# this platform only once test/image has compiled the image's binary (a link and the archives,
+# not a cross-compile). The one that waits, at the usual priority: Terraform's suite (moto,
+# terraform, envtest; it runs the Lambda's and test/terraform's Go tests itself), then the
+# cluster in a box (test/box: the real Karpenter alone and with the router in front), whose
+# controller-manager, scheduler and kwok the tools' background build makes last. Their output
+# is kept and shown when all three are done.
+compute=(./test/sim ./test/image ./test/release)
+$timed go-compute nice -n 10 go test -p 1 -count=1 -timeout 30m "${compute[@]}" >"$log.compute" 2>&1 &
+compute_pid=$!
 (
   side_rc=0
-  $timed go-side nice -n 10 go test -p 1 -count=1 -timeout 30m "${side[@]}" || side_rc=$?
   $timed terraform test/tools/terraform-tests.sh || side_rc=$?
   $timed box go test -p 1 -count=1 -timeout 20m ./test/box/... || side_rc=$?
   exit "$side_rc"
@@ -61,8 +63,11 @@ $timed go-test go test -p 1 -count=1 -timeout 30m $packages || rc=$?
 # The Karpenter version matrix: its own modules, one per Karpenter version.
 $timed karpenter test/tools/karpenter-versions.sh || rc=$?
 side_rc=0
+wait "$compute_pid" || side_rc=$?
 wait "$side_pid" || side_rc=$?
-echo "--- the second stream (simulation, image, release, Terraform, the box):"
+echo "--- the stream that computes (simulation, image, release):"
+cat "$log.compute"
+echo "--- the stream that waits (Terraform, the box):"
 cat "$log.side"
 finish_tools
 if [[ $rc != 0 ]]; then
