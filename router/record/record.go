@@ -364,8 +364,12 @@ func movedMatch(ev event.Event) string { return matchAt(Match(ev), ev.MovedFrom)
 // that one has ended: it stays ended), and
 // supersedes the active records it replaces: the same key (an older update of the same
 // event), or the same kind of maintenance at another time (a reschedule seen first by the
-// other source). It reports whether anything changed.
+// other source). Only a deferral is put (an ended record is written by the operation that
+// ends it: Transitions): another record changes nothing. It reports whether anything changed.
 func (s *Set) Put(r Record) bool {
+	if !r.Active() {
+		return false
+	}
 	found, changed := false, false
 	for i := range s.Records {
 		cur := &s.Records[i]

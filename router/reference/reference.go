@@ -9,6 +9,7 @@ package reference
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/health-router/health-router/router/metrics"
 	"github.com/health-router/health-router/router/options"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/signal"
 )
 
@@ -62,11 +64,23 @@ func Render() ([]byte, error) {
 	}
 
 	p("\n## What the router writes\n\n")
-	p("The router keeps its state on the objects it acts on, so that people, `status` and a restarted\n")
-	p("router see it; it writes nothing else on objects it does not own.\n\n")
+	p("The router keeps its memory in its HealthRecords (`kubectl get healthrecords`), which only its\n")
+	p("ServiceAccount may write; on the objects it acts on it writes outputs only (marks for people,\n")
+	p("Karpenter's vetoes), never read back as instructions. The keys routers before the store kept\n")
+	p("their memory in are adopted once at an upgrade, checked against EC2, and removed.\n\n")
 	p("| key | on | what |\n| --- | --- | --- |\n")
 	for _, w := range WrittenKeys() {
 		p("| `%s` | %s | %s |\n", w.Key, cell(w.On), cell(w.Doc))
+	}
+
+	p("\n## The records' states\n\n")
+	p("A record is one event the router holds for one NodeClaim (`status.records` of its HealthRecord).\n")
+	p("Every change of its state is one of these, made by one operation of `router/record`'s Set\n")
+	p("(`record.Transitions`, held to the code by its tests); an ended record never waits again, and\n")
+	p("stays only to recognise a late duplicate of its event. `(none)` is no record.\n\n")
+	p("| operation | from | to | why |\n| --- | --- | --- | --- |\n")
+	for _, t := range record.Transitions {
+		p("| %s | %s | %s | %s |\n", t.Op, cmp.Or(t.From, "(none)"), cmp.Or(t.To, "(none)"), cell(t.Why))
 	}
 
 	p("\n## Kubernetes Events\n\n")
