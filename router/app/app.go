@@ -138,8 +138,8 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 	}
 	trim := cluster.NewTrimmer()
 	ns := Namespace(cmp.Or(o.LeaderElectionNamespace, o.PodNamespace))
-	// Uncached: the shadow ledger is one ConfigMap, read and written a few times a minute; a
-	// cache would watch every ConfigMap of the cluster.
+	// Uncached: the shadow ledger is one HealthRecord, read and written a few times a minute,
+	// and the ConfigMap an earlier router kept it in (a cache would watch every ConfigMap).
 	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return fmt.Errorf("creating the Kubernetes client: %w", err)
@@ -304,7 +304,9 @@ func Run(ctx context.Context, o options.Run, restCfg *rest.Config, reg prometheu
 		WithFreshReads(mgr.GetAPIReader()).WithStateConfirmation(ec2Client)
 	// Shadow: the pools annotated healthrouter.io/mode=shadow (every pool under --shadow) have
 	// their would-be outcomes recorded, beside what Karpenter did, in the ledger.
-	ledger := shadow.NewLedger(direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName), clk, log.With("component", "shadow"))
+	// Its HealthRecord is read and written uncached, as one object a few times a minute; direct
+	// also reads (and deletes, once adopted) the ConfigMap an earlier router kept it in.
+	ledger := shadow.NewLedger(record.NewStore(direct, direct), direct, ns, cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName), clk, log.With("component", "shadow"))
 	if err := mgr.Add(ledger); err != nil { // leader only
 		return err
 	}

@@ -382,3 +382,31 @@ func TestOldKeysAreNotOrders(t *testing.T) {
 		})
 	}
 }
+
+// TestSweepPassesTheLedgerAndNodesBy: a reconcile of a name with no NodeClaim removes the
+// HealthRecord of a NodeClaim gone, but never the shadow ledger's (it names no NodeClaim and
+// outlives them) nor a Node's.
+func TestSweepPassesTheLedgerAndNodesBy(t *testing.T) {
+	r := newRig(t, nil, 0, func(int) []record.Record { return nil })
+	ctx := context.Background()
+	objs := []*record.HealthRecord{
+		{ObjectMeta: metav1.ObjectMeta{Name: record.LedgerRecordName("health-router-shadow")},
+			Status: record.HealthRecordStatus{Version: record.Version, Memory: record.Memory{Ledger: []byte(`{"version":1,"entries":[]}`)}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: record.NodeRecordName("ip-10-0-0-1")}, Spec: record.HealthRecordSpec{NodeName: "ip-10-0-0-1"},
+			Status: record.HealthRecordStatus{Version: record.Version, Memory: record.Memory{NodeDrain: []byte(`{"event_id":"e","kind":"spot-interruption","started":"2026-11-21T12:00:00Z"}`)}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "kafka-gone"}, Spec: record.HealthRecordSpec{NodeClaim: "kafka-gone"},
+			Status: record.HealthRecordStatus{Version: record.Version, Memory: record.Memory{Running: now}}},
+	}
+	for _, hr := range objs {
+		if err := r.kube.Create(ctx, hr); err != nil {
+			t.Fatal(err)
+		}
+		r.reconcile(t, hr.Name)
+	}
+	for _, hr := range objs {
+		err := r.kube.Get(ctx, client.ObjectKey{Name: hr.Name}, &record.HealthRecord{})
+		if gone, want := apierrors.IsNotFound(err), hr.OfClaim(); gone != want {
+			t.Errorf("healthrecord %s: removed %t, want %t (%v)", hr.Name, gone, want, err)
+		}
+	}
+}

@@ -85,7 +85,9 @@ type Options struct {
 	LeaseName      string
 	// ConfirmTimeout bounds the wait for Karpenter to act on a forwarded drain.
 	ConfirmTimeout time.Duration
-	// LedgerName is the shadow ledger's ConfigMap (in LeaseNamespace); empty: none is looked for.
+	// LedgerName is the name of the ConfigMap (in LeaseNamespace) where a router before the
+	// store kept the shadow ledger; empty: none is looked for. The ledger's HealthRecords are
+	// deleted whatever their name.
 	LedgerName string
 	// KarpenterVersion is the Karpenter the drains are forwarded to (the router's
 	// --karpenter-version; zero: unknown, taken as the newest): an event it has no parser for
@@ -107,7 +109,7 @@ const (
 	WhatNodeDrain = "node-drain"    // a drain of a node Karpenter does not manage
 	WhatNodeRun   = "in-place-node" // the Node's part of a reboot in place whose NodeClaim is gone
 	WhatShadow    = "shadow"        // would-be outcomes of a pool in shadow (router/shadow)
-	WhatLedger    = "shadow-ledger" // the ConfigMap of would-be outcomes beside Karpenter's drains
+	WhatLedger    = "shadow-ledger" // the would-be outcomes beside Karpenter's drains (its HealthRecord, or an old router's ConfigMap)
 	// WhatDrainSignalled: a drain the router signalled (its stamp on the NodeClaim) that
 	// Karpenter has not started; the router's fallback would delete the NodeClaim.
 	WhatDrainSignalled = "drain-signalled"
@@ -202,9 +204,13 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 	}
 	mems := make(map[string]*record.HealthRecord, len(hrs.Items))
 	nodeRecs := map[string]*record.HealthRecord{} // the records of Nodes, by Node name
+	var ledgers []*record.HealthRecord
 	for i := range hrs.Items {
 		if hr := &hrs.Items[i]; hr.OfNode() {
 			nodeRecs[hr.Spec.NodeName] = hr
+			continue
+		} else if hr.OfLedger() {
+			ledgers = append(ledgers, hr)
 			continue
 		}
 		mems[hrs.Items[i].Name] = &hrs.Items[i]
@@ -253,14 +259,33 @@ func (h *Handback) Run(ctx context.Context) (Report, error) {
 			rep.Items = append(rep.Items, it)
 		}
 	}
-	if it, ok := h.ledger(ctx); ok {
+	slices.SortFunc(ledgers, func(a, b *record.HealthRecord) int { return cmp.Compare(a.Name, b.Name) })
+	for _, hr := range ledgers {
+		rep.Items = append(rep.Items, h.ledger(ctx, hr))
+	}
+	if it, ok := h.oldLedger(ctx); ok {
 		rep.Items = append(rep.Items, it)
 	}
 	return rep, nil
 }
 
-// ledger deletes the shadow ledger: the router made it, and nothing else removes it.
-func (h *Handback) ledger(ctx context.Context) (Item, bool) {
+// ledger deletes the shadow ledger hr: the router made it, and nothing else removes it (it
+// has no owner: the NodeClaims it tells of are gone long before it).
+func (h *Handback) ledger(ctx context.Context, hr *record.HealthRecord) Item {
+	it := Item{Object: "healthrecord/" + hr.Name, What: WhatLedger, Done: "deleted"}
+	if h.opts.DryRun {
+		it.Done = "would be deleted"
+		return it
+	}
+	if err := h.kube.Delete(ctx, hr); err != nil && !apierrors.IsNotFound(err) {
+		return problem(it, WhatLedger, err)
+	}
+	return it
+}
+
+// oldLedger deletes the ledger's ConfigMap that a router before the store kept, and that no
+// router since has adopted (router/shadow's Ledger adopts it once, then deletes it).
+func (h *Handback) oldLedger(ctx context.Context) (Item, bool) {
 	if h.opts.LedgerName == "" {
 		return Item{}, false
 	}

@@ -561,6 +561,30 @@ func TestHandback(t *testing.T) {
 			}
 		},
 	}, {
+		name:    "the ledger's HealthRecord goes, whatever its name, and no NodeClaim's record is taken for it",
+		pending: PendingDrop,
+		objs: func(t *testing.T) []client.Object {
+			led := func(name string) *record.HealthRecord {
+				return &record.HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: record.LedgerRecordName(name)},
+					Status: record.HealthRecordStatus{Version: record.Version, Memory: record.Memory{Ledger: []byte(`{"version":1,"entries":[]}`)}}}
+			}
+			return []client.Object{led(shadow.DefaultLedgerName), led("other-release-shadow")}
+		},
+		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
+			for _, name := range []string{shadow.DefaultLedgerName, "other-release-shadow"} {
+				wantItem(t, rep, "healthrecord/"+record.LedgerRecordName(name), WhatLedger, "deleted")
+				err := c.Get(context.Background(), client.ObjectKey{Name: record.LedgerRecordName(name)}, &record.HealthRecord{})
+				if !apierrors.IsNotFound(err) {
+					t.Errorf("the ledger %s is still there: %v", name, err)
+				}
+			}
+			for _, it := range rep.Items {
+				if it.What == WhatRecords {
+					t.Errorf("the ledger was taken for a NodeClaim's record: %+v", it)
+				}
+			}
+		},
+	}, {
 		name:    "a dry run changes nothing and says what it would do",
 		pending: PendingDrain,
 		dryRun:  true,

@@ -40,9 +40,9 @@ func NewHandback() *Parser[Handback] {
 	pending := fs.String("pending", "", "what becomes of the events still pending (required): drain (now, as the router would have at their time: forwarded to Karpenter, or the NodeClaim deleted) or drop (each listed; Karpenter's poller finds the scheduled ones again once it may call DescribeInstanceStatus)")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "list what would be done, change nothing")
 	o.Namespace = "health-router"
-	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "`namespace` of the router: its leader Lease (handback refuses while it is held) and its shadow ledger")
+	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "`namespace` of the router: its leader Lease (handback refuses while it is held) and the ConfigMap of an earlier router's shadow ledger")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "health-router.healthrouter.io", "`name` of the router's leader election Lease")
-	fs.StringVar(&o.ShadowLedger, "shadow-ledger", shadow.DefaultLedgerName, "`name` of the shadow ledger ConfigMap, deleted with the rest")
+	fs.StringVar(&o.ShadowLedger, "shadow-ledger", shadow.DefaultLedgerName, "`name` of the ConfigMap where a router before the store kept its shadow ledger, deleted with the rest (the ledger's HealthRecords are deleted whatever their name)")
 	fs.StringVar(&o.KarpenterQueueURL, "karpenter-queue-url", "", "`URL` of Karpenter's interruption queue: --pending=drain forwards each pending event there, as the router's forward mode; empty: the NodeClaim is deleted")
 	fs.DurationVar(&o.ConfirmTimeout, "forward-confirm-timeout", handback.DefaultConfirmTimeout, "how long Karpenter has to start deleting a NodeClaim whose drain was forwarded; past it the NodeClaim is deleted")
 	fs.Var(karpenterVersionValue{&o.KarpenterVersion}, "karpenter-version", "the router's --karpenter-version (the same environment variable): a pending event this Karpenter has no parser for (a capacity-reservation interruption below v1.10) deletes its NodeClaim instead of being forwarded; empty: unknown, taken as the newest")

@@ -194,8 +194,9 @@ type Run struct {
 	// Shadow puts every pool (and every node Karpenter does not manage) in shadow: each
 	// outcome is decided and recorded (router/shadow), none carried out.
 	Shadow bool
-	// ShadowLedger is the ConfigMap, in the router's namespace, that keeps the would-be
-	// outcomes beside what Karpenter did (health-router status --shadow).
+	// ShadowLedger names the shadow ledger, the HealthRecord (record.LedgerRecordName) that
+	// keeps the would-be outcomes beside what Karpenter did (health-router status --shadow),
+	// and the ConfigMap of the router's namespace where routers before the store kept it.
 	ShadowLedger string
 	// MaxReceives is how many deliveries a failing message gets before the router
 	// dead-letters it itself, with its last error (0: never).
@@ -270,10 +271,10 @@ func runFlags(o *Run) (fs *pflag.FlagSet, mode, gateFlag, level, headers *string
 	fs.StringVar(&o.WebhookURL, "webhook-url", "", "`URL` that receives a POST for each event received and each decision (Slack-compatible by default); empty: no notifications. Often holds a token: set it from a Secret")
 	fs.StringVar(&o.WebhookTemplate, "webhook-template", "", "Go text/template of the webhook body, rendered with a notice; @path reads it from a file. Empty: a Slack-compatible {\"text\": ...}")
 	headers = fs.String("webhook-headers", "", "headers of every webhook request, name=value,name=value (e.g. Authorization=Bearer <token>); values cannot contain commas")
-	fs.BoolVar(&o.Shadow, "shadow", false, "shadow mode for every NodePool (and every node Karpenter does not manage): each event is decided and its would-be outcome recorded (on the NodeClaim, as an Event, in a metric and in the --shadow-ledger ConfigMap beside what Karpenter did), nothing carried out; for one pool: the NodePool annotation healthrouter.io/mode=shadow")
-	fs.StringVar(&o.ShadowLedger, "shadow-ledger", shadow.DefaultLedgerName, "`name` of the ConfigMap, in the router's namespace, that keeps the would-be outcomes of pools in shadow beside when Karpenter drained each NodeClaim (health-router status --shadow)")
+	fs.BoolVar(&o.Shadow, "shadow", false, "shadow mode for every NodePool (and every node Karpenter does not manage): each event is decided and its would-be outcome recorded (in the store, as an Event, in a metric and in the shadow ledger beside what Karpenter did), nothing carried out; for one pool: the NodePool annotation healthrouter.io/mode=shadow")
+	fs.StringVar(&o.ShadowLedger, "shadow-ledger", shadow.DefaultLedgerName, "`name` of the shadow ledger: the HealthRecord ledger.NAME keeps the would-be outcomes of pools in shadow beside when Karpenter drained each NodeClaim (health-router status --shadow); the ConfigMap NAME in the router's namespace, where routers before the store kept it, is adopted once and deleted")
 	fs.StringVar(&o.PodName, "pod-name", "", "`name` of the router's own Pod (the chart sets it from the downward API): a queue that makes the router NotReady is told in a Warning Event on it; empty: in the log only")
-	fs.StringVar(&o.PodNamespace, "pod-namespace", "", "`namespace` of the router's own Pod (the chart sets it from the downward API); also where the shadow ledger lives when --leader-election-namespace is empty")
+	fs.StringVar(&o.PodNamespace, "pod-namespace", "", "`namespace` of the router's own Pod (the chart sets it from the downward API); also where the ConfigMap of an earlier router's shadow ledger is looked for when --leader-election-namespace is empty")
 	return fs, mode, gateFlag, level, headers
 }
 

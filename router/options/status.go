@@ -18,8 +18,8 @@ type Status struct {
 	// ICS prints the calendar of planned maintenance (router/calendar) instead of the report.
 	ICS bool
 	// Shadow prints the shadow report (router/shadow) instead: the would-be outcomes of the
-	// pools in shadow beside what Karpenter did, read from the ledger ConfigMap
-	// Namespace/ShadowLedger.
+	// pools in shadow beside what Karpenter did, read from the ledger's HealthRecord
+	// (ledger.ShadowLedger), or the ConfigMap Namespace/ShadowLedger of a router before the store.
 	Shadow       bool
 	Namespace    string
 	ShadowLedger string
@@ -35,8 +35,8 @@ func statusFlags(o *Status) (fs *pflag.FlagSet, now *string) {
 	fs.BoolVar(&o.ICS, "ics", false, "print the planned maintenance as an iCalendar (.ics) feed instead: deferred drains and the pools' windows of the next 14 days; not with -o json")
 	fs.BoolVar(&o.Shadow, "shadow", false, "print the shadow report instead: per NodePool in shadow, each event with what the router would have done and when, beside when Karpenter drained the node")
 	o.Namespace = "health-router"
-	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "`namespace` of the router (where its shadow ledger is)")
-	fs.StringVar(&o.ShadowLedger, "shadow-ledger", "", "`name` of the shadow ledger ConfigMap (default: the chart's, <release>-shadow with release health-router: health-router-shadow)")
+	kubeFlags(fs, &o.Kubeconfig, &o.Context, &o.Namespace, "`namespace` of the router (where a router before the store kept its shadow ledger)")
+	fs.StringVar(&o.ShadowLedger, "shadow-ledger", "", "`name` of the shadow ledger, whose HealthRecord is ledger.NAME (default: the chart's, <release>-shadow with release health-router: health-router-shadow)")
 	return fs, now
 }
 

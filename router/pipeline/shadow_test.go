@@ -20,6 +20,7 @@ import (
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/nodedrain"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/record/recordtest"
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/signal"
@@ -310,7 +311,7 @@ func TestShadowDeferralComingDue(t *testing.T) {
 // TestShadowLedger: the ledger gets one entry per would-be outcome, with the event's start.
 func TestShadowLedger(t *testing.T) {
 	r := newRig(t, map[string]map[string]string{"web": {policy.AnnotationMode: policy.ModeShadow}}, map[string]int{"web": 2})
-	ledger := shadow.NewLedger(r.kube, "health-router", shadow.DefaultLedgerName, clocktesting.NewFakeClock(now), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ledger := shadow.NewLedger(record.NewStore(r.kube, r.kube), r.kube, "health-router", shadow.DefaultLedgerName, clocktesting.NewFakeClock(now), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r.p.WithShadow(false, ledger)
 	start := now.Add(19 * 24 * time.Hour)
 	if _, err := r.p.Process(context.Background(), retirement("ret-1", start, instanceID(0), instanceID(1))); err != nil {

@@ -83,6 +83,10 @@ type Memory struct {
 	// (router/nodedrain's Record, which that package reads and writes), kept in the Node's
 	// HealthRecord (NodeRecordName).
 	NodeDrain json.RawMessage `json:"nodeDrain,omitempty"`
+	// Ledger is the shadow ledger (router/shadow's, which that package reads and writes): the
+	// would-be outcomes of pools in shadow beside when Karpenter drained each NodeClaim, kept
+	// after the NodeClaims are gone, in the router's one ledger record (LedgerRecordName).
+	Ledger json.RawMessage `json:"ledger,omitempty"`
 }
 
 // Drain is a drain signalled: for which event, when, and how (forwarded to Karpenter's queue
@@ -109,7 +113,7 @@ func (m Memory) Equal(o Memory) bool {
 
 // Empty reports whether there is nothing to keep.
 func (m Memory) Empty() bool {
-	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0 && len(m.Shadow) == 0 && len(m.NodeDrain) == 0
+	return len(m.Records) == 0 && m.Running.IsZero() && m.Drain == nil && len(m.Run) == 0 && len(m.Shadow) == 0 && len(m.NodeDrain) == 0 && len(m.Ledger) == 0
 }
 
 // RunView is what the readers of a reboot in place that do not run it (the marks, the pacer,
@@ -199,6 +203,9 @@ func Summarize(m Memory) Summary {
 	if len(m.Shadow) > 0 {
 		return Summary{Phase: PhaseShadow, Action: "none (shadow)"}
 	}
+	if len(m.Ledger) > 0 {
+		return Summary{Phase: PhaseShadow, Action: ActionLedger}
+	}
 	if d, ok := m.NodeDrainView(); ok {
 		switch {
 		case d.Done == nil:
@@ -265,6 +272,7 @@ func (m *Memory) DeepCopyInto(out *Memory) {
 	out.Run = slices.Clone(m.Run)
 	out.Shadow = slices.Clone(m.Shadow)
 	out.NodeDrain = slices.Clone(m.NodeDrain)
+	out.Ledger = slices.Clone(m.Ledger)
 }
 
 // DeepCopy returns a copy of r that shares no slice with it.

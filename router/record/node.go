@@ -44,12 +44,16 @@ func (h *HealthRecord) OfNode() bool {
 	return h.Spec.NodeClaim == "" && h.Spec.NodeName != "" && strings.HasPrefix(h.Name, NodePrefix)
 }
 
-// OfClaims passes the HealthRecords of NodeClaims, not those of Nodes (OfNode), for the
-// controllers that watch HealthRecords to reach NodeClaims.
+// OfClaim reports whether h is the record of a NodeClaim: neither a Node's (OfNode) nor the
+// shadow ledger (OfLedger).
+func (h *HealthRecord) OfClaim() bool { return !h.OfNode() && !h.OfLedger() }
+
+// OfClaims passes the HealthRecords of NodeClaims (OfClaim), not those of Nodes or the
+// ledger, for the controllers that watch HealthRecords to reach NodeClaims.
 func OfClaims() predicate.Predicate {
 	return predicate.NewPredicateFuncs(func(o client.Object) bool {
 		hr, ok := o.(*HealthRecord)
-		return !ok || !hr.OfNode()
+		return !ok || hr.OfClaim()
 	})
 }
 
@@ -73,7 +77,7 @@ func (s *Store) UpdateNode(ctx context.Context, n *corev1.Node, mutate func(*Mem
 		uid := hr.NodeUID()
 		return n.UID != "" && uid != "" && uid != n.UID
 	}
-	return s.update(ctx, NodeRecordName(n.Name), "node "+n.Name, true, func() *HealthRecord { return newNodeRecord(n) }, stale, mutate)
+	return s.update(ctx, NodeRecordName(n.Name), "node "+n.Name, true, MaxBytes, func() *HealthRecord { return newNodeRecord(n) }, stale, mutate)
 }
 
 // DeleteNode removes the memory of the Node named node (it is gone).

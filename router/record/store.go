@@ -86,13 +86,14 @@ func (h *HealthRecord) Memory() (Memory, error) {
 // behind). mutate returns false when there is nothing to change; its error ends the update.
 // A memory of a newer format is not given to mutate: the update fails with ErrUnreadable.
 func (s *Store) Update(ctx context.Context, nc *karpv1.NodeClaim, mutate func(*Memory) (bool, error)) error {
-	return s.update(ctx, nc.Name, "nodeclaim "+nc.Name, false, func() *HealthRecord { return newHealthRecord(nc) }, nil, mutate)
+	return s.update(ctx, nc.Name, "nodeclaim "+nc.Name, false, MaxBytes, func() *HealthRecord { return newHealthRecord(nc) }, nil, mutate)
 }
 
 // update is Update of the HealthRecord named name (of what, for errors): read from the cache
-// first unless fresh, built by build when it is created; a record stale reports as another
-// object's (a Node of the same name, gone) is deleted and its memory taken as empty.
-func (s *Store) update(ctx context.Context, name, what string, fresh bool, build func() *HealthRecord, stale func(*HealthRecord) bool, mutate func(*Memory) (bool, error)) error {
+// first unless fresh, its memory bounded at limit bytes, built by build when it is created; a
+// record stale reports as another object's (a Node of the same name, gone) is deleted and its
+// memory taken as empty.
+func (s *Store) update(ctx context.Context, name, what string, fresh bool, limit int, build func() *HealthRecord, stale func(*HealthRecord) bool, mutate func(*Memory) (bool, error)) error {
 	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var r client.Reader = s.kube
@@ -136,8 +137,8 @@ func (s *Store) update(ctx context.Context, name, what string, fresh bool, build
 		}
 		if b, err := json.Marshal(mem); err != nil {
 			return fmt.Errorf("encoding the memory of %s: %w", what, err)
-		} else if len(b) > MaxBytes {
-			return fmt.Errorf("%w: %d bytes, %d records (bound %d bytes)", ErrTooLarge, len(b), len(mem.Records), MaxBytes)
+		} else if len(b) > limit {
+			return fmt.Errorf("%w: %d bytes, %d records (bound %d bytes)", ErrTooLarge, len(b), len(mem.Records), limit)
 		}
 		// One request a write: the status is written with the object (the CRD has no status
 		// subresource: the router is its only writer, and a create through the subresource

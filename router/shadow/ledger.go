@@ -13,23 +13,23 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
+	"github.com/health-router/health-router/router/record"
 )
 
-// LedgerKey is the ConfigMap key holding the ledger (JSON).
+// LedgerKey is the key of the ConfigMap where routers before the store kept the ledger (JSON):
+// adopted once at an upgrade (Ledger.Start), then deleted.
 const LedgerKey = "ledger.json"
 
-// DefaultLedgerName is the ConfigMap's name (in the router's namespace).
+// DefaultLedgerName is the ledger's name (--shadow-ledger): its HealthRecord is
+// record.LedgerRecordName of it, and the ConfigMap of routers before the store had the name.
 const DefaultLedgerName = "health-router-shadow"
 
-// MaxEntries bounds the ledger: the newest are kept. 500 entries of about 500 bytes stay far
-// under a ConfigMap's 1 MiB.
+// MaxEntries bounds the ledger: the newest are kept, within record.LedgerMaxBytes.
 const MaxEntries = 500
 
 // FlushInterval is how often the ledger's new entries are written: one write per interval,
@@ -56,6 +56,10 @@ type Entry struct {
 	// KarpenterAt is when the NodeClaim began deleting (Karpenter's own handling drained it);
 	// zero while it has not.
 	KarpenterAt time.Time `json:"karpenter_at,omitzero"`
+	// Adopted marks an entry carried over from the ConfigMap of a router before the store,
+	// which anyone with update on ConfigMaps of its namespace could have written: the report
+	// says so beside it.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 type ledgerValue struct {
@@ -64,11 +68,14 @@ type ledgerValue struct {
 }
 
 // Ledger keeps the would-be outcomes of shadow pools, and when Karpenter drained each
-// NodeClaim, in a ConfigMap: it outlives the NodeClaims, which Karpenter deletes. Additions
-// are gathered in memory and written once per FlushInterval by the leader (Start), merged
-// into what is there under its resource version: an old leader still flushing beside a new
-// one loses neither's entries.
+// NodeClaim, in the router's store: a HealthRecord of its own (record.LedgerRecordName), which
+// only the router writes, and which outlives the NodeClaims Karpenter deletes. Additions are
+// gathered in memory and written once per FlushInterval by the leader (Start), merged into
+// what is there under its resource version: an old leader still flushing beside a new one
+// loses neither's entries. Nothing the router decides reads it: it is a report.
 type Ledger struct {
+	store *record.Store
+	// kube reads and deletes the ConfigMap namespace/name of a router before the store.
 	kube      client.Client
 	namespace string
 	name      string
@@ -78,11 +85,13 @@ type Ledger struct {
 	mu      sync.Mutex
 	pending []Entry
 	acted   map[string]time.Time // NodeClaim -> when it began deleting
+	adopted bool                 // the old ConfigMap was looked for and, if there, adopted
 }
 
-// NewLedger returns the ledger in the ConfigMap namespace/name.
-func NewLedger(kube client.Client, namespace, name string, clk clock.WithTicker, log *slog.Logger) *Ledger {
-	return &Ledger{kube: kube, namespace: namespace, name: name, clock: clk, log: log, acted: map[string]time.Time{}}
+// NewLedger returns the ledger called name, kept in store; kube and namespace find the
+// ConfigMap an earlier router kept it in (adopted once by the leader).
+func NewLedger(store *record.Store, kube client.Client, namespace, name string, clk clock.WithTicker, log *slog.Logger) *Ledger {
+	return &Ledger{store: store, kube: kube, namespace: namespace, name: name, clock: clk, log: log, acted: map[string]time.Time{}}
 }
 
 // Add notes an entry, written at the next flush.
@@ -104,8 +113,10 @@ func (l *Ledger) KarpenterActed(nodeClaim string, at time.Time) {
 // NeedLeaderElection: only the leader writes the ledger.
 func (l *Ledger) NeedLeaderElection() bool { return true }
 
-// Start flushes every FlushInterval until ctx ends, and once more then.
+// Start adopts the ConfigMap of an earlier router, then flushes every FlushInterval until ctx
+// ends, and once more then.
 func (l *Ledger) Start(ctx context.Context) error {
+	l.Adopt(ctx)
 	t := l.clock.NewTicker(FlushInterval)
 	defer t.Stop()
 	for {
@@ -118,11 +129,78 @@ func (l *Ledger) Start(ctx context.Context) error {
 			}
 			return nil
 		case <-t.C():
+			l.Adopt(ctx)
 			if err := l.Flush(ctx); err != nil {
 				l.log.Warn("shadow ledger: flush failed; retried at the next", "error", err)
 			}
 		}
 	}
+}
+
+// Adopt moves the ledger a router before the store kept in its ConfigMap into the store, once,
+// and deletes the ConfigMap: the report of weeks in shadow survives the upgrade. Its entries
+// are a report, never an order (anyone with update on ConfigMaps of the namespace could have
+// written them). An entry the store already has is kept as the store has it. A ConfigMap that
+// cannot be read or written now is tried again at the next flush; one that does not parse is
+// left, with a warning.
+func (l *Ledger) Adopt(ctx context.Context) {
+	l.mu.Lock()
+	done := l.adopted
+	l.mu.Unlock()
+	if done || l.kube == nil {
+		return
+	}
+	finish := func() {
+		l.mu.Lock()
+		l.adopted = true
+		l.mu.Unlock()
+	}
+	cm := &corev1.ConfigMap{}
+	err := l.kube.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: l.name}, cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		finish()
+		return
+	case apierrors.IsForbidden(err):
+		l.log.Info("shadow ledger: the ConfigMap of an earlier router cannot be read (no grant): not adopted", "configmap", l.namespace+"/"+l.name)
+		finish()
+		return
+	case err != nil:
+		l.log.Warn("shadow ledger: reading the ConfigMap of an earlier router failed; tried again", "configmap", l.namespace+"/"+l.name, "error", err)
+		return
+	}
+	old, err := decodeLedger([]byte(cm.Data[LedgerKey]))
+	for i := range old {
+		old[i].Adopted = true
+	}
+	if err != nil {
+		l.log.Warn("shadow ledger: the ConfigMap of an earlier router does not parse: left as it is", "configmap", l.namespace+"/"+l.name, "error", err)
+		finish()
+		return
+	}
+	err = l.store.UpdateLedger(ctx, l.name, func(m *record.Memory) (bool, error) {
+		entries, err := decodeLedger(m.Ledger)
+		if err != nil {
+			return false, err
+		}
+		merged, _ := merge(old, entries, nil) // the store's entries replace the ConfigMap's
+		if m.Ledger, err = encodeLedger(merged); err != nil {
+			return false, err
+		}
+		return true, nil
+	})
+	if err != nil {
+		l.log.Warn("shadow ledger: adopting the ConfigMap of an earlier router failed; tried again", "configmap", l.namespace+"/"+l.name, "error", err)
+		return
+	}
+	err = l.kube.Delete(ctx, cm, client.Preconditions{UID: &cm.UID, ResourceVersion: &cm.ResourceVersion})
+	if err != nil && !apierrors.IsNotFound(err) {
+		// Adopted, and adopting again merges the same entries: the next start tries again.
+		l.log.Warn("shadow ledger: the adopted ConfigMap of an earlier router was not deleted", "configmap", l.namespace+"/"+l.name, "error", err)
+	} else {
+		l.log.Info("shadow ledger: adopted the ConfigMap of an earlier router into the store, and deleted it", "configmap", l.namespace+"/"+l.name, "entries", len(old))
+	}
+	finish()
 }
 
 // Flush writes what was noted since the last flush. On failure the notes are kept for the next.
@@ -135,39 +213,16 @@ func (l *Ledger) Flush(ctx context.Context) error {
 		return nil
 	}
 	var unmatched map[string]time.Time
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cm := &corev1.ConfigMap{}
-		err := l.kube.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: l.name}, cm)
-		create := apierrors.IsNotFound(err)
-		if err != nil && !create {
-			return err
-		}
-		var entries []Entry
-		if !create {
-			if entries, err = decodeLedger(cm.Data[LedgerKey]); err != nil {
-				return err
-			}
+	err := l.store.UpdateLedger(ctx, l.name, func(m *record.Memory) (bool, error) {
+		entries, err := decodeLedger(m.Ledger)
+		if err != nil {
+			return false, err
 		}
 		entries, unmatched = merge(entries, pending, acted)
-		raw, err := json.Marshal(ledgerValue{Version: Version, Entries: entries})
-		if err != nil {
-			return err
+		if m.Ledger, err = encodeLedger(entries); err != nil {
+			return false, err
 		}
-		if create {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: l.namespace, Name: l.name,
-				Labels: map[string]string{"app.kubernetes.io/name": "health-router", "app.kubernetes.io/component": "shadow-ledger"}},
-				Data: map[string]string{LedgerKey: string(raw)}}
-			err := l.kube.Create(ctx, cm)
-			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(corev1.Resource("configmaps"), l.name, err) // created meanwhile: merge into it
-			}
-			return err
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[LedgerKey] = string(raw)
-		return l.kube.Update(ctx, cm)
+		return true, nil
 	})
 	if err != nil {
 		l.mu.Lock()
@@ -178,7 +233,7 @@ func (l *Ledger) Flush(ctx context.Context) error {
 			}
 		}
 		l.mu.Unlock()
-		return fmt.Errorf("writing the shadow ledger %s/%s: %w", l.namespace, l.name, err)
+		return fmt.Errorf("writing the shadow ledger %s: %w", record.LedgerRecordName(l.name), err)
 	}
 	// A deletion seen before its entry was written (by another leader, or not flushed yet)
 	// waits for it, for ActedKept.
@@ -208,7 +263,9 @@ func merge(entries, pending []Entry, acted map[string]time.Time) ([]Entry, map[s
 	}
 	for _, e := range pending {
 		if i, ok := at[key(e)]; ok {
-			e.KarpenterAt = entries[i].KarpenterAt
+			if e.KarpenterAt.IsZero() {
+				e.KarpenterAt = entries[i].KarpenterAt
+			}
 			entries[i] = e
 			continue
 		}
@@ -237,12 +294,28 @@ func merge(entries, pending []Entry, acted map[string]time.Time) ([]Entry, map[s
 	return entries, unmatched
 }
 
-func decodeLedger(v string) ([]Entry, error) {
-	if v == "" {
+// ledgerBudget is what the entries may take of record.LedgerMaxBytes: the memory's other
+// fields and the summary are small.
+const ledgerBudget = record.LedgerMaxBytes - 4<<10
+
+// encodeLedger encodes entries (oldest first), dropping the oldest until they fit
+// ledgerBudget.
+func encodeLedger(entries []Entry) (json.RawMessage, error) {
+	for {
+		raw, err := json.Marshal(ledgerValue{Version: Version, Entries: entries})
+		if err != nil || len(raw) <= ledgerBudget || len(entries) == 0 {
+			return raw, err
+		}
+		entries = entries[max(1, len(entries)/16):]
+	}
+}
+
+func decodeLedger(v []byte) ([]Entry, error) {
+	if len(v) == 0 {
 		return nil, nil
 	}
 	var lv ledgerValue
-	if err := json.Unmarshal([]byte(v), &lv); err != nil {
+	if err := json.Unmarshal(v, &lv); err != nil {
 		return nil, fmt.Errorf("%w: the ledger: %v", ErrUnreadable, err)
 	}
 	if lv.Version != Version {
@@ -251,19 +324,31 @@ func decodeLedger(v string) ([]Entry, error) {
 	return lv.Entries, nil
 }
 
-// ErrNoLedger marks a ledger ConfigMap that does not exist: no router keeps one there (another
-// namespace or --shadow-ledger), or the router has recorded no would-be outcome yet.
+// ErrNoLedger marks a ledger that does not exist: no router keeps one by that name
+// (--shadow-ledger; another release), or the router has recorded no would-be outcome yet.
 var ErrNoLedger = errors.New("no shadow ledger")
 
-// ReadLedger reads the ledger's entries. A ConfigMap that does not exist is an error wrapping
-// ErrNoLedger: a reader that takes it as "no outcomes" says so itself.
+// ReadLedger reads the ledger's entries: its HealthRecord, or, where there is none, the
+// ConfigMap namespace/name a router before the store kept (a router not upgraded yet). None
+// is an error wrapping ErrNoLedger: a reader that takes it as "no outcomes" says so itself.
 func ReadLedger(ctx context.Context, r client.Reader, namespace, name string) ([]Entry, error) {
+	mem, found, err := record.LoadLedger(ctx, r, name)
+	if err != nil {
+		return nil, fmt.Errorf("reading the shadow ledger %s: %w", record.LedgerRecordName(name), err)
+	}
+	if found {
+		return decodeLedger(mem.Ledger)
+	}
 	cm := &corev1.ConfigMap{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cm); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("%w: ConfigMap %s/%s not found", ErrNoLedger, namespace, name)
+		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+			return nil, fmt.Errorf("%w: neither healthrecord %s nor (a router before the store's) ConfigMap %s/%s", ErrNoLedger, record.LedgerRecordName(name), namespace, name)
 		}
 		return nil, fmt.Errorf("reading the shadow ledger %s/%s: %w", namespace, name, err)
 	}
-	return decodeLedger(cm.Data[LedgerKey])
+	es, err := decodeLedger([]byte(cm.Data[LedgerKey]))
+	for i := range es {
+		es[i].Adopted = true // anyone with update on ConfigMaps there could have written it
+	}
+	return es, err
 }

@@ -35,6 +35,9 @@ type PoolReport struct {
 	Entries  []Entry  `json:"entries"`
 }
 
+// TextAdopted marks, in the table, an entry carried over from an earlier router's ConfigMap.
+const TextAdopted = "from an earlier router's ConfigMap, unverified"
+
 // BuildReport groups entries by pool (and, for the summary, by kind and would-be action).
 // nodepool, if set, keeps only that pool.
 func BuildReport(entries []Entry, nodepool string) Report {
@@ -125,8 +128,12 @@ func (r Report) WriteTable(w io.Writer) error {
 			if !e.KarpenterAt.IsZero() {
 				karp = "drained " + stamp(e.KarpenterAt)
 			}
+			reason := oneLine(e.Reason, 80)
+			if e.Adopted {
+				reason = "(" + TextAdopted + ") " + reason
+			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cmp.Or(e.NodeClaim, "-"), e.Instance, e.Kind, e.EventID, orDash(e.Start),
-				e.Would, orDash(e.WouldAt), karp, oneLine(e.Reason, 80))
+				e.Would, orDash(e.WouldAt), karp, reason)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

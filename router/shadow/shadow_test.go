@@ -17,7 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -105,8 +104,8 @@ func entry(nc, ev string, decided time.Time) Entry {
 func TestLedgerTwoLeaders(t *testing.T) {
 	kube := newClient(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := NewLedger(kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), log)
-	b := NewLedger(kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), log)
+	a := NewLedger(record.NewStore(kube, kube), kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), log)
+	b := NewLedger(record.NewStore(kube, kube), kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), log)
 	a.Add(entry("kafka-1", "ev-1", now))
 	b.Add(entry("kafka-2", "ev-1", now.Add(time.Second)))
 	a.KarpenterActed("kafka-2", now.Add(time.Minute)) // seen by the old leader only
@@ -136,7 +135,7 @@ func TestLedgerTwoLeaders(t *testing.T) {
 
 func TestLedgerBounded(t *testing.T) {
 	kube := newClient(t)
-	l := NewLedger(kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	l := NewLedger(record.NewStore(kube, kube), kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for i := 0; i < MaxEntries+50; i++ {
 		l.Add(entry(fmt.Sprintf("kafka-%d", i), "ev-1", now.Add(time.Duration(i)*time.Second)))
 	}
@@ -150,18 +149,21 @@ func TestLedgerBounded(t *testing.T) {
 	if len(got) != MaxEntries || got[0].NodeClaim != "kafka-50" {
 		t.Fatalf("%d entries, oldest %s", len(got), got[0].NodeClaim)
 	}
-	cm := &corev1.ConfigMap{}
-	if err := kube.Get(context.Background(), client.ObjectKey{Namespace: "health-router", Name: DefaultLedgerName}, cm); err != nil {
+	hr := &record.HealthRecord{}
+	if err := kube.Get(context.Background(), client.ObjectKey{Name: record.LedgerRecordName(DefaultLedgerName)}, hr); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(cm.Data[LedgerKey]); n > 512<<10 {
+	if n := len(hr.Status.Ledger); n > record.LedgerMaxBytes {
 		t.Errorf("ledger of %d bytes", n)
+	}
+	if !hr.OfLedger() || hr.OfClaim() || len(hr.OwnerReferences) != 0 {
+		t.Errorf("the ledger's record: ledger %t, a NodeClaim's %t, owners %v", hr.OfLedger(), hr.OfClaim(), hr.OwnerReferences)
 	}
 }
 
 func TestWatcher(t *testing.T) {
 	kube := newClient(t)
-	l := NewLedger(kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	l := NewLedger(record.NewStore(kube, kube), kube, "health-router", DefaultLedgerName, clocktesting.NewFakeClock(now), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	drains := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "d"}, []string{"nodepool"})
 	w := NewWatcher(kube, l, drains)
 	deleting := metav1.NewTime(now.Add(time.Minute))
@@ -310,7 +312,7 @@ func TestHandlerBounds(t *testing.T) {
 	t.Run("one read per TTL", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(now)
 		kube := newClient(t)
-		l := NewLedger(kube, "health-router", DefaultLedgerName, clk, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l := NewLedger(record.NewStore(kube, kube), kube, "health-router", DefaultLedgerName, clk, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		l.Add(entry("kafka-1", "ev-1", now))
 		if err := l.Flush(context.Background()); err != nil {
 			t.Fatal(err)

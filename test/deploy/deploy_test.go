@@ -742,8 +742,9 @@ func TestRBAC(t *testing.T) {
 	for _, p := range ruleProblems(m.recordsView.Rules, map[groupResource][]string{{"healthrouter.io", "healthrecords"}: {"get", "list", "watch"}}) {
 		t.Errorf("ClusterRole %s: %s", m.recordsView.Name, p)
 	}
-	// The Role: the leader election's Lease, and the shadow ledger's ConfigMap (created by
-	// name; read and written only under its name).
+	// The Role: the leader election's Lease, and the ConfigMap where routers before the store
+	// kept the shadow ledger, read once and deleted by name (the ledger is a HealthRecord now):
+	// no ConfigMap is created or written.
 	var named, unnamed []rbacv1.PolicyRule
 	for _, r := range m.role.Rules {
 		if len(r.ResourceNames) > 0 {
@@ -752,12 +753,12 @@ func TestRBAC(t *testing.T) {
 			unnamed = append(unnamed, r)
 		}
 	}
-	for _, p := range ruleProblems(unnamed, map[groupResource][]string{{"coordination.k8s.io", "leases"}: leaseVerbs, {"", "configmaps"}: {"create"}}) {
-		t.Errorf("Role %s (leader election, shadow ledger): %s", m.role.Name, p)
+	for _, p := range ruleProblems(unnamed, map[groupResource][]string{{"coordination.k8s.io", "leases"}: leaseVerbs}) {
+		t.Errorf("Role %s (leader election): %s", m.role.Name, p)
 	}
 	if len(named) != 1 || !slices.Equal(named[0].ResourceNames, []string{m.deployment.Name + "-shadow"}) || !slices.Equal(named[0].Resources, []string{"configmaps"}) ||
-		!slices.Equal(named[0].APIGroups, []string{""}) || !slices.Equal(named[0].Verbs, []string{"get", "update"}) {
-		t.Errorf("Role %s: the rules limited by name are %+v, want get and update on the ConfigMap %s-shadow only", m.role.Name, named, m.deployment.Name)
+		!slices.Equal(named[0].APIGroups, []string{""}) || !slices.Equal(named[0].Verbs, []string{"get", "delete"}) {
+		t.Errorf("Role %s: the rules limited by name are %+v, want get and delete on the ConfigMap %s-shadow only (the old ledger, adopted)", m.role.Name, named, m.deployment.Name)
 	}
 	if got := env(m.deployment.Spec.Template.Spec.Containers[0])["HEALTH_ROUTER_SHADOW_LEDGER"]; got != m.deployment.Name+"-shadow" {
 		t.Errorf("HEALTH_ROUTER_SHADOW_LEDGER %q, want the ConfigMap the Role names", got)

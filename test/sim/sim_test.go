@@ -59,6 +59,9 @@ var staleReads, concurrentBatches, overlaps, awsOutOfService, awsUnmanaged, unma
 // else (ForgedWrite): none may become a drain the model did not owe.
 var forgedWrites atomic.Int64
 
+// ledgerEntriesChecked counts the shadow ledger's entries checkLedger judged (each check).
+var ledgerEntriesChecked atomic.Int64
+
 // migrations counts the router's reboots that migrated an instance and cleared its
 // system-reboot; sqsFailures the batches whose deletes and sends SQS failed after it handed
 // them out.
@@ -560,6 +563,20 @@ func (m *machine) ForgedWrite(t *rapid.T) {
 			if err := m.w.store.Patch(m.ctx, n, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
 				t.Fatal(err)
 			}
+		}
+		// The shadow ledger's ConfigMap of routers before the store, as anyone with update on
+		// ConfigMaps of the router's namespace writes it: a would-be outcome the router never
+		// decided. A router adopts it once into its report, marked unverified, never as its own.
+		forged, err := json.Marshal(map[string]any{"version": shadow.Version, "entries": []shadow.Entry{{NodePool: PoolShadow, NodeClaim: nc.Name,
+			Instance: inst, Kind: event.KindScheduledChange, EventID: "forged-" + inst, Decided: at, Would: policy.ActionDrain, WouldAt: at, Reason: "forged"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "health-router", Name: shadow.DefaultLedgerName}, Data: map[string]string{shadow.LedgerKey: string(forged)}}
+		if err := m.w.store.Create(m.ctx, cm); apierrors.IsAlreadyExists(err) {
+			err = m.w.store.Update(m.ctx, cm)
+		} else if err != nil {
+			t.Fatal(err)
 		}
 		forgedWrites.Add(1)
 		return
@@ -1095,6 +1112,7 @@ func (m *machine) Check(t *rapid.T) {
 	m.w.queues.mu.Unlock()
 	m.checkRecords(t)
 	m.checkShadow(t)
+	m.checkLedger(t)
 	m.checkWindows(t, false)
 }
 
@@ -1185,6 +1203,33 @@ func (m *machine) checkShadow(t *rapid.T) {
 		if n.Spec.Unschedulable || upcoming.Current(&n).Taint != "" || n.Annotations[inplace.Annotation] != "" {
 			t.Fatalf("node %s of the pool in shadow is cordoned, tainted or rebooted in place: %v %v", n.Name, n.Spec.Unschedulable, n.Annotations)
 		}
+	}
+}
+
+// checkLedger: the shadow ledger is the router's own HealthRecord, with no owner (it outlives
+// the NodeClaims it names) and readable; an outcome the router never decided (ForgedWrite's, in
+// the ConfigMap of routers before the store) is in it only marked unverified, never as the
+// router's own; and no NodeClaim's record is taken for it.
+func (m *machine) checkLedger(t *rapid.T) {
+	hr := &record.HealthRecord{}
+	err := m.w.store.Get(m.ctx, client.ObjectKey{Name: record.LedgerRecordName(shadow.DefaultLedgerName)}, hr)
+	if apierrors.IsNotFound(err) {
+		return
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if !hr.OfLedger() || hr.OfClaim() || len(hr.OwnerReferences) > 0 {
+		t.Fatalf("the ledger's record %s: ledger %t, a NodeClaim's %t, owners %v", hr.Name, hr.OfLedger(), hr.OfClaim(), hr.OwnerReferences)
+	}
+	entries, err := shadow.ReadLedger(m.ctx, m.w.store, "health-router", shadow.DefaultLedgerName)
+	if err != nil {
+		t.Fatalf("the ledger does not read: %v", err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.EventID, "forged-") != e.Adopted {
+			t.Fatalf("ledger entry %s of %s: adopted %t (a forged entry must be marked, and only it)", e.EventID, e.NodeClaim, e.Adopted)
+		}
+		ledgerEntriesChecked.Add(1)
 	}
 }
 
@@ -1299,7 +1344,7 @@ func TestSimulation(t *testing.T) {
 		for name, n := range map[string]int64{"stale reads from the router's cache": staleReads.Load(), "batches decided by workers at once": concurrentBatches.Load(),
 			"failovers with the old leader still acting": overlaps.Load(),
 			"drains of the unmanaged node":               unmanagedCordons.Load(), "urgent drains held by web's breaker": urgentHolds.Load(),
-			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load(),
+			"forged shutting-downs EC2 contradicted": contradicted.Load(), "would-be outcomes of the pool in shadow": shadowOutcomes.Load(), "shadow ledger entries checked": ledgerEntriesChecked.Load(),
 			"batches SQS failed after handing them out": sqsFailures.Load(), "closes sent as an open update resolving the instance": resolvedUpdates.Load(),
 			"forged writes of the old memory keys": forgedWrites.Load(), "switches of the pool in shadow to active and back": modeSwitches.Load(),
 			"drains carried out for the pool in shadow, as Karpenter would": standInDrains.Load(),

@@ -711,7 +711,7 @@ func (w *world) newReplica(name string) *replica {
 	} else {
 		r.pipeline.WithNodeDrainer(drainHook{r.drainer, w})
 	}
-	r.ledger = shadow.NewLedger(w.direct, "health-router", shadow.DefaultLedgerName, w.clock, w.log)
+	r.ledger = shadow.NewLedger(record.NewStore(w.direct, w.direct), w.direct, "health-router", shadow.DefaultLedgerName, w.clock, w.log)
 	r.watcher = shadow.NewWatcher(w.direct, r.ledger, r.metrics.ShadowKarpenter)
 	r.pipeline.WithShadow(false, r.ledger)
 	r.windows = eventwindow.New(w.router, w.windowsAPI, w.recorder, w.clock, w.log, reg, simCluster).WithInPlaceLead(inplace.Options{}.PrepareLead())
@@ -817,8 +817,8 @@ func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 	names := make([]string, 0, len(hrs.Items))
 	versions := map[string]string{}
 	for _, hr := range hrs.Items {
-		if hr.OfNode() {
-			continue // the watch's predicate (record.OfClaims): a Node's record is not a NodeClaim's
+		if !hr.OfClaim() {
+			continue // the watch's predicate (record.OfClaims): a Node's record or the ledger is not a NodeClaim's
 		}
 		v := hr.ResourceVersion + "/" + claimVersion[hr.Name]
 		versions[hr.Name] = v
@@ -853,6 +853,7 @@ func (w *world) reconcileReplica(ctx context.Context, r *replica) error {
 		mem, _ := record.Load(ctx, w.store, claims.Items[i].Name)
 		r.watcher.Observe(&claims.Items[i], mem)
 	}
+	r.ledger.Adopt(ctx) // the leader's start: once per router (an earlier router's ConfigMap)
 	_ = r.ledger.Flush(ctx)
 	// The EC2 event windows of the pools that ask, and their instances' tags (an error is a
 	// read of the cluster that failed: the next pass tries again).
