@@ -21,7 +21,6 @@ func (r Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "Router state at %s\n", stamp(r.Now))
 	if len(r.NodePools) == 0 {
 		fmt.Fprintln(w, "\nNo NodePools.")
-		return nil
 	}
 	for _, p := range r.NodePools {
 		fmt.Fprintf(w, "\nNodePool %s (%d %s)\n", p.Name, p.Nodes, plural(p.Nodes, "NodeClaim", "NodeClaims"))
@@ -68,7 +67,28 @@ func (r Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
-	return nil
+	return r.writeNodes(w)
+}
+
+// writeNodes prints the router's drains of Nodes Karpenter does not manage.
+func (r Report) writeNodes(w io.Writer) error {
+	if len(r.Nodes) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nNodes Karpenter does not manage, drained by the router (%d)\n", len(r.Nodes))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "    NODE\tINSTANCE\tSTATE\tSINCE\tKIND\tEVENT")
+	for _, d := range r.Nodes {
+		state := "cordoned, draining"
+		switch {
+		case d.Done && d.Release != nil:
+			state = "drained, cordoned until " + stamp(*d.Release)
+		case d.Done:
+			state = "drained"
+		}
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", d.Node, dash(d.Instance), state, stamp(d.Since), d.Kind, d.EventID)
+	}
+	return tw.Flush()
 }
 
 func windowLine(w *Window, now time.Time) string {

@@ -25,6 +25,21 @@ import (
 type Report struct {
 	Now       time.Time  `json:"now"`
 	NodePools []NodePool `json:"nodePools"`
+	// Nodes are the router's drains of Nodes Karpenter does not manage (their HealthRecords,
+	// router/nodedrain); read when every pool is.
+	Nodes []NodeDrain `json:"unmanagedNodes,omitempty"`
+}
+
+// NodeDrain is the router's own drain of a Node Karpenter does not manage: in progress, or
+// done and the Node held cordoned until AWS's maintenance is over (Release).
+type NodeDrain struct {
+	Node     string     `json:"node"`
+	Instance string     `json:"instance,omitempty"`
+	EventID  string     `json:"eventId"`
+	Kind     string     `json:"kind"`
+	Since    time.Time  `json:"since"`
+	Done     bool       `json:"done"`
+	Release  *time.Time `json:"release,omitempty"`
 }
 
 // NodePool is one pool's policy and the router's work on its NodeClaims.
@@ -128,7 +143,16 @@ func Read(ctx context.Context, r client.Reader, now time.Time, pool string) (Rep
 	mems := make(map[string]record.Memory, len(hrs.Items))
 	for _, hr := range hrs.Items {
 		mems[hr.Name] = hr.Status.Memory
+		if d, ok := hr.Status.Memory.NodeDrainView(); ok && hr.OfNode() && pool == "" {
+			nd := NodeDrain{Node: hr.Spec.NodeName, Instance: hr.Spec.InstanceID, EventID: d.EventID, Kind: d.Kind, Since: d.Started.UTC(), Done: d.Done != nil}
+			if !d.Release.IsZero() {
+				release := d.Release.UTC()
+				nd.Release = &release
+			}
+			rep.Nodes = append(rep.Nodes, nd)
+		}
 	}
+	sort.Slice(rep.Nodes, func(i, j int) bool { return rep.Nodes[i].Node < rep.Nodes[j].Node })
 	byPool := map[string][]*karpv1.NodeClaim{}
 	for i := range claims.Items {
 		c := &claims.Items[i]

@@ -2,6 +2,7 @@ package status
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -9,7 +10,10 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/health-router/health-router/router/cluster"
 
 	"github.com/health-router/health-router/router/event"
 	"github.com/health-router/health-router/router/policy"
@@ -244,5 +248,42 @@ func TestGateHoldWords(t *testing.T) {
 	line := deferredLine(p)
 	if !strings.Contains(line, "2 held by a PodDisruptionBudget at zero") || !strings.Contains(line, "1 held by firing alerts") {
 		t.Errorf("deferred line %q", line)
+	}
+}
+
+// TestReadNodeDrains: status lists the router's drains of Nodes Karpenter does not manage
+// (their HealthRecords), in progress or held until AWS's release, and not a close kept for late
+// reports nor another record.
+func TestReadNodeDrains(t *testing.T) {
+	scheme, err := cluster.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeRec := func(node, drain string) *record.HealthRecord {
+		return &record.HealthRecord{ObjectMeta: metav1.ObjectMeta{Name: record.NodeRecordName(node)},
+			Spec:   record.HealthRecordSpec{NodeName: node, InstanceID: "i-" + node},
+			Status: record.HealthRecordStatus{Version: record.Version, Memory: record.Memory{NodeDrain: []byte(drain)}}}
+	}
+	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		nodeRec("b-draining", `{"event_id":"ev-b","kind":"spot-interruption","started":"2026-11-21T11:50:00Z"}`),
+		nodeRec("a-held", `{"event_id":"ev-a","kind":"scheduled-change","started":"2026-11-21T10:00:00Z","done":"2026-11-21T10:05:00Z","release":"2026-11-21T15:00:00Z"}`),
+		nodeRec("c-closed", `{"event_id":"ev-c","kind":"scheduled-change","started":"2026-11-21T10:00:00Z","closed":true}`),
+	).Build()
+	rep, err := Read(context.Background(), kube, now, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Nodes) != 2 || rep.Nodes[0].Node != "a-held" || !rep.Nodes[0].Done || rep.Nodes[0].Release == nil ||
+		rep.Nodes[1].Node != "b-draining" || rep.Nodes[1].Done || rep.Nodes[1].Instance != "i-b-draining" {
+		t.Fatalf("nodes %+v", rep.Nodes)
+	}
+	var b bytes.Buffer
+	if err := rep.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Nodes Karpenter does not manage, drained by the router (2)", "drained, cordoned until 2026-11-21 15:00 UTC", "cordoned, draining", "ev-b"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the table has no %q:\n%s", want, b.String())
+		}
 	}
 }
