@@ -18,6 +18,7 @@ import (
 	"github.com/health-router/health-router/router/calendar"
 	"github.com/health-router/health-router/router/cluster"
 	"github.com/health-router/health-router/router/options"
+	"github.com/health-router/health-router/router/record"
 	"github.com/health-router/health-router/router/shadow"
 	"github.com/health-router/health-router/router/status"
 )
@@ -74,10 +75,10 @@ func runStatus(ctx context.Context, o options.Status, stdout, stderr io.Writer) 
 		name := cmp.Or(o.ShadowLedger, shadow.DefaultLedgerName)
 		entries, err := shadow.ReadLedger(ctx, kube, o.Namespace, name)
 		if errors.Is(err, shadow.ErrNoLedger) {
-			// Not "no pool is in shadow": nothing was read. Wrong namespace or ledger name, or a
+			// Not "no pool is in shadow": nothing was read. Another release's ledger name, or a
 			// router that has recorded nothing yet; either way the reader cannot tell, and says so.
-			return fmt.Errorf("no shadow ledger %s/%s: the router keeps it in its own namespace (-n) under --shadow-ledger (the chart: its release's namespace, %q), "+
-				"and writes it at its first would-be outcome; check -n and --shadow-ledger, or wait for an event", o.Namespace, name, shadow.DefaultLedgerName)
+			return fmt.Errorf("no shadow ledger %s (nor, of a router before the store, the ConfigMap %s/%s): the router keeps it under --shadow-ledger (the chart: <release>-shadow, %q with release health-router) "+
+				"and writes it at its first would-be outcome; check --shadow-ledger (and -n for a router not upgraded), or wait for an event", record.LedgerRecordName(name), o.Namespace, name, shadow.DefaultLedgerName)
 		}
 		if err != nil {
 			return err

@@ -218,10 +218,10 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kubectl health-router status: %v\n%s%s", err, out, errOut)
 	}
-	// The shadow report in a namespace with no ledger (issue 38, 13): not "no pool is in
+	// The shadow report of a release with no ledger (issue 38, 13): not "no pool is in
 	// shadow" and exit 0, but the ledger not found, and a non-zero exit.
-	shadowOut, shadowErr, err := kubectl("health-router", "status", "--shadow", "-n", "not-the-routers")
-	if err == nil || !strings.Contains(shadowErr, "no shadow ledger not-the-routers/") || strings.Contains(shadowOut, "no pool is in shadow") {
+	shadowOut, shadowErr, err := kubectl("health-router", "status", "--shadow", "-n", "not-the-routers", "--shadow-ledger", "not-the-routers")
+	if err == nil || !strings.Contains(shadowErr, "no shadow ledger ledger.not-the-routers (nor, of a router before the store, the ConfigMap not-the-routers/not-the-routers)") || strings.Contains(shadowOut, "no pool is in shadow") {
 		t.Errorf("status --shadow in the wrong namespace: %v\nstdout %q\nstderr %q", err, shadowOut, shadowErr)
 	}
 	for _, w := range []string{

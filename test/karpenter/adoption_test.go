@@ -190,6 +190,9 @@ func TestAdoption(t *testing.T) {
 	expectKarpenterActed(t, second, time.Now())
 	cm := &corev1.ConfigMap{}
 	if err := stage.Kube.Get(ctx, client.ObjectKey{Namespace: adoptionNamespace, Name: shadow.DefaultLedgerName}, cm); !apierrors.IsNotFound(err) {
+		t.Errorf("a ConfigMap of the shadow ledger is there: %v", err)
+	}
+	if err := stage.Kube.Get(ctx, client.ObjectKey{Name: record.LedgerRecordName(shadow.DefaultLedgerName)}, &record.HealthRecord{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the shadow ledger is still there: %v", err)
 	}
 	// Nothing of the router's is left on the Nodes that remain (Karpenter's replacements and
