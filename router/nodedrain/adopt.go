@@ -24,8 +24,8 @@ import (
 
 // ReasonNodeDrainNotAdopted (Warning): a router that starts beside a drain routers before the
 // store kept on the Node (AnnotationNodeDrain) did not adopt it, as EC2 schedules nothing for
-// the instance and it runs: the annotation is removed, and the Node uncordoned if the record
-// said the router had cordoned it.
+// the instance and it runs: the annotation is removed and the Node left as it is (a cordon
+// stays: the annotation, which anyone with `patch nodes` writes, cannot say who set it).
 const ReasonNodeDrainNotAdopted = "HealthEventNodeDrainNotAdopted"
 
 // statusAPI is the part of EC2 adoption asks: what is scheduled for an instance now, and
@@ -46,7 +46,8 @@ const adoptPage = 500
 // into the store and removes the key. Nothing is taken on the annotation's word, which anyone
 // with `patch nodes` can write: a drain is adopted only while EC2 still schedules an event for
 // the Node's instance, or the instance is not running; otherwise it ends, with a Warning Event
-// on the Node, and the Node is uncordoned only where the record says the router cordoned it. A
+// on the Node, and the Node is left as it is: its `cordoned` may be a forger's, and lifting an
+// operator's cordon on its word would take an order from it (kubectl uncordon, if it was ours). A
 // close or a running the annotation kept is not adopted (it would only hide a real event). A
 // Node whose HealthRecord holds a drain already only loses the key. EC2 unanswered: nothing is
 // adopted, the keys stay for the next try.
@@ -66,7 +67,7 @@ func Adopt(ctx context.Context, kube client.Client, api client.Reader, ec2API st
 			return res, err
 		}
 		if derr != nil || !ok || old.Closed || old.Running || len(mem.NodeDrain) > 0 {
-			if err := removeOldKey(ctx, kube, n, false); err != nil {
+			if err := removeOldKey(ctx, kube, n); err != nil {
 				return res, err
 			}
 			res.Removed++
@@ -88,24 +89,24 @@ func Adopt(ctx context.Context, kube client.Client, api client.Reader, ec2API st
 			}); err != nil {
 				return res, fmt.Errorf("adopting the drain of node %s: %w", n.Name, err)
 			}
-			if err := removeOldKey(ctx, kube, n, false); err != nil {
+			if err := removeOldKey(ctx, kube, n); err != nil {
 				return res, err
 			}
 			res.Kept++
 			log.Info("adopted a node drain from the old annotation", "node", n.Name, "instance", id, "event_id", old.EventID, "kind", old.Kind, "why", why)
 			continue
 		}
-		if err := removeOldKey(ctx, kube, n, old.Cordoned); err != nil {
+		if err := removeOldKey(ctx, kube, n); err != nil {
 			return res, err
 		}
 		res.Ended++
-		how := "left cordoned: the record does not say the router cordoned it"
-		if old.Cordoned {
-			how = "uncordoned"
+		how := "left as it is"
+		if n.Spec.Unschedulable {
+			how = "left cordoned (the annotation cannot say who cordoned it: kubectl uncordon " + n.Name + " if an earlier router's drain did)"
 		}
 		rec.Eventf(n, nil, corev1.EventTypeWarning, ReasonNodeDrainNotAdopted, eventAction,
 			"%s (%s): the drain recorded in %s was not adopted at an upgrade: %s; the annotation is removed, and the node %s", old.Kind, old.EventID, AnnotationNodeDrain, why, how)
-		log.Warn("node drain not adopted from the old annotation", "node", n.Name, "instance", id, "event_id", old.EventID, "kind", old.Kind, "why", why, "uncordoned", old.Cordoned)
+		log.Warn("node drain not adopted from the old annotation", "node", n.Name, "instance", id, "event_id", old.EventID, "kind", old.Kind, "why", why, "cordoned", n.Spec.Unschedulable)
 	}
 	return res, nil
 }
@@ -168,16 +169,13 @@ func withOldKey(ctx context.Context, api client.Reader) ([]*corev1.Node, error) 
 	}
 }
 
-// removeOldKey removes AnnotationNodeDrain from n and, with uncordon, makes it schedulable,
-// under its resource version (a conflict is retried by the caller's next try).
-func removeOldKey(ctx context.Context, kube client.Client, n *corev1.Node, uncordon bool) error {
+// removeOldKey removes AnnotationNodeDrain from n (under its resource version: a Node changed
+// since it was read is read again at the next try).
+func removeOldKey(ctx context.Context, kube client.Client, n *corev1.Node) error {
 	body := map[string]any{"metadata": map[string]any{
 		"resourceVersion": n.ResourceVersion,
 		"annotations":     map[string]any{AnnotationNodeDrain: nil},
 	}}
-	if uncordon && n.Spec.Unschedulable {
-		body["spec"] = map[string]any{"unschedulable": nil}
-	}
 	patch, err := json.Marshal(body)
 	if err != nil {
 		return err

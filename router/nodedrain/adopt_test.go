@@ -49,9 +49,9 @@ func (f *statusEC2) DescribeInstanceStatus(_ context.Context, in *ec2.DescribeIn
 
 // TestAdopt: an upgrade adopts a drain from the old annotation only where EC2 confirms a
 // reason for it (an event scheduled for the instance, or the instance not running); a drain
-// EC2 confirms nothing for (a forged one) ends with a Warning, the Node uncordoned only where
-// the record said the router cordoned it; the key goes in every case but an EC2 that does not
-// answer.
+// EC2 confirms nothing for (a forged one) ends with a Warning, the Node left as it is (on
+// 1dd416f a forged record saying the router cordoned had an operator's cordon lifted); the key
+// goes in every case but an EC2 that does not answer.
 func TestAdopt(t *testing.T) {
 	const id = "i-0123456789abcdef0"
 	unfinished := Record{EventID: "ev-1", Kind: "scheduled-change", Started: t0, Cordoned: true}
@@ -77,15 +77,15 @@ func TestAdopt(t *testing.T) {
 			want: &unfinished, wantCordoned: true},
 		{name: "the instance stops: adopted", rec: unfinished, cordoned: true, states: map[string]ec2types.InstanceStateName{id: ec2types.InstanceStateNameStopping},
 			want: &unfinished, wantCordoned: true},
-		{name: "forged: nothing scheduled, the instance runs: ended, uncordoned as the record says", rec: unfinished, cordoned: true, states: running,
-			warned: true},
+		{name: "forged, saying the router cordoned: ended, and the cordon (an operator's, perhaps) stays", rec: unfinished, cordoned: true, states: running,
+			wantCordoned: true, warned: true},
 		{name: "forged on a node cordoned by someone else: ended, the cordon stays", rec: Record{EventID: "ev-1", Kind: "spot-interruption", Started: t0}, cordoned: true,
 			states: running, wantCordoned: true, warned: true},
 		{name: "forged on a node not cordoned: nothing cordoned, nothing evicted", rec: unfinished, states: running, warned: true},
 		{name: "an event EC2 completed: ended", rec: unfinished, cordoned: true, states: running,
 			events: map[string][]ec2types.InstanceStatusEvent{id: {{Code: ec2types.EventCodeSystemReboot, NotBefore: aws.Time(t0), Description: aws.String("[Completed] done")}}},
-			warned: true},
-		{name: "an instance EC2 does not know: ended", rec: unfinished, cordoned: true, states: map[string]ec2types.InstanceStateName{}, warned: true},
+			wantCordoned: true, warned: true},
+		{name: "an instance EC2 does not know: ended", rec: unfinished, cordoned: true, states: map[string]ec2types.InstanceStateName{}, wantCordoned: true, warned: true},
 		{name: "a close kept: not adopted, nothing undone", rec: Record{EventID: "c", Kind: "scheduled-change", Started: t0, Done: &t0, Closed: true}, cordoned: true,
 			events: scheduled, states: running, wantCordoned: true},
 		{name: "not JSON: removed, the cordon left", ann: "draining", cordoned: true, states: running, wantCordoned: true},

@@ -19,7 +19,7 @@ import (
 // TestAdoptEndsAForgedDrain (issue 36): a router that starts beside a healthrouter.io/node-drain
 // adopts it only while EC2 shows a reason to drain the instance. One on a Node whose instance
 // runs with nothing scheduled (a forged one) ends: the key is removed, a Warning says so, the
-// Node is uncordoned only as the record said, and nothing is evicted then or after.
+// Node is left as it is (a cordon is never lifted on its word), and nothing is evicted then or after.
 func TestAdoptEndsAForgedDrain(t *testing.T) {
 	s := newSetup(t, nodedrain.Options{})
 	const ns = "forged-adopt"
