@@ -83,7 +83,7 @@ func TestAdopt(t *testing.T) {
 			states: running, wantCordoned: true, warned: true},
 		{name: "forged on a node not cordoned: nothing cordoned, nothing evicted", rec: unfinished, states: running, warned: true},
 		{name: "an event EC2 completed: ended", rec: unfinished, cordoned: true, states: running,
-			events: map[string][]ec2types.InstanceStatusEvent{id: {{Code: ec2types.EventCodeSystemReboot, NotBefore: aws.Time(t0), Description: aws.String("[Completed] done")}}},
+			events:       map[string][]ec2types.InstanceStatusEvent{id: {{Code: ec2types.EventCodeSystemReboot, NotBefore: aws.Time(t0), Description: aws.String("[Completed] done")}}},
 			wantCordoned: true, warned: true},
 		{name: "an instance EC2 does not know: ended", rec: unfinished, cordoned: true, states: map[string]ec2types.InstanceStateName{}, wantCordoned: true, warned: true},
 		{name: "a close kept: not adopted, nothing undone", rec: Record{EventID: "c", Kind: "scheduled-change", Started: t0, Done: &t0, Closed: true}, cordoned: true,

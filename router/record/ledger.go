@@ -2,12 +2,9 @@ package record
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -30,13 +27,7 @@ const (
 // LedgerRecordName is the name of the HealthRecord that holds the ledger called name (the
 // --shadow-ledger flag, <release>-shadow in the chart): LedgerPrefix and name, or a hash of
 // name where that would pass an object name's 253 characters.
-func LedgerRecordName(name string) string {
-	if full := LedgerPrefix + name; len(full) <= validation.DNS1123SubdomainMaxLength {
-		return full
-	}
-	sum := sha256.Sum256([]byte(name))
-	return LedgerPrefix + "sha256-" + hex.EncodeToString(sum[:16])
-}
+func LedgerRecordName(name string) string { return prefixedName(LedgerPrefix, name) }
 
 // OfLedger reports whether h is the shadow ledger, not a NodeClaim's or a Node's record.
 func (h *HealthRecord) OfLedger() bool {

@@ -30,12 +30,16 @@ const (
 // NodeRecordName is the name of the HealthRecord of the Node named node: NodePrefix and the
 // Node's name, or, where that would pass the 253 characters of an object's name, NodePrefix
 // and a hash of the Node's name.
-func NodeRecordName(node string) string {
-	if name := NodePrefix + node; len(name) <= validation.DNS1123SubdomainMaxLength {
-		return name
+func NodeRecordName(node string) string { return prefixedName(NodePrefix, node) }
+
+// prefixedName is prefix and name, or, where that would pass the 253 characters of an
+// object's name, prefix and a hash of name.
+func prefixedName(prefix, name string) string {
+	if full := prefix + name; len(full) <= validation.DNS1123SubdomainMaxLength {
+		return full
 	}
-	sum := sha256.Sum256([]byte(node))
-	return NodePrefix + "sha256-" + hex.EncodeToString(sum[:16])
+	sum := sha256.Sum256([]byte(name))
+	return prefix + "sha256-" + hex.EncodeToString(sum[:16])
 }
 
 // OfNode reports whether h is the record of a Node Karpenter does not manage, not a
