@@ -17,7 +17,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/health-router/health-router/router/version
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit fmt lint fuzz bench demo world replay clean image image-push release release-verify chart-docs docs manifests sim
+.PHONY: help build test unit fmt lint fuzz bench demo world box-plot replay clean image image-push release release-verify chart-docs docs manifests sim
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ demo: ## the live router on local stand-ins (moto_server, envtest): the demo sce
 NODES ?= 3
 world: ## the cluster in a box (test/box): etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok playing NODES kubelets (default 3), up until Ctrl-C; prints its KUBECONFIG
 	NODES=$(NODES) $(GO) run ./test/box/world
+
+box-plot: ## Karpenter alone beside the router in front, in the cluster in a box (test/box TestBoxSideBySide): the table, and the picture written to docs/box-side-by-side.png
+	BOX_PLOT=$(CURDIR)/docs/box-side-by-side.png $(GO) test -count=1 -timeout 40m -run '^TestBoxSideBySide$$' -v ./test/box
 
 replay: build ## the what-if tool on the demo scenario (test/demo): no servers at all
 	$(BIN) replay --cluster test/demo/cluster.yaml --events test/demo/events --aws test/demo/aws.yaml --now $(DEMO_NOW)

@@ -3,6 +3,9 @@ package box_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,68 +32,119 @@ import (
 	"github.com/health-router/health-router/test/harness/inproc"
 )
 
-// TestBoxKarpenterAlone runs the kafka StatefulSet on a Karpenter NodePool in the box, with no
-// router: the brokers' pending pods bring up three nodes through the real Karpenter (its
-// provisioner, moto's EC2, the box playing each instance's kubelet), and an AWS Health
-// retirement scheduled two weeks ahead for one broker's instance, sent to Karpenter's
-// interruption queue as its own EventBridge rule would, has Karpenter drain that node at once:
-// the broker is evicted under its PodDisruptionBudget (one down at most, never two), moved to a
-// node Karpenter launches in its place, and the instance terminated — weeks before AWS would
-// have acted. This is the baseline the router is measured against (issue 37).
-func TestBoxKarpenterAlone(t *testing.T) {
-	k := kafkaOnKarpenter(t, nil)
-	sent := k.send(t, k.stage.QueueURL)
-	k.waitDrained(t)
-	acted := time.Since(sent)
-	k.waitMoved(t)
-	if got := k.low(); got < 2 {
-		t.Errorf("at least %d broker(s) Ready while Karpenter drained, want 2 (the PDB's maxUnavailable 1)", got)
+// TestBoxSideBySide runs the same world and the same AWS event twice, one box after the other:
+// the kafka StatefulSet (3 brokers, one per node, PDB maxUnavailable 1) on a Karpenter NodePool
+// whose owners want maintenance in a window, and an AWS Health retirement of one broker's
+// instance scheduled minutes ahead (time compressed by policy: a 3-minute window opening a
+// minute or two after the event, AWS's start 8 minutes after it, a drain lead of 2 minutes).
+//
+//   - Karpenter alone (no router: the event on Karpenter's interruption queue, as its own
+//     EventBridge rule sends it): Karpenter drains the node at once, outside the window;
+//   - the router in front (Karpenter's rule removed, the router's feeding its intake, drains
+//     forwarded to Karpenter's queue), the pool annotated to defer into the window: nothing is
+//     disrupted before the window; in it the router has Karpenter drain the node, before AWS.
+//
+// Both runs: the brokers' pending pods bring up three nodes through the real Karpenter (its
+// provisioner, moto's EC2, the box playing each instance's kubelet), the broker is evicted
+// under its PDB and moved to a node Karpenter launches in its place. It prints the table
+// (docs/testing.md) and writes the picture of Ready brokers over time, both runs on one axis,
+// to $BOX_PLOT (make box-plot writes docs/box-side-by-side.png) or the test's directory.
+func TestBoxSideBySide(t *testing.T) {
+	var runs []sideRun
+	t.Run("karpenter alone", func(t *testing.T) {
+		k := kafkaOnKarpenter(t, nil)
+		r := k.begin("Karpenter alone", windowAfter(time.Now()))
+		r.sent = k.send(t, k.stage.QueueURL, r.aws)
+		k.waitDrained(t)
+		r.drained = time.Now()
+		k.waitMoved(t)
+		runs = append(runs, k.finish(t, r))
+	})
+	t.Run("router in front", func(t *testing.T) {
+		k := kafkaOnKarpenter(t, nil)
+		// The pool's owners ask for its window once the world is up (the router reads the
+		// annotations as they are when it decides).
+		opens := windowAfter(time.Now())
+		np := &karpv1.NodePool{}
+		if err := k.c.Get(k.ctx, client.ObjectKey{Name: "kafka"}, np); err != nil {
+			t.Fatal(err)
+		}
+		np.Annotations = map[string]string{
+			policy.AnnotationAction:         "defer",
+			policy.AnnotationWindowSchedule: fmt.Sprintf("%d %d * * *", opens.Minute(), opens.Hour()),
+			policy.AnnotationWindowDuration: sideWindow.String(),
+			policy.AnnotationDrainLead:      sideLead.String(),
+		}
+		if err := k.c.Update(k.ctx, np); err != nil {
+			t.Fatal(err)
+		}
+		r := k.begin("router in front", opens)
+		intake := k.queue(t, "box-intake")
+		inproc.Router(t, options.Run{
+			QueueURL: intake, DeadLetterQueueURL: k.queue(t, "box-dlq"), Signal: signal.ModeForward, KarpenterQueueURL: k.stage.QueueURL,
+			Workers: 10, Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 5 * time.Second,
+			Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: k.stage.Moto, Gates: checks.NewFeatureGates(),
+			MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second, NodeMarks: true,
+		}, k.box.Config())
+		// The event arrives a minute or more before the window, as scheduled maintenance does.
+		r.sent = k.send(t, intake, r.aws)
+		for time.Now().Before(opens.Add(-5 * time.Second)) {
+			if k.deleting(t) {
+				t.Fatalf("the nodeclaim is deleting at %s, before the window opens at %s", time.Now().UTC().Format(time.TimeOnly), opens.Format(time.TimeOnly))
+			}
+			time.Sleep(time.Second)
+		}
+		k.waitDrained(t)
+		r.drained = time.Now()
+		k.waitMoved(t)
+		runs = append(runs, k.finish(t, r))
+	})
+	if len(runs) != 2 {
+		t.Fatalf("%d of 2 runs finished", len(runs))
 	}
-	t.Logf("Karpenter alone: node drained %s after the event, 14 days before AWS's start; at least %d of 3 brokers Ready throughout", acted.Round(time.Millisecond), k.low())
+	alone, router := runs[0], runs[1]
+	table := sideTable(runs)
+	t.Logf("side by side, one kafka broker's instance retired by AWS:\n%s", table)
+	path := os.Getenv("BOX_PLOT")
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "side-by-side.png")
+	}
+	if err := sidePlot(runs, path); err != nil {
+		t.Fatalf("the picture: %v", err)
+	}
+	t.Logf("picture: %s", path)
+	// What the table must show (issue 37): Karpenter alone disrupts kafka outside its window
+	// for an event AWS scheduled ahead, the router does not; neither breaks the PDB, both act
+	// before AWS and lose no event.
+	if alone.outsideWindow() == 0 {
+		t.Errorf("Karpenter alone: no disruption outside the window (drained %s after the event)", alone.drained.Sub(alone.sent))
+	}
+	if n := router.outsideWindow(); n != 0 {
+		t.Errorf("router in front: %d disruption(s) outside the window", n)
+	}
+	for _, r := range runs {
+		if r.least < 2 || r.belowPDB > 0 {
+			t.Errorf("%s: at least %d broker(s) Ready, %s below the PDB's minimum, want 2 and none", r.name, r.least, r.belowPDB)
+		}
+		if !r.drained.Before(r.aws) {
+			t.Errorf("%s: drained at %s, not before AWS's start %s", r.name, r.drained.Format(time.TimeOnly), r.aws.Format(time.TimeOnly))
+		}
+	}
 }
 
-// TestBoxRouterInFront is the same world and the same event with the router in front
-// (Karpenter's rule removed, the router's feeding its intake, drains forwarded to Karpenter's
-// queue), and the kafka pool deferring into a maintenance window that opens a minute or two
-// later (time compressed by policy, not by a fake clock): nothing is disrupted before the
-// window, and in it the router has Karpenter drain the node, the broker evicted under its PDB
-// and moved as Karpenter alone would have, weeks ahead of AWS still, but in the window.
-func TestBoxRouterInFront(t *testing.T) {
-	// A daily window opening at the next minute boundary at least 70 s away, 10 minutes long.
-	opens := time.Now().UTC().Add(70 * time.Second).Truncate(time.Minute).Add(time.Minute)
-	k := kafkaOnKarpenter(t, map[string]string{
-		policy.AnnotationAction:         "defer",
-		policy.AnnotationWindowSchedule: fmt.Sprintf("%d %d * * *", opens.Minute(), opens.Hour()),
-		policy.AnnotationWindowDuration: "10m",
-	})
-	intake := k.queue(t, "box-intake")
-	inproc.Router(t, options.Run{
-		QueueURL: intake, DeadLetterQueueURL: k.queue(t, "box-dlq"), Signal: signal.ModeForward, KarpenterQueueURL: k.stage.QueueURL,
-		Workers: 10, Visibility: 10 * time.Second, WaitTime: time.Second, HandleTimeout: 5 * time.Second,
-		Region: harness.Region, Account: options.OriginAny, AWSEndpointURL: k.stage.Moto, Gates: checks.NewFeatureGates(),
-		MetricsBindAddress: "0", HealthProbeBindAddress: "0", ShutdownTimeout: 10 * time.Second, NodeMarks: true,
-	}, k.box.Config())
-	k.send(t, intake)
-	// Before the window: the router holds the event; no broker is disrupted.
-	for time.Now().Before(opens.Add(-5 * time.Second)) {
-		if k.deleting(t) {
-			t.Fatalf("the nodeclaim is deleting at %s, before the window opens at %s", time.Now().UTC().Format(time.TimeOnly), opens.Format(time.TimeOnly))
-		}
-		time.Sleep(time.Second)
-	}
-	if got := k.low(); got != 3 {
-		t.Errorf("before the window: at least %d broker(s) Ready, want all 3 throughout", got)
-	}
-	k.waitDrained(t)
-	if at := time.Now().UTC(); at.Before(opens) || at.After(opens.Add(10*time.Minute)) {
-		t.Errorf("drained at %s, outside the window %s + 10m", at.Format(time.TimeOnly), opens.Format(time.TimeOnly))
-	}
-	k.waitMoved(t)
-	if got := k.low(); got < 2 {
-		t.Errorf("at least %d broker(s) Ready while the node drained, want 2 (the PDB's maxUnavailable 1)", got)
-	}
-	t.Logf("router in front: node drained in the window opening at %s (%s after it); at least %d of 3 brokers Ready throughout", opens.Format(time.TimeOnly),
-		time.Since(opens).Round(time.Second), k.low())
+// The side-by-side run's compressed schedule: a window of sideWindow opening a minute or two
+// after the event, AWS's start sideAWSAfterOpen after the opening, and a drain lead of
+// sideLead (the router drains at deadline minus lead at the latest).
+const (
+	sideWindow       = 3 * time.Minute
+	sideAWSAfterOpen = 6 * time.Minute
+	sideLead         = 2 * time.Minute
+)
+
+// windowAfter is the first minute boundary at least 70 s after at: where a daily window of
+// the side-by-side run opens.
+func windowAfter(at time.Time) time.Time {
+	return at.UTC().Add(70 * time.Second).Truncate(time.Minute).Add(time.Minute)
 }
 
 // kafkaWorld is the kafka StatefulSet on three nodes Karpenter launched in a box, and the
@@ -104,6 +158,7 @@ type kafkaWorld struct {
 	node     string
 	instance string
 	low      func() int // the fewest Ready brokers seen since the world was up
+	samples  func() []readySample
 }
 
 // kafkaOnKarpenter starts a box with Karpenter, the NodePool "kafka" with annotations, the
@@ -160,7 +215,7 @@ func kafkaOnKarpenter(t *testing.T, annotations map[string]string) *kafkaWorld {
 	}
 	k.instance = k.claim.Status.ProviderID[strings.LastIndex(k.claim.Status.ProviderID, "/")+1:]
 	t.Logf("kafka-0 on %s (nodeclaim %s, instance %s), %s after the start", k.node, k.claim.Name, k.instance, time.Since(start).Round(time.Millisecond))
-	k.low = watchReady(ctx, t, c)
+	k.low, k.samples = watchReady(ctx, t, c)
 	return k
 }
 
@@ -174,12 +229,12 @@ func (k *kafkaWorld) queue(t *testing.T, name string) string {
 	return aws.ToString(out.QueueUrl)
 }
 
-// send puts AWS Health's retirement of kafka-0's instance, scheduled 14 days ahead, on a
-// queue, as an EventBridge rule would, and returns when.
-func (k *kafkaWorld) send(t *testing.T, queueURL string) time.Time {
+// send puts AWS Health's retirement of kafka-0's instance, starting at start, on a queue, as
+// an EventBridge rule would, and returns when.
+func (k *kafkaWorld) send(t *testing.T, queueURL string, start time.Time) time.Time {
 	t.Helper()
 	sent := time.Now()
-	body := gen.HealthBody("retire-"+k.instance, "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", sent, sent.Add(14*24*time.Hour), []string{k.instance})
+	body := gen.HealthBody("retire-"+k.instance, "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", sent, start, []string{k.instance})
 	if _, err := k.stage.SQS.SendMessage(k.ctx, &sqs.SendMessageInput{QueueUrl: aws.String(queueURL), MessageBody: aws.String(body)}); err != nil {
 		t.Fatal(err)
 	}
@@ -242,11 +297,18 @@ func initialized(ctx context.Context, t *testing.T, c client.Client, n int) []ka
 	return out
 }
 
+// readySample is the number of Ready brokers at a time.
+type readySample struct {
+	at    time.Time
+	ready int
+}
+
 // watchReady samples the Ready kafka pods every 100 ms until the test ends; the returned
-// function reports the fewest seen.
-func watchReady(ctx context.Context, t *testing.T, c client.Client) func() int {
+// functions report the fewest seen, and every sample.
+func watchReady(ctx context.Context, t *testing.T, c client.Client) (func() int, func() []readySample) {
 	var mu sync.Mutex
 	least := 3
+	var samples []readySample
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -262,6 +324,7 @@ func watchReady(ctx context.Context, t *testing.T, c client.Client) func() int {
 				}
 				mu.Lock()
 				least = min(least, ready)
+				samples = append(samples, readySample{time.Now(), ready})
 				mu.Unlock()
 			}
 			select {
@@ -272,8 +335,12 @@ func watchReady(ctx context.Context, t *testing.T, c client.Client) func() int {
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return least
-	}
+			mu.Lock()
+			defer mu.Unlock()
+			return least
+		}, func() []readySample {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(samples)
+		}
 }
