@@ -3,6 +3,8 @@ package main
 import (
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,5 +138,32 @@ func TestBurstSmall(t *testing.T) {
 	}
 	if len(b.rows) == 0 {
 		t.Error("the burst tabled nothing")
+	}
+}
+
+// TestLiveSmall is a small live bench, so that it cannot break unnoticed: 50 instances named
+// by one Health event, one round of the bare loop, the same with the router's watches and the
+// router in process, on envtest and moto, and the cache weighed for 1,000 realistic nodes. It
+// fails on anything the bench fails on (an outcome not recorded, a Spot warning not signalled,
+// a paced pool over its limit) and on a table without the figures issue 36 budgets (API
+// requests per instance against the bare loop's, cache heap per node); the budgets themselves
+// are make bench's, at 4,000 and 100,000 nodes, not judged here.
+func TestLiveSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts moto_server and envtest")
+	}
+	b := &bench{title: "live bench", f: flags{nodes: 50, perEvent: 4000, qps: options.DefaultKubeClientQPS, burst: options.DefaultKubeClientBurst,
+		parallel: 16, pacedLimit: "2%", karpenterDelay: 100 * time.Millisecond, rounds: 1, spotNodes: 2, memoryNodes: 1000,
+		watchReference: true, timeout: 10 * time.Minute}}
+	if err := b.run(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range b.failures {
+		t.Error(f)
+	}
+	for _, want := range []string{"API requests per instance / the bare loop's", "cache heap per node"} {
+		if !slices.ContainsFunc(b.rows, func(r row) bool { return strings.Contains(r.measure, want) }) {
+			t.Errorf("the live bench tabled no %q", want)
+		}
 	}
 }
