@@ -477,7 +477,7 @@ func (h *Handback) claim(ctx context.Context, nc *karpv1.NodeClaim, hr *record.H
 	if node != nil && runOK {
 		// The run's cordon stays on a node being drained (Karpenter cordons it anyway), and
 		// goes with a dropped run: the node goes back into service.
-		if err := h.patchNode(ctx, node, func(n *corev1.Node) { inplace.UndoNode(n, !drained) }); err != nil {
+		if err := h.patchNode(ctx, node, func(n *corev1.Node) { inplace.UndoNode(n, st, !drained) }); err != nil {
 			items = append(items, problem(base, WhatInPlace, err))
 		}
 	}
@@ -658,9 +658,11 @@ func (h *Handback) node(ctx context.Context, n *corev1.Node, runNodes map[string
 	}
 	if _, ok := n.Annotations[inplace.Annotation]; ok && !runNodes[n.Name] {
 		it := base
-		it.What, it.Done = WhatNodeRun, "undone (no NodeClaim runs it): uncordoned where the run cordoned it"
+		// The run's record went with its NodeClaim: what the mark says is not read (anyone with
+		// `patch nodes` writes it), so the cordon and the vetoes stay as they are.
+		it.What, it.Done = WhatNodeRun, "removed "+inplace.Annotation+" (no NodeClaim runs it; not read: the node's cordon, do-not-disrupt and do-not-repair are left as they are)"
 		items = append(items, it)
-		mutations = append(mutations, func(n *corev1.Node) { inplace.UndoNode(n, true) })
+		mutations = append(mutations, func(n *corev1.Node) { inplace.UndoNode(n, inplace.State{}, true) })
 	}
 	if len(items) == 0 {
 		return nil

@@ -110,7 +110,7 @@ func deferred(id string, until time.Time) record.Record {
 
 func run(step inplace.Step, protected bool) *inplace.State {
 	return &inplace.State{Version: inplace.Version, EventID: "ev-r", EventARN: "arn:r", Type: event.ScheduledSystemReboot, Instance: iid("b"),
-		Node: "node-b", Start: now.Add(time.Hour), Step: step, Began: now, StepSince: now, Cordoned: true, Protected: protected, NodeProtected: true}
+		Node: "node-b", Start: now.Add(time.Hour), Step: step, Began: now, StepSince: now, Cordoned: true, Protected: protected, NodeProtected: true, NodeUID: "uid-b"}
 }
 
 func runMark(cordoned bool) map[string]string {
@@ -414,6 +414,7 @@ func TestHandback(t *testing.T) {
 		pending: PendingDrop,
 		objs: func(t *testing.T) []client.Object {
 			r := run(inplace.StepEvict, false)
+			r.Cordoned, r.NodeProtected = false, false // the run's record: it found both there
 			m, _ := json.Marshal(map[string]any{"event_id": "ev-r"})
 			nc := claim(t, "b", nil, r, map[string]string{karpv1.DoNotDisruptAnnotationKey: "true"})
 			return []client.Object{nc, node("node-b", true, map[string]string{inplace.Annotation: string(m), karpv1.DoNotDisruptAnnotationKey: "true"}, nil)}
@@ -522,16 +523,22 @@ func TestHandback(t *testing.T) {
 			wantItem(t, rep, "healthrecord/"+record.NodeRecordName("node-g"), WhatRecords, "its node is gone")
 		},
 	}, {
-		name:    "the Node part of a run whose nodeclaim is gone is undone",
+		// On 1dd416f the mark was read: a forged one (anyone with patch nodes) on a Node an
+		// operator cordoned and vetoed had handback lift the cordon and the veto.
+		name:    "a run's mark with no nodeclaim running it is removed, not read: the cordon and do-not-disrupt stay",
 		pending: PendingDrain,
 		objs: func(t *testing.T) []client.Object {
 			return []client.Object{node("node-b", true, runMark(true), nil)}
 		},
 		check: func(t *testing.T, c client.Client, rep Report, f *forwarder) {
 			n := getNode(t, c, "node-b")
-			if n.Spec.Unschedulable || n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "" {
-				t.Error("the run's cordon or do-not-disrupt left")
+			if !n.Spec.Unschedulable || n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true" {
+				t.Error("the cordon or do-not-disrupt was lifted on the mark's word")
 			}
+			if _, ok := n.Annotations[inplace.Annotation]; ok {
+				t.Error("the mark is still there")
+			}
+			wantItem(t, rep, "node/node-b", WhatNodeRun, "not read")
 		},
 	}, {
 		name:    "records a newer router wrote are left as they are, a problem",

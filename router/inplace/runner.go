@@ -445,6 +445,19 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		}
 		st = asked
 	}
+	if st.Step == StepCordon && node != nil && !Held(st, obs) && (st.NodeChanges == nil || st.NodeChanges.UID != string(node.UID)) {
+		// Write-ahead: what the cordon changes on the Node is recorded before the patch, so
+		// that the run alone says what to undo, whenever the pass stops.
+		asked := st
+		asked.NodeChanges = changesOf(node)
+		switch err := r.record(ctx, nc, st, asked); {
+		case errors.Is(err, errRunChanged):
+			return reconcile.Result{RequeueAfter: again}, nil
+		case err != nil:
+			return reconcile.Result{}, client.IgnoreNotFound(fmt.Errorf("recording what the cordon of nodeclaim %s changes before it: %w", nc.Name, err))
+		}
+		st = asked
+	}
 	r.act(ctx, nc, node, st, now, &obs, log, askedBefore)
 	d := Next(st, obs, now, r.opts)
 	if encode(d.State) != encode(st) {
@@ -488,7 +501,7 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 	case StepWait:
 		// The Node serves until the run prepares it.
 	case StepRelease:
-		obs.Err = r.restore(ctx, node, true)
+		obs.Err = r.restore(ctx, node, st, true)
 	case StepCordon:
 		m, err := r.cordon(ctx, node, st)
 		obs.Cordoned, obs.NodeProtected, obs.NodeRepairVetoed, obs.Err = m.Cordoned, m.Protected, m.RepairVetoed, err
@@ -511,10 +524,10 @@ func (r *Runner) act(ctx context.Context, nc *karpv1.NodeClaim, node *corev1.Nod
 	case StepConfirm:
 		obs.Unscheduled, obs.Err = r.confirm(ctx, st)
 	case StepUncordon:
-		obs.Err = r.restore(ctx, node, true)
+		obs.Err = r.restore(ctx, node, st, true)
 	case StepFallback:
 		if node != nil {
-			obs.Err = r.restore(ctx, node, false) // the node is being replaced: it stays cordoned
+			obs.Err = r.restore(ctx, node, st, false) // the node is being replaced: it stays cordoned
 		}
 		if obs.Err == nil {
 			if r.fallback == nil {
@@ -605,23 +618,20 @@ func (r *Runner) reboot(ctx context.Context, st State) error {
 }
 
 // cordon makes the Node unschedulable and puts do-not-disrupt and do-not-repair on it (on a
-// registered node Karpenter reads the Node's, not the NodeClaim's), and notes what it
-// changed in the Node's mark, in one patch. A mark already there (a pass that wrote it and
-// stopped before the NodeClaim's record) is kept: it knows what the Node was before.
+// registered node Karpenter reads the Node's, not the NodeClaim's), and writes the Node's
+// mark (for people) in the same patch. What it changes is the run's NodeChanges, read from the
+// Node and recorded before this patch (Reconcile's write-ahead), never a mark found there.
 func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeMark, error) {
-	var mark nodeMark
+	c := st.NodeChanges
+	if c == nil || (c.UID != "" && c.UID != string(node.UID)) {
+		c = changesOf(node) // no write-ahead (a caller of act's own): as the Node is now
+	}
+	mark := nodeMark{EventID: st.EventID, Cordoned: c.Cordoned, Protected: c.Protected, RepairVetoed: c.RepairVetoed}
 	err := r.patchNode(ctx, node, func(n *corev1.Node) {
-		m, ok := readMark(n.Annotations)
-		if !ok {
-			m = nodeMark{Cordoned: !n.Spec.Unschedulable, Protected: n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true",
-				RepairVetoed: n.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"}
-		}
-		m.EventID = st.EventID
-		mark = m
 		n.Spec.Unschedulable = true
 		n.Annotations[karpv1.DoNotDisruptAnnotationKey] = "true"
 		n.Annotations[karpv1.DoNotRepairAnnotationKey] = "true"
-		n.Annotations[Annotation] = encodeMark(m)
+		n.Annotations[Annotation] = encodeMark(mark)
 	})
 	if err != nil {
 		return nodeMark{}, fmt.Errorf("cordoning node %s: %w", node.Name, err)
@@ -629,10 +639,10 @@ func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeM
 	return mark, nil
 }
 
-// restore undoes what the Node's mark says the run changed, and removes the mark, in one
-// patch; the cordon only when uncordon is set. Without a mark there is nothing to undo.
-func (r *Runner) restore(ctx context.Context, node *corev1.Node, uncordon bool) error {
-	err := r.patchNode(ctx, node, func(n *corev1.Node) { UndoNode(n, uncordon) })
+// restore undoes on the Node what the run st changed (UndoNode) and removes its mark, in one
+// patch; the cordon only when uncordon is set.
+func (r *Runner) restore(ctx context.Context, node *corev1.Node, st State, uncordon bool) error {
+	err := r.patchNode(ctx, node, func(n *corev1.Node) { UndoNode(n, st, uncordon) })
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -626,18 +628,53 @@ func TestRepairVeto(t *testing.T) {
 	}
 }
 
-// TestUndo: UndoNode and UndoClaim (router/handback's way out of a run) remove do-not-repair
-// exactly where the run added it, as they do do-not-disrupt.
+// TestUndo: UndoNode and UndoClaim (router/handback's way out of a run, and the runner's)
+// remove do-not-repair exactly where the run added it, as they do do-not-disrupt, from what
+// the run's record says; the Node's mark, which anyone with patch nodes writes, is removed
+// and never read (on 1dd416f a forged mark had an operator's cordon and vetoes undone).
 func TestUndo(t *testing.T) {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
-		Annotation: encodeMark(nodeMark{EventID: "ev-1", Protected: true, RepairVetoed: true}), karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}},
-		Spec: corev1.NodeSpec{Unschedulable: true}}
-	if !UndoNode(n, true) || len(n.Annotations) != 0 || !n.Spec.Unschedulable {
-		t.Errorf("UndoNode of a mark that added both vetoes, not the cordon: %v, unschedulable %v", n.Annotations, n.Spec.Unschedulable)
+	vetoes := func() map[string]string {
+		return map[string]string{karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}
 	}
-	n.Annotations = map[string]string{Annotation: encodeMark(nodeMark{EventID: "ev-1", Protected: true}), karpv1.DoNotRepairAnnotationKey: "true"}
-	if !UndoNode(n, true) || n.Annotations[karpv1.DoNotRepairAnnotationKey] != "true" {
-		t.Errorf("UndoNode removed a do-not-repair the run did not add: %v", n.Annotations)
+	recorded := run(event.ScheduledSystemReboot, StepEvict)
+	recorded.NodeUID, recorded.NodeProtected, recorded.NodeRepairVetoed = "uid-1", true, true // the run did not cordon: it was cordoned
+	aheadOnly := run(event.ScheduledSystemReboot, StepCordon)
+	aheadOnly.NodeChanges = &NodeChanges{UID: "uid-1", Cordoned: true, Protected: true}
+	forged := encodeMark(nodeMark{EventID: "ev-1", Cordoned: true, Protected: true, RepairVetoed: true})
+	tests := []struct {
+		name         string
+		st           State
+		annotations  map[string]string
+		uid          string
+		uncordon     bool
+		wantVetoes   []string // left on the Node
+		wantCordoned bool
+	}{
+		{"the recorded cordon step: both vetoes undone, the cordon (not the run's) kept", recorded, vetoes(), "uid-1", true, nil, true},
+		{"a forged mark saying the run did all: only what the record says is undone", recorded, map[string]string{Annotation: forged, karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}, "uid-1", true, nil, true},
+		{"a forged mark with no run: nothing undone, the mark removed", State{}, map[string]string{Annotation: forged, karpv1.DoNotDisruptAnnotationKey: "true", karpv1.DoNotRepairAnnotationKey: "true"}, "uid-1", true,
+			[]string{karpv1.DoNotDisruptAnnotationKey, karpv1.DoNotRepairAnnotationKey}, true},
+		{"the write-ahead only (the pass stopped after the patch): undone as it says", aheadOnly, vetoes(), "uid-1", true, []string{karpv1.DoNotRepairAnnotationKey}, false},
+		{"without uncordon the cordon stays", aheadOnly, vetoes(), "uid-1", false, []string{karpv1.DoNotRepairAnnotationKey}, true},
+		{"a Node registered again under the name: nothing undone", recorded, vetoes(), "uid-2", true, []string{karpv1.DoNotDisruptAnnotationKey, karpv1.DoNotRepairAnnotationKey}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{UID: types.UID(tt.uid), Annotations: tt.annotations}, Spec: corev1.NodeSpec{Unschedulable: true}}
+			UndoNode(n, tt.st, tt.uncordon)
+			var left []string
+			for _, k := range []string{karpv1.DoNotDisruptAnnotationKey, karpv1.DoNotRepairAnnotationKey} {
+				if n.Annotations[k] == "true" {
+					left = append(left, k)
+				}
+			}
+			if !slices.Equal(left, tt.wantVetoes) || n.Spec.Unschedulable != tt.wantCordoned {
+				t.Errorf("vetoes left %v, cordoned %v; want %v, %v", left, n.Spec.Unschedulable, tt.wantVetoes, tt.wantCordoned)
+			}
+			if _, ok := n.Annotations[Annotation]; ok {
+				t.Error("the mark is still there")
+			}
+		})
 	}
 	st := run(event.ScheduledSystemReboot, StepEvict)
 	st.RepairVetoed = true
@@ -845,14 +882,18 @@ func TestRestart(t *testing.T) {
 }
 
 // TestCordonThenStop: the router stops after cordoning the Node and before recording it:
-// the next pass finds its own mark on the Node and records that the run cordoned it (not
-// that someone else had), so it is uncordoned at the end.
+// the next pass knows from the run's write-ahead (NodeChanges, recorded before the patch),
+// not from anything on the Node, that the run cordoned it (not that someone else had), so it
+// is uncordoned at the end.
 func TestCordonThenStop(t *testing.T) {
 	fail := false
+	updates := 0
 	r := newRig(t, rigOpts{funcs: interceptor.Funcs{
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			if _, ok := obj.(*record.HealthRecord); ok && fail {
-				return errors.New("http2: client connection lost")
+				if updates++; updates > 1 { // the write-ahead goes through, the step's record fails
+					return errors.New("http2: client connection lost")
+				}
 			}
 			return c.Update(ctx, obj, opts...)
 		},

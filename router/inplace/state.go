@@ -143,13 +143,19 @@ type State struct {
 
 	// What the run added, and removes again: Protected is do-not-disrupt on the NodeClaim,
 	// NodeProtected the same on the Node, RepairVetoed and NodeRepairVetoed do-not-repair on
-	// each, Cordoned the Node's cordon. (The Node's are copied from the Node's mark for
-	// people to read; the mark on the Node is what the Runner undoes.)
+	// each, Cordoned the Node's cordon. The Runner undoes what these say (NodeChanges until
+	// the cordon step is recorded), never what is written on the Node.
 	Cordoned         bool `json:"cordoned,omitempty"`
 	Protected        bool `json:"protected,omitempty"`
 	NodeProtected    bool `json:"node_protected,omitempty"`
 	RepairVetoed     bool `json:"repair_vetoed,omitempty"`
 	NodeRepairVetoed bool `json:"node_repair_vetoed,omitempty"`
+
+	// NodeChanges is what the cordon changes on the Node (UID), read from the Node and written
+	// here before the cordon's patch (write-ahead): a pass that patched the Node and stopped
+	// before recording the step knows what to undo from the run alone. (The Node's mark,
+	// Annotation, is written in the same patch for people to read; it is never read back.)
+	NodeChanges *NodeChanges `json:"node_changes,omitempty"`
 
 	// NodeUID is the Node's UID when the run cordoned it: a Node registered again under the
 	// same name is cordoned anew before the run evicts on.
@@ -239,9 +245,43 @@ func encode(st State) string {
 	return string(b)
 }
 
+// NodeChanges is what a run's cordon changes on the Node whose UID it names: whether it
+// cordons it, puts do-not-disrupt and do-not-repair on it (each false where the Node had it).
+type NodeChanges struct {
+	UID          string `json:"uid,omitempty"`
+	Cordoned     bool   `json:"cordoned,omitempty"`
+	Protected    bool   `json:"protected,omitempty"`
+	RepairVetoed bool   `json:"repair_vetoed,omitempty"`
+}
+
+// changesOf is what the run's cordon changes on n, as n is now.
+func changesOf(n *corev1.Node) *NodeChanges {
+	return &NodeChanges{UID: string(n.UID), Cordoned: !n.Spec.Unschedulable, Protected: n.Annotations[karpv1.DoNotDisruptAnnotationKey] != "true",
+		RepairVetoed: n.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"}
+}
+
+// nodeUndo is what the run st undoes on the Node n: what its recorded cordon step says, or
+// its write-ahead NodeChanges before that; nothing on a Node of another UID (registered again
+// under the name: the run cordoned it anew, or did not touch it).
+func nodeUndo(st State, n *corev1.Node) NodeChanges {
+	var c NodeChanges
+	switch {
+	case st.NodeUID != "":
+		c = NodeChanges{UID: string(st.NodeUID), Cordoned: st.Cordoned, Protected: st.NodeProtected, RepairVetoed: st.NodeRepairVetoed}
+	case st.NodeChanges != nil:
+		c = *st.NodeChanges
+	default:
+		return NodeChanges{}
+	}
+	if c.UID != "" && n.UID != "" && c.UID != string(n.UID) {
+		return NodeChanges{}
+	}
+	return c
+}
+
 // nodeMark is the Node's part of a run, in Annotation on the Node: what the run changed
-// there. It is written in the same patch as the change and removed in the same patch as the
-// undo.
+// there, for people to read. It is written in the same patch as the change and removed in the
+// same patch as the undo; the router never reads it back (anyone with patch nodes writes it).
 type nodeMark struct {
 	EventID string `json:"event_id"`
 	// Cordoned: the run made the Node unschedulable; Protected: the run put do-not-disrupt
@@ -251,40 +291,26 @@ type nodeMark struct {
 	RepairVetoed bool `json:"repair_vetoed,omitempty"`
 }
 
-// readMark returns the Node's mark. A mark that does not parse counts as present and as
-// having changed nothing: who cordoned the Node is not known, so the cordon stays.
-func readMark(annotations map[string]string) (nodeMark, bool) {
-	v, ok := annotations[Annotation]
-	if !ok {
-		return nodeMark{}, false
-	}
-	var m nodeMark
-	if err := json.Unmarshal([]byte(v), &m); err != nil {
-		return nodeMark{}, true
-	}
-	return m, true
-}
-
-// UndoNode undoes on n what the Node's mark says a run changed (do-not-disrupt,
-// do-not-repair, and the cordon only when uncordon is set) and removes the mark; it reports
-// whether n changed.
-// Without a mark there is nothing to undo.
-func UndoNode(n *corev1.Node, uncordon bool) bool {
-	m, ok := readMark(n.Annotations)
-	if !ok {
-		return false
-	}
+// UndoNode undoes on n what the run st changed there (do-not-disrupt, do-not-repair, and the
+// cordon only when uncordon is set: nodeUndo) and removes the run's mark; it reports whether n
+// changed.
+func UndoNode(n *corev1.Node, st State, uncordon bool) bool {
+	c := nodeUndo(st, n)
+	_, changed := n.Annotations[Annotation]
 	delete(n.Annotations, Annotation)
-	if m.Protected && n.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
+	if c.Protected && n.Annotations[karpv1.DoNotDisruptAnnotationKey] == "true" {
 		delete(n.Annotations, karpv1.DoNotDisruptAnnotationKey)
+		changed = true
 	}
-	if m.RepairVetoed && n.Annotations[karpv1.DoNotRepairAnnotationKey] == "true" {
+	if c.RepairVetoed && n.Annotations[karpv1.DoNotRepairAnnotationKey] == "true" {
 		delete(n.Annotations, karpv1.DoNotRepairAnnotationKey)
+		changed = true
 	}
-	if uncordon && m.Cordoned {
+	if uncordon && c.Cordoned && n.Spec.Unschedulable {
 		n.Spec.Unschedulable = false
+		changed = true
 	}
-	return true
+	return changed
 }
 
 // UndoClaim removes from a NodeClaim's annotations do-not-disrupt and do-not-repair where
