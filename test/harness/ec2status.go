@@ -197,6 +197,14 @@ func (s *EC2InstanceStatus) Set(id string, f func(in *Instance)) {
 	f(s.instances[id])
 }
 
+// SetFail answers the next n calls with InternalError, as Fail does; safe while the server
+// answers (0 ends an outage).
+func (s *EC2InstanceStatus) SetFail(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Fail = n
+}
+
 // Snapshot returns a copy of what the server reports for every instance, by ID: EC2 as it
 // stands, for a checker that reads it beside the code under test (test/box/soak).
 func (s *EC2InstanceStatus) Snapshot() map[string]Instance {

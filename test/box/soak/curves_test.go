@@ -166,7 +166,9 @@ func table(aws *cloud, f *faults, chk *checker, r *routerProc, curves []curve) s
 		}
 	}
 	fmt.Fprintln(tw, "faults\t\t")
-	fmt.Fprintf(tw, "  router SIGKILLed and restarted\t%d\t\n", f.kills)
+	for _, k := range faultKinds {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, f.counts[k])
+	}
 	fmt.Fprintf(tw, "  router processes\t%d\t\n", len(r.lives))
 	fmt.Fprintf(tw, "  router exits on its own\t%d\t\n", unexpected)
 	r.mu.Unlock()

@@ -314,55 +314,88 @@ func sumMetrics(body io.Reader) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
-// faults injects the soak's faults: the router SIGKILLed at random times (exponentially, mean
-// apart) and started again after a pause of one to five seconds.
+// outage is how long EC2 stays dark, or moto out of the router's reach, in one fault.
+const outage = time.Minute
+
+// The faults, as the table names them.
+const (
+	faultKill   = "router SIGKILLed and restarted"
+	faultEC2    = "EC2 dark for a minute (DescribeInstanceStatus, ModifyInstanceEventStartTime: InternalError)"
+	faultMotoUp = "SQS and moto's EC2 out of the router's reach for a minute"
+)
+
+var faultKinds = []string{faultKill, faultEC2, faultMotoUp}
+
+// faults injects the soak's faults at random times (exponentially, mean apart): most often the
+// router SIGKILLed and started again after one to five seconds, as its Deployment would; else
+// EC2's scheduled-event calls failing for a minute (the stand-in answers InternalError), or
+// SQS and the rest of moto cut off from the router for a minute (its proxy down).
 type faults struct {
+	w    *world
 	r    *routerProc
 	rng  *rand.Rand
 	mean time.Duration
 	done chan struct{}
 
-	mu    sync.Mutex
-	kills int
+	mu     sync.Mutex
+	counts map[string]int
 }
 
-// newFaults spaces the kills so that a run sees about six, and so that in a long run a
-// router lives long enough (40 minutes on average) for its resource curves to be judged.
-func newFaults(r *routerProc, rng *rand.Rand, duration time.Duration) *faults {
-	return &faults{r: r, rng: rng, mean: min(max(duration/6, 75*time.Second), 40*time.Minute), done: make(chan struct{})}
+// newFaults spaces the faults so that a run sees about six (in the part of it that has faults),
+// at least 30 s apart on average and at most 40 minutes.
+func newFaults(w *world, r *routerProc, rng *rand.Rand, duration time.Duration) *faults {
+	return &faults{w: w, r: r, rng: rng, mean: min(max(duration/10, 30*time.Second), 40*time.Minute), done: make(chan struct{}), counts: map[string]int{}}
 }
 
-// run kills the router until the next kill would come after until.
+// run injects faults until the next would come after until. The first is a kill, so that
+// every run has one, within the first half of the time it has.
 func (f *faults) run(ctx context.Context, until time.Time) {
 	defer close(f.done)
-	for {
+	for first := true; ; first = false {
 		wait := time.Duration(f.rng.ExpFloat64() * float64(f.mean))
 		pause := time.Second + time.Duration(f.rng.Int64N(int64(4*time.Second)))
+		which := faultKinds[max(f.rng.IntN(5)-2, 0)] // a kill three times in five, else one of the others
+		if first {
+			wait, which = time.Duration(f.rng.Float64()*float64(time.Until(until)/2)), faultKill
+		}
 		if time.Now().Add(wait).After(until) {
-			f.mu.Lock()
-			killed := f.kills > 0
-			f.mu.Unlock()
-			left := time.Until(until)
-			if killed || left <= 0 {
-				return
-			}
-			// Every run kills the router at least once: the first kill falls in what is left.
-			wait = time.Duration(f.rng.Float64() * float64(left))
+			return
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
 		}
-		f.r.kill(pause)
+		switch which {
+		case faultKill:
+			f.r.kill(pause)
+		case faultEC2:
+			f.w.t.Logf("%s fault: EC2 dark for %s", stamp(time.Now()), outage)
+			f.w.ec2.SetFail(1 << 30)
+			sleep(ctx, outage)
+			f.w.ec2.SetFail(0)
+		case faultMotoUp:
+			f.w.t.Logf("%s fault: SQS and moto's EC2 out of the router's reach for %s", stamp(time.Now()), outage)
+			f.w.moto.Down()
+			sleep(ctx, outage)
+			f.w.moto.Up()
+		}
 		f.mu.Lock()
-		f.kills++
+		f.counts[which]++
 		f.mu.Unlock()
 	}
 }
 
 // wait returns once run has returned.
 func (f *faults) wait() { <-f.done }
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
 
 // tail returns the last n lines of a file.
 func tail(path string, n int) string {
