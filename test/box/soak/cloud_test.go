@@ -26,8 +26,13 @@ import (
 // account is the AWS account the soak's events come from.
 const account = "111122223333"
 
-// closeShare is the share of maintenances AWS cancels before their start.
-const closeShare = 0.25
+// closeShare is the share of maintenances AWS cancels before their start, and postponeShare
+// the share of the others it postpones (by one to two minutes, the event's ID kept, and a Health
+// event of the same eventArn with the new start).
+const (
+	closeShare    = 0.25
+	postponeShare = 0.2
+)
 
 // rebootDown is how long an instance AWS reboots stays down: past the node lifecycle
 // controller's grace period (50 s), so that the Node goes NotReady as after a real reboot.
@@ -61,8 +66,12 @@ type maintenance struct {
 	start    time.Time
 	closeAt  time.Time // when AWS cancels it; zero: it does not
 	closed   bool
-	done     bool   // its start has come
-	outcome  string // what AWS did at its start
+	// postponeAt is when AWS postpones it by postponeBy; zero: it does not.
+	postponeAt time.Time
+	postponeBy time.Duration
+	postponed  bool
+	done       bool   // its start has come
+	outcome    string // what AWS did at its start
 }
 
 // act is something AWS carried out on an instance: a reboot or a take-away.
@@ -91,15 +100,16 @@ type cloud struct {
 
 	acting sync.WaitGroup // the maintenances being carried out
 
-	mu     sync.Mutex
-	known  map[string]string // instance -> its state in the stand-in
-	maints []*maintenance
-	acts   []act
-	drawn  map[string]int // by kind code
-	skips  int            // draws that found no instance to schedule on
-	closes int
-	errs   int // calls to AWS or the cluster that failed (each logged)
-	seq    int
+	mu        sync.Mutex
+	known     map[string]string // instance -> its state in the stand-in
+	maints    []*maintenance
+	acts      []act
+	drawn     map[string]int // by kind code
+	skips     int            // draws that found no instance to schedule on
+	closes    int
+	postponed int
+	errs      int // calls to AWS or the cluster that failed (each logged)
+	seq       int
 }
 
 func newCloud(w *world, rng *rand.Rand, lastStart time.Time, gap time.Duration) *cloud {
@@ -115,7 +125,7 @@ func (c *cloud) draw(ctx context.Context) {
 		k := kinds[c.rng.IntN(len(kinds))]
 		pool := []string{"kafka", "web"}[c.rng.IntN(2)]
 		pick := c.rng.IntN(1 << 30)
-		aheadFrac, closeFrac := c.rng.Float64(), c.rng.Float64()
+		aheadFrac, closeFrac, postponeFrac := c.rng.Float64(), c.rng.Float64(), c.rng.Float64()
 		select {
 		case <-ctx.Done():
 			return
@@ -127,13 +137,13 @@ func (c *cloud) draw(ctx context.Context) {
 			return
 		}
 		ahead := aheadMin + time.Duration(aheadFrac*float64(room-aheadMin))
-		c.schedule(ctx, now, pool, k, ahead, pick, closeFrac)
+		c.schedule(ctx, now, pool, k, ahead, pick, closeFrac, postponeFrac)
 	}
 }
 
 // schedule schedules a maintenance of kind k for one of pool's instances (the pick-th of
 // those that run a Node and have no maintenance of ours pending), ahead from now.
-func (c *cloud) schedule(ctx context.Context, now time.Time, pool string, k kind, ahead time.Duration, pick int, closeFrac float64) {
+func (c *cloud) schedule(ctx context.Context, now time.Time, pool string, k kind, ahead time.Duration, pick int, closeFrac, postponeFrac float64) {
 	claims := &karpv1.NodeClaimList{}
 	if err := c.w.kube.List(ctx, claims, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
 		c.fail("listing nodeclaims", err)
@@ -179,6 +189,12 @@ func (c *cloud) schedule(ctx context.Context, now time.Time, pool string, k kind
 		// Cancelled somewhere between 15 s after the draw and 30 s before the start.
 		span := m.start.Add(-30 * time.Second).Sub(now.Add(15 * time.Second))
 		m.closeAt = now.Add(15*time.Second + time.Duration(closeFrac/closeShare*float64(max(span, 0))))
+	} else if f := (closeFrac - closeShare) / (1 - closeShare); f < postponeShare {
+		// Postponed by one to two minutes (never past lastStart), half way to its start.
+		m.postponeBy = min(time.Minute+time.Duration(f/postponeShare*float64(time.Minute)), c.lastStart.Sub(m.start)).Truncate(time.Second)
+		if m.postponeBy > 0 {
+			m.postponeAt = now.Add(m.start.Sub(now) / 2)
+		}
 	}
 	c.maints = append(c.maints, m)
 	c.drawn[k.code]++
@@ -193,7 +209,8 @@ func (c *cloud) schedule(ctx context.Context, now time.Time, pool string, k kind
 	})
 	c.send(ctx, healthBody(m, "upcoming", uuid(seq, 1), now))
 	c.w.t.Logf("%s AWS: %s for %s (%s), starting %s (in %s)%s", stamp(now), k.code, m.instance, pool, stamp(m.start), ahead.Round(time.Second),
-		map[bool]string{true: fmt.Sprintf(", to be cancelled at %s", stamp(m.closeAt)), false: ""}[!m.closeAt.IsZero()])
+		map[bool]string{true: fmt.Sprintf(", to be cancelled at %s", stamp(m.closeAt)), false: ""}[!m.closeAt.IsZero()]+
+			map[bool]string{true: fmt.Sprintf(", to be postponed by %s at %s", m.postponeBy, stamp(m.postponeAt)), false: ""}[!m.postponeAt.IsZero()])
 }
 
 // carryOut cancels the maintenances whose time to be cancelled has come, and carries out
@@ -206,7 +223,7 @@ func (c *cloud) carryOut(ctx context.Context) {
 		case <-time.After(500 * time.Millisecond):
 		}
 		now := time.Now()
-		var toClose, toStart []*maintenance
+		var toClose, toPostpone, toStart []*maintenance
 		c.mu.Lock()
 		for _, m := range c.maints {
 			switch {
@@ -215,6 +232,11 @@ func (c *cloud) carryOut(ctx context.Context) {
 				m.closed = true
 				c.closes++
 				toClose = append(toClose, m)
+			case !m.postponeAt.IsZero() && !m.postponed && !now.Before(m.postponeAt):
+				m.postponed = true
+				m.start = m.start.Add(m.postponeBy)
+				c.postponed++
+				toPostpone = append(toPostpone, m)
 			case !now.Before(m.start):
 				m.done = true
 				toStart = append(toStart, m)
@@ -225,6 +247,20 @@ func (c *cloud) carryOut(ctx context.Context) {
 			c.mark(m, "[Canceled] ")
 			c.send(ctx, healthBody(m, "closed", uuid(c.next(), 1), now))
 			c.w.t.Logf("%s AWS: %s for %s cancelled", stamp(now), m.kind.code, m.instance)
+		}
+		for _, m := range toPostpone {
+			c.w.ec2.Set(m.instance, func(in *harness.Instance) {
+				for i := range in.Events {
+					if e := &in.Events[i]; e.ID == m.eventID {
+						e.NotBefore = m.start
+						if !e.NotAfter.IsZero() {
+							e.NotAfter = e.NotAfter.Add(m.postponeBy)
+						}
+					}
+				}
+			})
+			c.send(ctx, healthBody(m, "upcoming", uuid(c.next(), 1), now))
+			c.w.t.Logf("%s AWS: %s for %s postponed by %s, to %s", stamp(now), m.kind.code, m.instance, m.postponeBy, stamp(m.start))
 		}
 		for _, m := range toStart {
 			c.acting.Go(func() { c.start(ctx, m) })

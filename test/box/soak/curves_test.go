@@ -144,6 +144,7 @@ func table(aws *cloud, f *faults, chk *checker, r *routerProc, curves []curve) s
 	}
 	fmt.Fprintf(tw, "  drawn in all\t%d\t\n", total)
 	fmt.Fprintf(tw, "  cancelled before their start\t%d\t\n", aws.closes)
+	fmt.Fprintf(tw, "  postponed\t%d\t\n", aws.postponed)
 	outcomes := map[string]int{}
 	for _, m := range aws.maints {
 		if m.done {
