@@ -45,7 +45,7 @@ const settleTimeout = 4 * time.Minute
 
 // The invariants, as the table names them.
 const (
-	invWindow     = "kafka disrupted only in its window, or when AWS acts first"
+	invWindow     = "kafka disrupted only in its window, or at AWS's start less drain-lead"
 	invKafkaPDB   = "kafka: at least 2 of 3 brokers Ready (its PDB)"
 	invWebPDB     = "web: at least 2 of 3 replicas Ready (its PDB)"
 	invActed      = "each maintenance acted on (node emptied) before AWS's start"
@@ -270,9 +270,11 @@ func (c *checker) seeEvents(instances map[string]harness.Instance, now time.Time
 
 // disrupted judges the disruption of a workload pod: when its node's drain began (the
 // NodeClaim deleting), else when it was deleted, restarted or found gone. A pod lost on a node
-// AWS acted on is AWS's doing; a kafka pod's disruption outside its window must come before an
-// AWS start that the next window opens too late for (later than the start less drain-lead, the
-// rule the pool's annotations give: docs/reference.md, drain-lead).
+// AWS acted on is AWS's doing; a kafka pod's disruption outside its window must be for an AWS
+// start that the next window opens too late for (later than the start less drain-lead), and no
+// earlier than that start less drain-lead: the rule the pool's annotations give
+// (docs/reference.md, drain-lead: held to the window, and never past the deadline minus
+// drain-lead; pacing and gates only delay).
 func (c *checker) disrupted(ps *podSeen, deleted time.Time, how string, now time.Time, acts []act) {
 	ps.disrupted = true
 	at := now
@@ -309,15 +311,16 @@ func (c *checker) disrupted(ps *podSeen, deleted time.Time, how string, now time
 		}
 		seen = append(seen, fmt.Sprintf("%s %s start %s seen %s closed %s", es.code, es.id, stamp(es.start), stamp(es.first), stampOr(es.closed)))
 		open := !es.first.After(at.Add(seenSlack)) && (es.closed.IsZero() || !es.closed.Add(closeSlack).Before(at))
-		if open && next.After(es.start.Add(-drainLead-edgeSlack)) {
-			c.counts["kafka: disrupted before AWS acts (the window too late)"]++
+		latest := es.start.Add(-drainLead)
+		if open && next.After(latest.Add(-edgeSlack)) && !at.Before(latest.Add(-edgeSlack)) {
+			c.counts["kafka: disrupted at AWS's start less drain-lead (the window too late)"]++
 			c.tallies[invWindow].checked++
 			return
 		}
 	}
 	slices.Sort(seen)
-	c.violate(invWindow, at, "kafka pod %s on %s (%s) %s at %s, outside its window (next opens %s), with no AWS start it had to come before; events of the instance: %v",
-		ps.name, ps.node, ns.instance, how, stamp(at), stamp(next), seen)
+	c.violate(invWindow, at, "kafka pod %s on %s (%s) %s at %s, outside its window (next opens %s), and not at an AWS start less drain-lead %s that the window opens too late for; events of the instance: %v",
+		ps.name, ps.node, ns.instance, how, stamp(at), stamp(next), drainLead, seen)
 }
 
 // nodeOfInstance returns the name of the Node of an instance, as last seen, or "".
