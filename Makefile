@@ -17,7 +17,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/health-router/health-router/router/version
 DEMO_NOW ?= 2026-11-21T12:00:00Z
 
-.PHONY: help build test unit fmt lint fuzz bench demo world box-plot replay clean image image-push release release-verify chart-docs docs manifests sim
+.PHONY: help build test unit fmt lint fuzz bench demo world box-plot soak replay clean image image-push release release-verify chart-docs docs manifests sim
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -34,6 +34,13 @@ world: ## the cluster in a box (test/box): etcd, kube-apiserver, kube-controller
 
 box-plot: ## Karpenter alone beside the router in front, in the cluster in a box (test/box TestBoxSideBySide): the table, and the picture written to docs/box-side-by-side.png
 	BOX_PLOT=$(CURDIR)/docs/box-side-by-side.png $(GO) test -count=1 -timeout 40m -run '^TestBoxSideBySide$$' -v ./test/box
+
+# The soak (test/box/soak): a run of DURATION, plus a few minutes to bring the world up and
+# check it at rest; SOAK_TIMEOUT bounds the whole (raise it for a soak of a day or more).
+DURATION ?= 4h
+SOAK_TIMEOUT ?= 24h
+soak: ## the soak (test/box/soak) for DURATION (default 4h): the router as a process in the cluster in a box before the real Karpenter, AWS drawing maintenance and carrying it out, the router SIGKILLed at random, an outside checker; SEED replays the draws (make test runs 5m)
+	SOAK_DURATION=$(DURATION) SOAK_SEED=$(SEED) $(GO) test -count=1 -timeout $(SOAK_TIMEOUT) -run TestSoak -v ./test/box/soak
 
 replay: build ## the what-if tool on the demo scenario (test/demo): no servers at all
 	$(BIN) replay --cluster test/demo/cluster.yaml --events test/demo/events --aws test/demo/aws.yaml --now $(DEMO_NOW)

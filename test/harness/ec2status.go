@@ -197,6 +197,28 @@ func (s *EC2InstanceStatus) Set(id string, f func(in *Instance)) {
 	f(s.instances[id])
 }
 
+// SetFail answers the next n calls with InternalError, as Fail does; safe while the server
+// answers (0 ends an outage).
+func (s *EC2InstanceStatus) SetFail(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Fail = n
+}
+
+// Snapshot returns a copy of what the server reports for every instance, by ID: EC2 as it
+// stands, for a checker that reads it beside the code under test (test/box/soak).
+func (s *EC2InstanceStatus) Snapshot() map[string]Instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]Instance, len(s.instances))
+	for id, in := range s.instances {
+		c := *in
+		c.Events = slices.Clone(in.Events)
+		out[id] = c
+	}
+	return out
+}
+
 // Stats returns the calls answered, the most in flight at once, the instance IDs each call
 // named and whether each asked IncludeAllInstances.
 func (s *EC2InstanceStatus) Stats() (calls, maxFlight int, asked [][]string, includeAll []bool) {

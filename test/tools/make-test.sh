@@ -44,16 +44,19 @@ fi
 # this platform only once test/image has compiled the image's binary (a link and the archives,
 # not a cross-compile). The one that waits, at the usual priority: Terraform's suite (moto,
 # terraform, envtest; it runs the Lambda's and test/terraform's Go tests itself), then the
-# cluster in a box (test/box: the real Karpenter alone and with the router in front), whose
-# controller-manager, scheduler and kwok the tools' background build makes last. Their output
-# is kept and shown when all three are done.
+# cluster in a box (test/box: the real Karpenter alone and with the router in front; then the
+# five-minute soak, test/box/soak), whose controller-manager, scheduler and kwok the tools'
+# background build makes last. Their output is kept and shown when all three are done.
 compute=(./test/sim ./test/image ./test/release)
 $timed go-compute nice -n 10 go test -p 1 -count=1 -timeout 30m "${compute[@]}" >"$log.compute" 2>&1 &
 compute_pid=$!
 (
   side_rc=0
   $timed terraform test/tools/terraform-tests.sh || side_rc=$?
-  $timed box go test -p 1 -count=1 -timeout 20m ./test/box/... || side_rc=$?
+  # test/box/soak apart, once, for five minutes, with its table (-v): make soak runs it for hours.
+  # shellcheck disable=SC2046
+  $timed box go test -p 1 -count=1 -timeout 20m $(go list ./test/box/... | grep -v /test/box/soak) || side_rc=$?
+  $timed soak env SOAK_DURATION=5m SOAK_SEED= go test -count=1 -timeout 20m -v ./test/box/soak || side_rc=$?
   exit "$side_rc"
 ) >"$log.side" 2>&1 &
 side_pid=$!
