@@ -58,7 +58,7 @@ func startProcess(name, logPath string, env []string, bin string, args ...string
 func (p *process) exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s exited (%v); the end of %s:\n%s", p.name, p.err, p.log, tail(p.log, 20))
+		return fmt.Errorf("%s exited (%v); the end of %s:\n%s", p.name, p.err, p.log, Tail(p.log, 20))
 	default:
 		return nil
 	}
@@ -105,14 +105,15 @@ func (p *process) waitHealthy(ctx context.Context, url string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not healthy at %s: %w; the end of %s:\n%s", p.name, url, ctx.Err(), p.log, tail(p.log, 20))
+			return fmt.Errorf("%s not healthy at %s: %w; the end of %s:\n%s", p.name, url, ctx.Err(), p.log, Tail(p.log, 20))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
 
-// tail returns the last n lines of a file, for an error that says why a component failed.
-func tail(path string, n int) string {
+// Tail returns the last n lines of a file, for an error that says why a component (or a
+// process a test runs beside the box) failed.
+func Tail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()

@@ -2,7 +2,6 @@ package soak
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/health-router/health-router/test/box"
 	"github.com/health-router/health-router/test/harness"
 )
 
@@ -150,7 +150,7 @@ func (r *routerProc) launch() {
 		r.mu.Unlock()
 		close(l.done)
 		if !expected && !stopping {
-			r.t.Errorf("%s router %d (pid %d) %s; the end of %s:\n%s", stamp(time.Now()), l.n, l.pid, l.end, l.log, tail(l.log, 15))
+			r.t.Errorf("%s router %d (pid %d) %s; the end of %s:\n%s", stamp(time.Now()), l.n, l.pid, l.end, l.log, box.Tail(l.log, 15))
 			time.Sleep(time.Second)
 			r.launch()
 		}
@@ -395,17 +395,4 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
-}
-
-// tail returns the last n lines of a file.
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
 }
