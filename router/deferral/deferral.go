@@ -229,7 +229,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			c.forget(req.Name)
 			hr := &record.HealthRecord{}
 			if err := c.kube.Get(ctx, req.NamespacedName, hr); err == nil && !hr.OfClaim() {
-				return reconcile.Result{}, nil // a Node's record (a wake can name one): not a NodeClaim's to sweep
+				return reconcile.Result{}, nil // a Node's record or the ledger (a wake can name one): not a NodeClaim's to sweep
 			}
 			// Gone: so is what the router kept for it (the garbage collector removes an owned
 			// HealthRecord too; this sweeps one it has not, or one with no owner).

@@ -445,7 +445,7 @@ func (r *Runner) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		}
 		st = asked
 	}
-	if st.Step == StepCordon && node != nil && !Held(st, obs) && (st.NodeChanges == nil || st.NodeChanges.UID != string(node.UID)) {
+	if st.Step == StepCordon && node != nil && !Held(st, obs) && !st.changesRecordedFor(node) {
 		// Write-ahead: what the cordon changes on the Node is recorded before the patch, so
 		// that the run alone says what to undo, whenever the pass stops.
 		asked := st
@@ -623,7 +623,7 @@ func (r *Runner) reboot(ctx context.Context, st State) error {
 // Node and recorded before this patch (Reconcile's write-ahead), never a mark found there.
 func (r *Runner) cordon(ctx context.Context, node *corev1.Node, st State) (nodeMark, error) {
 	c := st.NodeChanges
-	if c == nil || (c.UID != "" && c.UID != string(node.UID)) {
+	if !st.changesRecordedFor(node) {
 		c = changesOf(node) // no write-ahead (a caller of act's own): as the Node is now
 	}
 	mark := nodeMark{EventID: st.EventID, Cordoned: c.Cordoned, Protected: c.Protected, RepairVetoed: c.RepairVetoed}

@@ -260,6 +260,12 @@ func changesOf(n *corev1.Node) *NodeChanges {
 		RepairVetoed: n.Annotations[karpv1.DoNotRepairAnnotationKey] != "true"}
 }
 
+// changesRecordedFor reports whether the run's write-ahead NodeChanges is of the Node n (its
+// UID), not of an earlier Node of the same name or none.
+func (st State) changesRecordedFor(n *corev1.Node) bool {
+	return st.NodeChanges != nil && st.NodeChanges.UID == string(n.UID)
+}
+
 // nodeUndo is what the run st undoes on the Node n: what its recorded cordon step says, or
 // its write-ahead NodeChanges before that; nothing on a Node of another UID (registered again
 // under the name: the run cordoned it anew, or did not touch it).
@@ -267,7 +273,7 @@ func nodeUndo(st State, n *corev1.Node) NodeChanges {
 	var c NodeChanges
 	switch {
 	case st.NodeUID != "":
-		c = NodeChanges{UID: string(st.NodeUID), Cordoned: st.Cordoned, Protected: st.NodeProtected, RepairVetoed: st.NodeRepairVetoed}
+		c = NodeChanges{UID: st.NodeUID, Cordoned: st.Cordoned, Protected: st.NodeProtected, RepairVetoed: st.NodeRepairVetoed}
 	case st.NodeChanges != nil:
 		c = *st.NodeChanges
 	default:
